@@ -1,0 +1,1 @@
+"""kvbench: benchmark and comparison harness for KV-cache compression."""

