@@ -96,7 +96,9 @@ def resolve(name: str) -> str:
         return str(Path(name).expanduser())
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return name  # a hub id; transformers reports whether it can be reached
-    raise ModelNotFound(f"unknown model {name!r}: use {EMBEDDED!r}, a Hugging Face model id or a local folder")
+    raise ModelNotFound(
+        f"unknown model {name!r}: use {EMBEDDED!r}, a Hugging Face model id or a local folder"
+    )
 
 
 def load_tokenizer(name: str = EMBEDDED):

@@ -118,7 +118,7 @@ def results_files(paths) -> list[Path]:
 
 
 def load_rows(paths) -> pd.DataFrame:
-    """All rows under `paths` as one DataFrame (a `source` column names the folder); duplicates keep the last."""
+    """All rows under `paths` as one DataFrame (`source` names the folder); a duplicate keeps the last."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     frames = []

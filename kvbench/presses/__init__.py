@@ -62,50 +62,81 @@ SPECS = [
     PressSpec("knorm", "evict keys with the largest L2 norm", scorer(kvpress.KnormPress)),
     PressSpec("snapkv", "attention of the last prompt window's queries, pooled", scorer(kvpress.SnapKVPress)),
     PressSpec("tova", "attention of the last prompt query, averaged over heads", scorer(kvpress.TOVAPress)),
-    PressSpec("streaming_llm", "keep the first tokens (sinks) and the most recent", scorer(kvpress.StreamingLLMPress)),
     PressSpec(
-        "expected_attention", "attention expected from future queries (statistics of RoPE)",
+        "streaming_llm",
+        "keep the first tokens (sinks) and the most recent",
+        scorer(kvpress.StreamingLLMPress),
+    ),
+    PressSpec(
+        "expected_attention",
+        "attention expected from future queries (statistics of RoPE)",
         scorer(kvpress.ExpectedAttentionPress),
     ),
     PressSpec("random", "uniformly random eviction (seeded; press-arg seed=0)", build_random),
     PressSpec(
-        "observed_attention", "mean attention received over the prompt", scorer(kvpress.ObservedAttentionPress),
+        "observed_attention",
+        "mean attention received over the prompt",
+        scorer(kvpress.ObservedAttentionPress),
         ("eager",),
     ),
-    PressSpec("h2o", "H2O: heavy hitters by accumulated attention + a recent window", scorer(H2OPress), ("eager",)),
+    PressSpec(
+        "h2o", "H2O: heavy hitters by accumulated attention + a recent window", scorer(H2OPress), ("eager",)
+    ),
     PressSpec("kvp", "KVP: learned per-head eviction agents (presses/kvp/<model>/)", build_kvp),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer(kvpress.KeyDiffPress)),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer(kvpress.LagKVPress)),
     PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer(kvpress.PyramidKVPress)),
     PressSpec("cur", "CUR decomposition leverage of keys and values", scorer(kvpress.CURPress)),
     PressSpec("leverage", "approximate leverage scores of keys", scorer(kvpress.LeverageScorePress)),
-    PressSpec("non_causal_attention", "chunked non-causal attention scores", scorer(kvpress.NonCausalAttnPress)),
+    PressSpec(
+        "non_causal_attention", "chunked non-causal attention scores", scorer(kvpress.NonCausalAttnPress)
+    ),
     PressSpec("compactor", "leverage + non-causal attention blend", scorer(kvpress.CompactorPress)),
     PressSpec("cap", "CAP: expected attention with a tempered prior", scorer(kvpress.CapPress)),
-    PressSpec("think", "ThinK: prune key channels (ratio of channels, not tokens)", lambda r, **a: kvpress.ThinKPress(
-        key_channel_compression_ratio=r, **a)),
-    PressSpec("kvzip", "KVzip: context reconstruction scores (extra forward passes)", scorer(kvpress.KVzipPress)),
+    PressSpec(
+        "think",
+        "ThinK: prune key channels (ratio of channels, not tokens)",
+        lambda r, **a: kvpress.ThinKPress(key_channel_compression_ratio=r, **a),
+    ),
+    PressSpec(
+        "kvzip", "KVzip: context reconstruction scores (extra forward passes)", scorer(kvpress.KVzipPress)
+    ),
     PressSpec("kvgrad", "KVzip with gradient-based scores (extra passes)", scorer(kvpress.KVgradPress)),
-    PressSpec("adakv", "AdaKV head-wise budgets around `inner` (press-arg inner=snapkv)", wrapper(kvpress.AdaKVPress)),
+    PressSpec(
+        "adakv",
+        "AdaKV head-wise budgets around `inner` (press-arg inner=snapkv)",
+        wrapper(kvpress.AdaKVPress),
+    ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper(kvpress.CriticalKVPress)),
     PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper(kvpress.CriticalAdaKVPress)),
     PressSpec("chunkkv", "keep whole chunks, scored by `inner`", wrapper(kvpress.ChunkKVPress)),
     PressSpec("block", "apply `inner` block by block", wrapper(kvpress.BlockPress)),
     PressSpec("chunk", "apply `inner` chunk by chunk", wrapper(kvpress.ChunkPress)),
-    PressSpec("key_rerotation", "`inner`, then re-rotate kept keys to contiguous positions",
-              wrapper(kvpress.KeyRerotationPress)),
+    PressSpec(
+        "key_rerotation",
+        "`inner`, then re-rotate kept keys to contiguous positions",
+        wrapper(kvpress.KeyRerotationPress),
+    ),
     PressSpec("merging", "`inner`, merging evicted entries into kept ones", wrapper(kvpress.MergingPress)),
-    PressSpec("decoding", "compress during decoding to the ratio with `inner` (default knorm)", build_decoding),
+    PressSpec(
+        "decoding", "compress during decoding to the ratio with `inner` (default knorm)", build_decoding
+    ),
     PressSpec("qfilter", "Q-Filters (filters downloaded per model)", scorer(kvpress.QFilterPress), ("hub",)),
     PressSpec("kvzap", "KVzap (scorer weights downloaded per model)", scorer(kvpress.KVzapPress), ("hub",)),
-    PressSpec("fastkvzip", "Fast KVzip (gates downloaded per model)", scorer(kvpress.FastKVzipPress), ("hub",)),
     PressSpec(
-        "expected_attention_stats", "expected attention with statistics from a hub dataset",
-        scorer(kvpress.ExpectedAttentionStatsPress), ("hub",),
+        "fastkvzip", "Fast KVzip (gates downloaded per model)", scorer(kvpress.FastKVzipPress), ("hub",)
     ),
     PressSpec(
-        "duo_attention", "DuoAttention (head patterns downloaded per model)",
-        lambda r, **a: kvpress.DuoAttentionPress(head_compression_ratio=r, **a), ("hub",),
+        "expected_attention_stats",
+        "expected attention with statistics from a hub dataset",
+        scorer(kvpress.ExpectedAttentionStatsPress),
+        ("hub",),
+    ),
+    PressSpec(
+        "duo_attention",
+        "DuoAttention (head patterns downloaded per model)",
+        lambda r, **a: kvpress.DuoAttentionPress(head_compression_ratio=r, **a),
+        ("hub",),
     ),
 ]
 PRESSES: dict[str, PressSpec] = {spec.name: spec for spec in SPECS}
@@ -135,7 +166,9 @@ def check_press_runnable(name: str) -> None:
     if name not in PRESSES:
         raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
     if "hub" in PRESSES[name].needs and not hub_reachable():
-        raise UnknownPress(f"press {name!r} downloads files from the Hugging Face hub, which is not reachable")
+        raise UnknownPress(
+            f"press {name!r} downloads files from the Hugging Face hub, which is not reachable"
+        )
 
 
 def build_press(name: str, ratio: float, **press_args):

@@ -1,0 +1,279 @@
+"""The `kvbench` command line: thin commands that validate input, then call the library.
+
+Every user error (unknown press/task/suite/model, ratio outside [0, 1), unwritable output, ...) is one line
+on stderr and exit code 2, raised before any work or any write.
+"""
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from kvbench import tasks
+from kvbench.models import EMBEDDED, ModelNotFound
+from kvbench.presses import PRESSES, UnknownPress, check_press_runnable, needs_eager, parse_press_args
+from kvbench.results import check_writable
+from kvbench.tasks import TaskUnavailable
+
+USER_ERRORS = (ValueError, KeyError, ModelNotFound, TaskUnavailable, UnknownPress, FileNotFoundError)
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+
+class Group(click.Group):
+    """Turns the library's user-facing exceptions into one-line errors with exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as error:
+            message = error.args[0] if isinstance(error, KeyError) and error.args else error
+            raise UserError(str(message)) from None
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="kvbench")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does (fallback presses, timings).")
+def main(verbose):
+    """Benchmark KV-cache compression presses (KVP, H2O, SnapKV, ...) on RULER and LongBench.
+
+    \b
+    Quick start (offline, embedded SmolLM2-135M on CPU):
+      kvbench run --press kvp --ratio 0.5             # one press, one ratio, default suite
+      kvbench sweep --presses kvp,snapkv,h2o --ratios 0.25,0.5,0.75
+      kvbench report results/ --out reports/mine      # leaderboard, plots
+      kvbench presses / kvbench tasks                 # what can be run
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
+    )
+    warnings.filterwarnings("ignore", module="transformers")
+
+
+def model_options(command):
+    command = click.option(
+        "--model",
+        default=EMBEDDED,
+        show_default=True,
+        help="Embedded alias, Hugging Face model id, or local folder.",
+    )(command)
+    command = click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")(
+        command
+    )
+    command = click.option(
+        "--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"])
+    )(command)
+    return command
+
+
+def task_options(command):
+    options = [
+        click.option(
+            "--suite",
+            default=None,
+            help="Suite from tasks/*.yaml (default ruler-smoke; see `kvbench tasks`).",
+        ),
+        click.option(
+            "--task", "task_list", multiple=True, help="Task name (repeatable); overrides the suite's tasks."
+        ),
+        click.option(
+            "--length", type=int, default=None, help="Context length in tokens (default: the suite's)."
+        ),
+        click.option("--samples", type=int, default=None, help="Samples per task (default: the suite's)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated samples."),
+        click.option(
+            "--data-dir",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="Folder of local task data (SQuAD/HotpotQA JSON, LongBench JSONL).",
+        ),
+        click.option(
+            "--out",
+            type=click.Path(path_type=Path),
+            default=Path("results"),
+            show_default=True,
+            help="Results folder (appended to; finished rows are never recomputed).",
+        ),
+        click.option("--force", is_flag=True, help="Recompute rows that are already in --out."),
+        click.option(
+            "--batch-configs",
+            type=click.IntRange(min=1),
+            default=16,
+            show_default=True,
+            help="Configs decoded together per sample (bounds memory).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+DEFAULT_SUITE = "ruler-smoke"
+
+
+def plan_tasks(suite, task_list, length, samples):
+    """(suite name, tasks, length, samples) after validation against the registry."""
+    suite_spec = None
+    if suite or not task_list:
+        name = suite or DEFAULT_SUITE
+        if name not in tasks.suite_names():
+            raise UserError(f"unknown suite {name!r} (see `kvbench tasks`)")
+        suite_spec = tasks.load_suite(name)
+    names = list(task_list) or suite_spec.tasks
+    for name in names:
+        if name not in tasks.task_names():
+            raise UserError(f"unknown task {name!r} (see `kvbench tasks`)")
+    length = length or (suite_spec.length if suite_spec else 1024)
+    samples = samples if samples is not None else (suite_spec.samples if suite_spec else 5)
+    if samples < 1:
+        raise UserError(f"--samples must be at least 1, got {samples}")
+    for name in names:
+        minimum = tasks.family_of(name).min_length(name)
+        if length < minimum:
+            raise UserError(f"--length {length} is below the minimum of task {name!r} ({minimum})")
+    return (suite_spec.name if suite_spec else None), names, length, samples
+
+
+def parse_ratio(value) -> float:
+    ratio = float(value)
+    if not 0 <= ratio < 1:
+        raise UserError(f"ratio must be in [0, 1), got {value}")
+    return ratio
+
+
+def execute(
+    configs,
+    suite,
+    task_list,
+    length,
+    samples,
+    seed,
+    data_dir,
+    out,
+    force,
+    batch_configs,
+    model,
+    device,
+    dtype,
+):
+    """Shared body of `run` and `sweep`: validate everything, load the model, run, print the table."""
+    from kvbench.models import load_model, resolve
+    from kvbench.results import ResultsStore
+    from kvbench.runner import Plan, run_plan, summarize
+
+    suite_name, names, length, samples = plan_tasks(suite, task_list, length, samples)
+    for config in configs:
+        check_press_runnable(config.press)
+    check_writable(out)
+    resolve(model)
+    eager = any(needs_eager(c.press, dict(c.press_args)) for c in configs)
+    model_, tokenizer = load_model(
+        model, device=device, dtype=dtype, attn_implementation="eager" if eager else None
+    )
+    for config in configs:
+        config.build_press()  # bad press arguments fail here, before any work
+    plan = Plan(
+        configs=configs,
+        tasks=names,
+        length=length,
+        samples=samples,
+        seed=seed,
+        suite=suite_name,
+        data_dir=data_dir,
+        batch_configs=batch_configs,
+        force=force,
+        extra={"device": device, "dtype": dtype},
+    )
+    frame = run_plan(model_, tokenizer, plan, ResultsStore(out))
+    table = summarize(frame)
+    click.echo(table.round(1).to_string() if not table.empty else "no results")
+    click.echo(f"results: {out}/rows.jsonl  (kvbench report {out} --out reports/NAME)")
+
+
+@main.command()
+@click.option("--press", required=True, help="Press name (see `kvbench presses`).")
+@click.option("--ratio", required=True, type=float, help="Fraction of KV entries removed, in [0, 1).")
+@click.option(
+    "--press-arg",
+    "press_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Press parameter (repeatable), e.g. window_size=32 or inner=tova.",
+)
+@task_options
+@model_options
+def run(press, ratio, press_args, **options):
+    """Score one press at one compression ratio on a suite or tasks.
+
+    The context is prefilled and compressed, then the question is answered greedily on top of the
+    compressed cache (kvpress's protocol). Writes one row per sample to OUT/rows.jsonl and a run record
+    (config, versions, git commit, scores) to OUT/runs/.
+
+    \b
+    Example: kvbench run --press snapkv --ratio 0.5 --task niah_single_1 --samples 4
+    """
+    from kvbench.engine import Config
+
+    ratio = parse_ratio(ratio)
+    args = tuple(sorted(parse_press_args(press_args).items()))
+    execute([Config(press, ratio, args)], **options)
+
+
+@main.command()
+@click.option("--presses", required=True, help="Comma-separated press names, e.g. kvp,snapkv,h2o,tova.")
+@click.option("--ratios", required=True, help="Comma-separated ratios in [0, 1), e.g. 0.25,0.5,0.75,0.9.")
+@task_options
+@model_options
+def sweep(presses, ratios, **options):
+    """Score every press at every ratio (plus no compression) on a suite or tasks.
+
+    One uncompressed prefill per sample serves every config that compresses inside kvpress's hook;
+    decoding runs for all of them as one batch. Resumable: rerun the same command after an interruption
+    and only the missing rows are computed.
+
+    \b
+    Example: kvbench sweep --presses kvp,snapkv,h2o,tova --ratios 0.25,0.5,0.75,0.9 --suite ruler-1k
+    """
+    from kvbench.engine import Config
+
+    press_names = [name.strip() for name in presses.split(",") if name.strip()]
+    ratio_values = [parse_ratio(value) for value in ratios.split(",") if value.strip()]
+    if not press_names or not ratio_values:
+        raise UserError("--presses and --ratios must each name at least one value")
+    configs = [Config("none", 0.0)] + [Config(p, r) for p in press_names if p != "none" for r in ratio_values]
+    if len(set(configs)) != len(configs):
+        raise UserError("duplicate configs: each press and ratio may appear once")
+    execute(configs, **options)
+
+
+@main.command(name="presses")
+def list_presses():
+    """List every press: name, what it does, what it needs."""
+    width = max(map(len, PRESSES))
+    for spec in PRESSES.values():
+        needs = f"  [needs: {', '.join(spec.needs)}]" if spec.needs else ""
+        click.echo(f"{spec.name:<{width}}  {spec.description}{needs}")
+
+
+@main.command(name="tasks")
+def list_tasks():
+    """List task families, tasks and suites."""
+    for family, module in tasks.TASK_FAMILIES.items():
+        click.echo(f"{family}:")
+        for name, description in module.TASKS.items():
+            click.echo(f"  {name:<28} {description}")
+    click.echo("suites (tasks/*.yaml):")
+    for name in tasks.suite_names():
+        suite = tasks.load_suite(name)
+        click.echo(
+            f"  {name:<28} {len(suite.tasks)} tasks x {suite.samples} samples at {suite.length} tokens"
+            f"  {suite.description}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

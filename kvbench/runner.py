@@ -1,0 +1,156 @@
+"""Run a grid of (press, ratio) configs over tasks, resumably, into a results store."""
+
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from kvbench import tasks
+from kvbench.engine import Config, evaluate_sample
+from kvbench.models import model_name
+from kvbench.results import ResultsStore, config_id, load_rows
+
+PACKAGES = ("kvbench", "torch", "transformers", "kvpress", "datasets", "lm-eval", "accelerate", "flash-attn")
+
+
+@dataclass
+class Plan:
+    """What a `run` or `sweep` evaluates: every config on every sample of every task."""
+
+    configs: list[Config]
+    tasks: list[str]
+    length: int
+    samples: int
+    seed: int = 0
+    suite: str | None = None
+    data_dir: Path | None = None
+    batch_configs: int = 16
+    force: bool = False
+    extra: dict = field(default_factory=dict)  # model/device/dtype as given, recorded in the run record
+
+
+def package_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for package in PACKAGES:
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return versions
+
+
+def git_commit() -> str | None:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def base_row(model, config: Config, sample: tasks.Sample, plan: Plan) -> dict:
+    name = model_name(model)
+    press_args = dict(config.press_args)
+    return {
+        "config_id": config_id(name, config.press, config.ratio, press_args),
+        "model": name,
+        "press": config.press,
+        "ratio": config.ratio,
+        "press_args": press_args,
+        "task": sample.task,
+        "length": plan.length,
+        "seed": plan.seed,
+        "sample_id": sample.id,
+    }
+
+
+def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool = True) -> pd.DataFrame:
+    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan."""
+    started = datetime.now(timezone.utc).isoformat()
+    samples = [
+        sample
+        for task in plan.tasks
+        for sample in tasks.load_samples(
+            task,
+            length=plan.length,
+            samples=plan.samples,
+            seed=plan.seed,
+            tokenizer=tokenizer,
+            data_dir=plan.data_dir,
+        )
+    ]
+    rows = []
+    bar = tqdm(samples, desc="samples", unit="sample", disable=not progress, file=sys.stderr)
+    for sample in bar:
+        bar.set_postfix_str(sample.task)
+        todo = []
+        for config in plan.configs:
+            row = base_row(model, config, sample, plan)
+            if plan.force or not store.has(row):
+                todo.append((config, row))
+        if todo:
+            outputs = evaluate_sample(
+                model, tokenizer, sample, [config for config, _ in todo], batch_configs=plan.batch_configs
+            )
+            for (_, row), output in zip(todo, outputs, strict=True):
+                row.update(
+                    output,
+                    references=sample.references,
+                    score=tasks.score_sample(sample, output["prediction"]),
+                )
+                store.append(row)
+        rows.extend(base_row(model, config, sample, plan) for config in plan.configs)
+    keys = {(r["config_id"], r["task"], r["sample_id"]) for r in rows}
+    frame = load_rows([store.rows_path])
+    frame = frame[[key in keys for key in zip(frame.config_id, frame.task, frame.sample_id, strict=True)]]
+    frame = frame[(frame.length == plan.length) & (frame.seed == plan.seed)]
+    store.write_run(run_record(model, plan, frame, started))
+    return frame
+
+
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """Score per task (columns) for each (press, ratio), plus the average over tasks."""
+    if frame.empty:
+        return pd.DataFrame()
+    table = frame.pivot_table(index=["press", "ratio"], columns="task", values="score", aggfunc="mean")
+    table["average"] = table.mean(axis=1)
+    return table
+
+
+def run_record(model, plan: Plan, frame: pd.DataFrame, started: str) -> dict:
+    table = summarize(frame)
+    return {
+        "command": " ".join(["kvbench", *sys.argv[1:]]),
+        "config": {
+            "model": model_name(model),
+            "configs": [asdict(config) for config in plan.configs],
+            "tasks": plan.tasks,
+            "suite": plan.suite,
+            "length": plan.length,
+            "samples": plan.samples,
+            "seed": plan.seed,
+            "data_dir": str(plan.data_dir) if plan.data_dir else None,
+            **plan.extra,
+        },
+        "summary": {
+            f"{press}@{ratio}": {task: round(score, 2) for task, score in scores.items()}
+            for (press, ratio), scores in table.iterrows()
+        },
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat(),
+    }
