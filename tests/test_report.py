@@ -1,0 +1,263 @@
+"""kvbench report on small synthetic results folders with known scores."""
+
+import base64
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvbench.report import build_leaderboards, collect, render_report, report
+from kvbench.results import ResultsStore, config_id
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+BYTES_PER_ENTRY = 256  # keys + values of one head at head_dim 64 in fp16
+
+# Two tasks with different sample counts, so the mean of task means differs from the mean of all samples.
+# t1 samples have kv_total 1000 KV entries, t2 samples 2000; each entry takes BYTES_PER_ENTRY bytes.
+SCORES = {
+    ("none", 0.0): {"t1": [100, 80], "t2": [100, 100, 100, 60]},  # 90, 90
+    ("knorm", 0.25): {"t1": [80, 80], "t2": [70, 70, 70, 70]},  # 80, 70 -> 75
+    ("snapkv", 0.25): {"t1": [90, 90], "t2": [80, 80, 80, 80]},  # 90, 80 -> 85
+    ("knorm", 0.5): {"t1": [50, 70], "t2": [80, 80, 40, 40]},  # 60, 60 -> 60
+    ("snapkv", 0.5): {"t1": [100, 80], "t2": [20, 20, 20, 20]},  # 90, 20 -> 55 (all samples: 43.3)
+}
+
+
+def make_row(press, ratio, task, index, score, model="smollm2-135m", length=1024):
+    kv_total = 1000 if task == "t1" else 2000
+    kv_kept = int(kv_total * (1 - ratio))
+    return {
+        "config_id": config_id(model, press, ratio, {}),
+        "model": model,
+        "press": press,
+        "ratio": ratio,
+        "press_args": {},
+        "task": task,
+        "sample_id": f"{task}-{index}",
+        "length": length,
+        "seed": 0,
+        "prediction": "x",
+        "references": ["x"],
+        "score": score,
+        "context_tokens": 900 + index,
+        "kv_kept": kv_kept,
+        "kv_total": kv_total,
+        "kv_bytes_kept": kv_kept * BYTES_PER_ENTRY,
+        "prefill_s": 0.1,
+        "decode_s": 0.2,
+    }
+
+
+def rows_of(scores, **kwargs):
+    return [
+        make_row(press, ratio, task, i, score, **kwargs)
+        for (press, ratio), tasks in scores.items()
+        for task, values in tasks.items()
+        for i, score in enumerate(values)
+    ]
+
+
+def write_results(folder: Path, rows: list[dict], run_config: dict | None = None) -> Path:
+    store = ResultsStore(folder)
+    for row in rows:
+        store.append(row)
+    if run_config is not None:
+        store.write_run(
+            {
+                "command": "kvbench sweep --presses knorm,snapkv --ratios 0.25,0.5 --tasks t1,t2",
+                "config": {"model": "smollm2-135m", "length": 1024, "seed": 0} | run_config,
+                "versions": {"kvpress": "0.5.5", "torch": "2.15.0"},
+                "git_commit": "abc1234",
+                "started": "2026-01-01T00:00:00",
+                "finished": "2026-01-01T00:10:00",
+            }
+        )
+    return folder
+
+
+def configs(presses: list[str], ratios: list[float]) -> list[dict]:
+    """A run record's `configs`, as the runner writes them (`none` runs at ratio 0 only)."""
+    return [{"press": "none", "ratio": 0.0, "press_args": []}] * ("none" in presses) + [
+        {"press": press, "ratio": ratio, "press_args": []}
+        for press in presses
+        if press != "none"
+        for ratio in ratios
+    ]
+
+
+def test_leaderboard_numbers_tables_and_plots(tmp_path):
+    results = write_results(tmp_path / "results", rows_of(SCORES), {"tasks": ["t1", "t2"], "samples": 2})
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
+
+    # Mean rank ties at 1.5; snapkv's higher mean average (70 vs 67.5) puts it first.
+    assert list(board.average.index) == ["snapkv", "knorm"]
+    assert board.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
+    assert board.average.loc["knorm"].tolist() == pytest.approx([75.0, 60.0])
+    assert board.reference.mean() == pytest.approx(90.0)
+    assert board.delta.loc["snapkv"].tolist() == pytest.approx([-5.0, -35.0])
+    assert board.delta.loc["knorm"].tolist() == pytest.approx([-15.0, -30.0])
+    assert board.rank.loc["snapkv"].tolist() == [1, 2]
+    assert board.rank.loc["knorm"].tolist() == [2, 1]
+    assert board.mean_rank.tolist() == [1.5, 1.5]
+    # knorm @ 0.5 keeps half: t1 2 x 500 entries, t2 4 x 1000 entries.
+    assert board.memory.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
+    assert board.memory.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
+    assert board.missing == {}
+
+    out = render_report([results], tmp_path / "report")
+    readme = (out / "README.md").read_text()
+    assert "mean of the per-task means" in readme
+    assert "| press | 0.25 | 0.5 | mean rank |" in readme
+    assert "| snapkv | 85.0 | 55.0 | 1.50 |" in readme
+    assert "| knorm | -15.0 | -30.0 |" in readme
+    assert "No compression (`none`): 90.0" in readme
+    assert "| t2 | 90.0 | 80.0 | 70.0 |" in readme  # ratio 0.25 breakdown: none, snapkv, knorm
+    # 256 x 1250 B = 312.5 KiB and 256 x 5000 / 6 B = 208.3 KiB; the ratio 0 column is none's only.
+    assert "| knorm |  | 75.0% (312.5 KiB) | 50.0% (208.3 KiB) |" in readme
+    assert "kvbench sweep --presses knorm,snapkv" in readme and "abc1234" in readme
+    assert "| t2 | 4 | 902 |" in readme  # samples, mean context tokens (900..903)
+    assert "Missing results" not in readme
+
+    html = (out / "index.html").read_text()
+    pngs = sorted(out.glob("*.png"))
+    assert [p.name for p in pngs] == [
+        "smollm2-135m-1024-scores.png",
+        "smollm2-135m-1024-tasks-0.25.png",
+        "smollm2-135m-1024-tasks-0.5.png",
+    ]
+    for png in pngs:
+        data = png.read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        assert base64.b64encode(data).decode() in html
+        assert f"]({png.name})" in readme
+    assert "<style>" in html and 'src="http' not in html
+
+
+def test_partial_sweep_says_what_is_missing(tmp_path):
+    partial = {
+        ("none", 0.0): {"t1": [100, 80], "t2": [100, 80]},
+        ("knorm", 0.25): {"t1": [60, 80], "t2": [80, 60]},
+        ("knorm", 0.5): {"t1": [50, 70], "t2": [80, 40]},
+        ("snapkv", 0.5): {"t1": [100]},  # interrupted: t1 1/2, t2 0/2, nothing at 0.25
+    }
+    config = {
+        "configs": configs(["none", "knorm", "snapkv", "tova"], [0.25, 0.5]),
+        "tasks": ["t1", "t2"],
+        "samples": 2,
+    }
+    results = write_results(tmp_path / "results", rows_of(partial), config)
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
+    assert board.missing == {
+        ("snapkv", 0.25): ["t1 0/2", "t2 0/2"],
+        ("snapkv", 0.5): ["t1 1/2", "t2 0/2"],
+        ("tova", 0.25): ["t1 0/2", "t2 0/2"],
+        ("tova", 0.5): ["t1 0/2", "t2 0/2"],
+    }
+    assert board.average.loc["snapkv", 0.5] == pytest.approx(100.0)  # its only task
+    assert board.delta.loc["snapkv", 0.5] == pytest.approx(10.0)  # on t1, the one task both ran
+    assert board.mean_rank.to_dict() == {"snapkv": 1.0, "knorm": 1.5}  # snapkv ranked at 0.5 only
+
+    readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
+    assert "snapkv @ 0.5: t1 1/2, t2 0/2" in readme
+    assert "tova @ 0.5: t1 0/2, t2 0/2" in readme
+    assert "| snapkv |  | 100.0* | 1.00 |" in readme
+    assert "| t1 | 90.0 | 100.0 | 60.0 |" in readme  # ratio 0.5 breakdown: none, snapkv, knorm
+
+
+def test_requested_samples_above_what_any_config_has(tmp_path):
+    scores = {("none", 0.0): {"t1": [100]}, ("knorm", 0.5): {"t1": [50]}}
+    config = {"configs": configs(["none", "knorm"], [0.5]), "tasks": ["t1"], "samples": 3}
+    results = write_results(tmp_path / "results", rows_of(scores), config)
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
+    assert board.missing == {("knorm", 0.5): ["t1 1/3"], ("none", 0.0): ["t1 1/3"]}
+
+
+def test_two_models_get_separate_leaderboards(tmp_path):
+    small = write_results(tmp_path / "small", rows_of(SCORES))
+    other_scores = {("none", 0.0): {"t1": [0, 0]}, ("knorm", 0.5): {"t1": [10, 30]}}
+    other = write_results(tmp_path / "other", rows_of(other_scores, model="Qwen/Qwen2.5-7B-Instruct"))
+    collected = collect([small, other])
+    boards = {board.model: board for board in build_leaderboards(collected.rows, collected.runs)}
+    assert boards["smollm2-135m"].average.loc["knorm", 0.5] == pytest.approx(60.0)  # unchanged by the other
+    assert boards["Qwen/Qwen2.5-7B-Instruct"].average.loc["knorm", 0.5] == pytest.approx(20.0)
+
+    out = render_report([small, other], tmp_path / "report")
+    readme = (out / "README.md").read_text()
+    assert "2 models (Qwen/Qwen2.5-7B-Instruct, smollm2-135m)" in readme
+    assert "never averaged across models" in readme
+    assert (out / "Qwen-Qwen2.5-7B-Instruct-1024-scores.png").is_file()
+
+
+def test_corrupt_line_is_skipped_and_report_renders(tmp_path):
+    results = write_results(tmp_path / "results", rows_of(SCORES))
+    with open(results / "rows.jsonl", "a") as file:
+        file.write('{"model": "smollm2-135m", "pre\n')  # a corrupt line amid good rows
+    with pytest.warns(UserWarning, match="rows.jsonl:31"):  # the store reads its rows when it opens
+        write_results(results, rows_of({("tova", 0.5): {"t1": [40]}}))
+    with pytest.warns(UserWarning, match="rows.jsonl"):
+        collected = collect([results])
+    [board] = build_leaderboards(collected.rows, collected.runs)
+    assert board.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
+    with pytest.warns(UserWarning, match="rows.jsonl"):
+        readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
+    assert "Skipped while reading" in readme and "rows.jsonl:31" in readme
+    assert "| snapkv | 85.0 | 55.0 | 1.50 |" in readme
+    assert "| tova |  | 40.0* |" in readme  # the row after the corrupt line counts
+
+
+def test_cli_writes_report(tmp_path):
+    results = write_results(tmp_path / "results", rows_of(SCORES))
+    out = tmp_path / "reports" / "sweep"
+    outcome = CliRunner().invoke(report, [str(results), "--out", str(out)])
+    assert outcome.exit_code == 0, outcome.output
+    assert (out / "README.md").is_file() and (out / "index.html").is_file()
+    assert "No runs/*.json" in (out / "README.md").read_text()
+
+
+def test_cli_path_without_results_is_a_usage_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    outcome = CliRunner().invoke(report, [str(tmp_path / "empty"), "--out", str(tmp_path / "report")])
+    assert outcome.exit_code == 2
+    assert "holds no results" in outcome.output
+    assert not (tmp_path / "report").exists()
+
+
+def test_longbench_categories_and_length_buckets(tmp_path):
+    scores = {
+        ("none", 0.0): {
+            "longbench/qasper": [40, 60],
+            "longbench/narrativeqa": [30],
+            "longbench/hotpotqa": [80, 80, 20],
+        },
+        ("knorm", 0.5): {"longbench/qasper": [20], "longbench/narrativeqa": [10], "longbench/hotpotqa": [30]},
+    }
+    rows = rows_of(scores)
+    # LongBench-E: buckets on the sample's length in words (meta["length"]): 0-4k, 4-8k, 8k+.
+    for task, words_and_scores in {
+        "longbench-e/qasper": [(1000, 80), (5000, 40), (9000, 20)],
+        "longbench-e/hotpotqa": [(2000, 60), (6000, 20)],
+    }.items():
+        for i, (words, score) in enumerate(words_and_scores):
+            rows.append(make_row("none", 0.0, task, i, score) | {"meta": {"length": words}})
+    results = write_results(tmp_path / "results", rows)
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
+
+    longbench = board.longbench["longbench"]
+    assert longbench.loc[("none", 0.0)].to_dict() == pytest.approx(
+        {"Single-Doc QA": 40.0, "Multi-Doc QA": 60.0, "Average": 140 / 3}
+    )
+    assert longbench.loc[("knorm", 0.5)].to_dict() == pytest.approx(
+        {"Single-Doc QA": 15.0, "Multi-Doc QA": 30.0, "Average": 20.0}
+    )
+    assert board.longbench["longbench-e"].loc[("none", 0.0)].to_dict() == pytest.approx(
+        {"Single-Doc QA": 140 / 3, "Multi-Doc QA": 40.0, "Average": (140 / 3 + 40) / 2}
+    )
+    assert board.longbench_e_buckets.loc[("none", 0.0)].to_dict() == pytest.approx(
+        {"0-4k": 70.0, "4-8k": 30.0, "8k+": 20.0}
+    )
+
+    readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
+    assert "### LongBench by category" in readme
+    assert "| none @ 0 | 40.0 | 60.0 | 46.7 |" in readme
+    assert "| knorm @ 0.5* | 15.0 | 30.0 | 20.0 |" in readme  # fewer samples than none: incomplete
+    assert "| none @ 0 | 70.0 | 30.0 | 20.0 |" in readme
