@@ -1,0 +1,365 @@
+"""LongBench v1 (16 English datasets) and LongBench-E, as THUDM/LongBench `pred.py` and `eval.py` run them.
+
+Per dataset: the official prompt template and generation length, the prompt truncated in the middle to
+`length` tokens (half kept from the start, half from the end), no chat template and first-line answers
+for the few-shot and code datasets, and the official metric, best over the references.
+
+For the query-agnostic protocol each prompt is split into `context` (instructions and document, up to
+where the question part starts, as kvpress splits LongBench) and `question` (the rest, including any
+trailing "Answer:"), so `context + question` is exactly the official prompt and `answer_prefix` is empty.
+
+Data: the official JSONL files, from `data_dir/<dataset>.jsonl` (`<dataset>_e.jsonl` for LongBench-E;
+the `data/` folder of the release's data.zip), else the hub's THUDM/LongBench data.zip. The hub's loading
+script no longer runs with `datasets` >= 4, so we read that zip directly.
+"""
+
+import json
+import socket
+import zipfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pandas as pd
+from huggingface_hub import constants, hf_hub_download, is_offline_mode, try_to_load_from_cache
+
+from kvbench.tasks.base import Sample, TaskUnavailable
+from kvbench.tasks.longbench_metrics import (
+    classification_score,
+    code_sim_score,
+    count_score,
+    qa_f1_score,
+    retrieval_score,
+    rouge_score,
+)
+
+HUB_REPO = "THUDM/LongBench"
+HUB_FILE = "data.zip"
+MIN_LENGTH = 256
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One LongBench dataset: where its prompt's question part starts, its official generation length
+    (config/dataset2maxlen.json), metric (eval.py) and category (the LongBench paper's table)."""
+
+    question_start: str
+    max_new_tokens: int
+    metric: str
+    category: str
+
+
+SINGLE_DOC, MULTI_DOC, SUMMARIZATION = "Single-Doc QA", "Multi-Doc QA", "Summarization"
+FEW_SHOT, SYNTHETIC, CODE = "Few-shot Learning", "Synthetic", "Code"
+CATEGORIES = [SINGLE_DOC, MULTI_DOC, SUMMARIZATION, FEW_SHOT, SYNTHETIC, CODE]
+
+# THUDM/LongBench config/dataset2prompt.json, verbatim (typos included).
+PROMPTS = {
+    "narrativeqa": (
+        "You are given a story, which can be either a novel or a movie script, and a question. "
+        "Answer the question asconcisely as you can, using a single phrase if possible. Do not "
+        "provide any explanation.\n\nStory: {context}\n\nNow, answer the question based on the story "
+        "asconcisely as you can, using a single phrase if possible. Do not provide any "
+        "explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "qasper": (
+        "You are given a scientific article and a question. Answer the question as concisely as "
+        "you can, using a single phrase or sentence if possible. If the question cannot be "
+        'answered based on the information in the article, write "unanswerable". If the question '
+        'is a yes/no question, answer "yes", "no", or "unanswerable". Do not provide any '
+        "explanation.\n\nArticle: {context}\n\n Answer the question based on the above article as "
+        "concisely as you can, using a single phrase or sentence if possible. If the question "
+        'cannot be answered based on the information in the article, write "unanswerable". If '
+        'the question is a yes/no question, answer "yes", "no", or "unanswerable". Do not '
+        "provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "multifieldqa_en": (
+        "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following "
+        "question based on the above text, only give me the answer and do not output any other "
+        "words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "hotpotqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the "
+        "question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "2wikimqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the "
+        "question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "musique": (
+        "Answer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the "
+        "question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "gov_report": (
+        "You are given a report by a government agency. Write a one-page summary of the report.\n\n"
+        "Report:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
+    ),
+    "qmsum": (
+        "You are given a meeting transcript and a query containing a question or instruction. "
+        "Answer the query in one or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the "
+        "query based on the above meeting transcript in one or more sentences.\n\nQuery: {input}\n"
+        "Answer:"
+    ),
+    "multi_news": (
+        "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n"
+        "{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:"
+    ),
+    "trec": (
+        "Please determine the type of the question below. Here are some examples of questions.\n\n"
+        "{context}\n{input}"
+    ),
+    "triviaqa": (
+        "Answer the question based on the given passage. Only give me the answer and do not "
+        "output any other words. The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "samsum": (
+        "Summarize the dialogue into a few short sentences. The following are some examples.\n\n"
+        "{context}\n\n{input}"
+    ),
+    "passage_count": (
+        "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. "
+        "Please carefully read these paragraphs and determine how many unique paragraphs there "
+        "are after removing duplicates. In other words, how many non-repeating paragraphs are "
+        "there in total?\n\n{context}\n\nPlease enter the final count of unique paragraphs after "
+        "removing duplicates. The output format should only contain the number, such as 1, 2, 3, "
+        "and so on.\n\nThe final answer is: "
+    ),
+    "passage_retrieval_en": (
+        "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which "
+        "paragraph the abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\n"
+        "Please enter the number of the paragraph that the abstract is from. The answer format "
+        'must be like "Paragraph 1", "Paragraph 2", etc.\n\nThe answer is: '
+    ),
+    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
+    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
+}
+
+# The question part starts at the question with its label, else at the input, else (prompts without an
+# input) at the closing instruction; kvpress splits LongBench at the same places.
+DATASETS = {
+    "narrativeqa": Dataset("Question: {input}", 128, "qa_f1", SINGLE_DOC),
+    "qasper": Dataset("Question: {input}", 128, "qa_f1", SINGLE_DOC),
+    "multifieldqa_en": Dataset("Question: {input}", 64, "qa_f1", SINGLE_DOC),
+    "hotpotqa": Dataset("Question: {input}", 32, "qa_f1", MULTI_DOC),
+    "2wikimqa": Dataset("Question: {input}", 32, "qa_f1", MULTI_DOC),
+    "musique": Dataset("Question: {input}", 32, "qa_f1", MULTI_DOC),
+    "gov_report": Dataset("Now, write a one-page summary of the report.", 512, "rouge", SUMMARIZATION),
+    "qmsum": Dataset("Query: {input}", 512, "rouge", SUMMARIZATION),
+    "multi_news": Dataset("Now, write a one-page summary of all the news.", 512, "rouge", SUMMARIZATION),
+    "trec": Dataset("{input}", 64, "classification", FEW_SHOT),
+    "triviaqa": Dataset("{input}", 32, "qa_f1", FEW_SHOT),
+    "samsum": Dataset("{input}", 128, "rouge", FEW_SHOT),
+    "passage_count": Dataset("Please enter the final count", 32, "count", SYNTHETIC),
+    "passage_retrieval_en": Dataset("{input}", 32, "retrieval", SYNTHETIC),
+    "lcc": Dataset("Next line of code:", 64, "code_sim", CODE),
+    "repobench-p": Dataset("{input}", 64, "code_sim", CODE),
+}
+# pred.py: LongBench-E has every dataset but these three; and these go without the chat template.
+E_DATASETS = [name for name in DATASETS if name not in {"narrativeqa", "musique", "qmsum"}]
+NO_CHAT_TEMPLATE = {"trec", "triviaqa", "samsum", "lcc", "repobench-p"}
+# eval.py: scored on the first line of the prediction only.
+FIRST_LINE = {"trec", "triviaqa", "samsum"}
+
+TASKS = {
+    **{f"longbench/{name}": f"LongBench {d.category}: {name}" for name, d in DATASETS.items()},
+    **{f"longbench-e/{name}": f"LongBench-E {DATASETS[name].category}: {name}" for name in E_DATASETS},
+}
+E_BUCKETS = ["0-4k", "4-8k", "8k+"]
+
+
+def first_line(prediction: str) -> str:
+    return prediction.lstrip("\n").split("\n")[0]
+
+
+def best_over_references(score, prediction: str, sample: Sample) -> float:
+    """As official `eval.py`: first-line cut where the dataset asks for it, max over references, x100."""
+    if sample.first_line:
+        prediction = first_line(prediction)
+    return 100.0 * max((score(prediction, reference) for reference in sample.references), default=0.0)
+
+
+def classification(prediction: str, sample: Sample) -> float:
+    score = partial(classification_score, all_classes=sample.meta["all_classes"])
+    return best_over_references(score, prediction, sample)
+
+
+METRICS = {
+    "qa_f1": partial(best_over_references, qa_f1_score),
+    "rouge": partial(best_over_references, rouge_score),
+    "classification": classification,
+    "retrieval": partial(best_over_references, retrieval_score),
+    "count": partial(best_over_references, count_score),
+    "code_sim": partial(best_over_references, code_sim_score),
+}
+
+
+def min_length(task: str) -> int:
+    return MIN_LENGTH
+
+
+def parse_task(task: str) -> tuple[str, str]:
+    """("longbench-e/qasper") -> ("qasper", "qasper_e"): the dataset and the official file stem."""
+    if task not in TASKS:
+        raise KeyError(task)
+    family, dataset = task.split("/")
+    return dataset, f"{dataset}_e" if family == "longbench-e" else dataset
+
+
+def hub_is_reachable(timeout_s: float = 3.0) -> bool:
+    """A quick TCP check, so an unreachable hub fails in seconds instead of retrying for half a minute."""
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def hub_data_zip() -> Path | None:
+    """The official data.zip from the local hub cache or, when reachable, downloaded into it."""
+    cached = try_to_load_from_cache(HUB_REPO, HUB_FILE, repo_type="dataset")
+    if isinstance(cached, str):
+        return Path(cached)
+    if is_offline_mode() or not hub_is_reachable():
+        return None
+    try:
+        return Path(hf_hub_download(HUB_REPO, HUB_FILE, repo_type="dataset"))
+    except OSError:  # huggingface_hub's HTTP and not-found errors are OSErrors
+        return None
+
+
+def read_jsonl(lines) -> list[dict]:
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_rows(stem: str, data_dir: Path | None) -> list[dict]:
+    """The official rows of `<stem>.jsonl`: from data_dir first, else from the hub's data.zip."""
+    looked_at = []
+    if data_dir is not None:
+        path = Path(data_dir) / f"{stem}.jsonl"
+        if path.is_file():
+            with path.open(encoding="utf-8") as lines:
+                return read_jsonl(lines)
+        looked_at.append(str(path))
+    archive = hub_data_zip()
+    if archive is not None:
+        with zipfile.ZipFile(archive) as data_zip, data_zip.open(f"data/{stem}.jsonl") as member:
+            return read_jsonl(line.decode("utf-8") for line in member)
+    looked_at.append(f"hub dataset {HUB_REPO} ({HUB_FILE}: offline, unreachable or not cached)")
+    raise TaskUnavailable(f"LongBench data for {stem} not found; looked at: {'; '.join(looked_at)}")
+
+
+def truncate_middle(prompt: str, length: int, tokenizer) -> tuple[str, str] | None:
+    """Official truncation: when the tokenized prompt exceeds `length`, keep its first and last
+    `length // 2` tokens. Returns the decoded (head, tail), or None when the prompt fits."""
+    ids = tokenizer(prompt).input_ids
+    if len(ids) <= length:
+        return None
+    half = length // 2
+    head = tokenizer.decode(ids[:half], skip_special_tokens=True)
+    tail = tokenizer.decode(ids[-half:], skip_special_tokens=True)
+    return head, tail
+
+
+def prompt_templates(name: str) -> tuple[str, str]:
+    """The official prompt template of dataset `name`, cut where its question part starts."""
+    prompt = PROMPTS[name]
+    start = prompt.index(DATASETS[name].question_start)
+    return prompt[:start], prompt[start:]
+
+
+def split_prompt(row: dict, name: str, length: int, tokenizer) -> tuple[str, str]:
+    """(context, question), whose concatenation is the official prompt after middle truncation."""
+    context_template, question_template = prompt_templates(name)
+    context = context_template.format(context=row["context"])
+    question = question_template.format(input=row["input"])
+    truncated = truncate_middle(context + question, length, tokenizer)
+    if truncated is None:
+        return context, question
+    head, tail = truncated
+    if tail.endswith(question):
+        return head + tail[: len(tail) - len(question)], question
+    # The question itself was cut (a tiny `length`): everything kept from the end is the question part.
+    return head, tail
+
+
+def make_samples(
+    task: str, length: int, samples: int, seed: int, tokenizer, data_dir: Path | None
+) -> list[Sample]:
+    """The first `samples` rows of the dataset, prompts truncated in the middle to `length` tokens.
+
+    `seed` plays no part: LongBench is a fixed set, and ids come from the rows themselves.
+    """
+    if length < MIN_LENGTH:
+        raise ValueError(f"LongBench needs length >= {MIN_LENGTH} tokens, got {length}")
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    name, stem = parse_task(task)
+    dataset = DATASETS[name]
+    result = []
+    for index, row in enumerate(read_rows(stem, data_dir)[:samples]):
+        context, question = split_prompt(row, name, length, tokenizer)
+        result.append(
+            Sample(
+                task=task,
+                id=row.get("_id") or str(index),
+                context=context,
+                question=question,
+                answer_prefix="",
+                references=list(row["answers"]),
+                max_new_tokens=dataset.max_new_tokens,
+                metric=dataset.metric,
+                chat_template=name not in NO_CHAT_TEMPLATE,
+                first_line=name in FIRST_LINE,
+                meta={"dataset": name, "length": row["length"], "all_classes": row.get("all_classes") or []},
+            )
+        )
+    return result
+
+
+def dataset_of(task: str) -> str:
+    return parse_task(task)[0]
+
+
+def longbench_average(task_scores: dict[str, float]) -> dict[str, float]:
+    """Mean score per category and overall ("Average": plain mean over datasets, not over categories),
+    for `task_scores` {task: mean score} of LongBench (or of LongBench-E) tasks. Only the categories
+    that have scores appear."""
+    datasets = [dataset_of(task) for task in task_scores]
+    if len(set(datasets)) != len(datasets):
+        raise ValueError("longbench_average: a dataset appears twice (mixing longbench and longbench-e?)")
+    by_category: dict[str, list[float]] = {}
+    for dataset, score in zip(datasets, task_scores.values(), strict=True):
+        by_category.setdefault(DATASETS[dataset].category, []).append(score)
+    averages = {category: mean(by_category[category]) for category in CATEGORIES if category in by_category}
+    averages["Average"] = mean(list(task_scores.values()))
+    return averages
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def length_bucket(words: int) -> str:
+    """LongBench-E buckets on the row's `length` field (words), as official `scorer_e`."""
+    return E_BUCKETS[0] if words < 4000 else E_BUCKETS[1] if words < 8000 else E_BUCKETS[2]
+
+
+def longbench_e_buckets(rows: pd.DataFrame) -> pd.DataFrame:
+    """Mean score per length bucket of the LongBench-E rows in `rows` (result rows with a `meta` column
+    holding each sample's meta). Index: model, press, ratio (those present) and task; one column per
+    bucket, NaN where a bucket has no sample."""
+    rows = rows[rows["task"].str.startswith("longbench-e/")]
+    buckets = rows["meta"].map(lambda meta: length_bucket(meta["length"]))
+    keys = [key for key in ("model", "press", "ratio") if key in rows] + ["task"]
+    table = rows.assign(bucket=buckets).pivot_table(
+        index=keys, columns="bucket", values="score", aggfunc="mean"
+    )
+    return table.reindex(columns=E_BUCKETS)
