@@ -21,7 +21,7 @@ from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
 REFERENCE_PRESS = "none"  # ratio 0.0: the no-compression reference
 
 
-class NoResults(Exception):
+class NoResults(ValueError):
     """A path given to the report holds no results."""
 
 
@@ -297,11 +297,11 @@ def fmt_delta(value: float) -> str:
 
 
 def fmt_bytes(value: float) -> str:
-    for unit in ["B", "KiB", "MiB", "GiB"]:
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    units = ["B", "KiB", "MiB", "GiB"]
+    power = 0
+    while value >= 1024 and power < len(units) - 1:
+        value, power = value / 1024, power + 1
+    return f"{value:.0f} B" if power == 0 else f"{value:.1f} {units[power]}"
 
 
 def ratio_columns(frame: pd.DataFrame) -> pd.DataFrame:
@@ -313,53 +313,15 @@ def slug(text: str) -> str:
 
 
 def leaderboard_blocks(board: Leaderboard, out_dir: Path) -> list:
-    name = f"{slug(board.model)}-{board.length}"
-    scores = board.average.copy().astype(object)
-    for press in scores.index:
-        for ratio in scores.columns:
-            cell = fmt_score(board.average.at[press, ratio])
-            scores.at[press, ratio] = cell + ("*" if cell and (press, ratio) in board.missing else "")
-    scores = ratio_columns(scores)
-    scores["mean rank"] = board.mean_rank.map(lambda r: f"{r:.2f}")
-    blocks = [
-        Heading(f"{board.model}, length {board.length}"),
-        Heading("Leaderboard: average score", 3),
-        Paragraph(
-            "Average score (0-100) per press and compression ratio (fraction of the KV cache removed). "
-            "The average over tasks is the mean of the per-task means, so every task weighs the same "
-            "whatever its number of samples. Presses are sorted by mean rank."
-            + (" `*`: incomplete, see Missing results." if board.missing else "")
-        ),
-    ]
+    blocks = [Heading(f"{board.model}, length {board.length}")]
     if board.reference is not None:
         blocks.append(Paragraph(f"No compression (`{REFERENCE_PRESS}`): {board.reference.mean():.1f}"))
     else:
         blocks.append(Paragraph(f"No `{REFERENCE_PRESS}` rows: no no-compression reference, no deltas."))
-    blocks.append(Table(scores))
-    if board.delta is not None:
-        blocks += [
-            Heading("Delta to no compression", 3),
-            Paragraph("Mean over tasks of (task mean - no-compression task mean), on the tasks both ran."),
-            Table(ratio_columns(board.delta.map(fmt_delta))),
-        ]
-    blocks += [
-        Heading("Rank at each ratio", 3),
-        Table(ratio_columns(board.rank.map(lambda r: "" if pd.isna(r) else f"{r:.0f}"))),
-        Image(plot_scores(board, out_dir / f"{name}-scores.png"), "Average score vs compression ratio"),
-        Heading("Per-task scores", 3),
-    ]
-    for ratio in board.average.columns:
-        table = breakdown(board, ratio)
-        blocks += [
-            Paragraph(f"Ratio {ratio:g} (mean score per task; `{REFERENCE_PRESS}` = no compression)"),
-            Table(table.map(fmt_score)),
-            Image(
-                plot_heatmap(
-                    table, f"{board.model}, ratio {ratio:g}", out_dir / f"{name}-tasks-{ratio:g}.png"
-                ),
-                f"Task x press scores at ratio {ratio:g}",
-            ),
-        ]
+    if board.average.empty:
+        blocks.append(Paragraph("No compressed configs: nothing to rank."))
+    else:
+        blocks += comparison_blocks(board, out_dir, f"{slug(board.model)}-{board.length}")
     memory = board.memory.apply(
         lambda row: f"{row['kept_fraction']:.1%} ({fmt_bytes(row['kept_bytes'])})", axis=1
     ).unstack("ratio")
@@ -388,7 +350,50 @@ def leaderboard_blocks(board: Leaderboard, out_dir: Path) -> list:
             ),
             Code("\n".join(f"{p} @ {r:g}: " + ", ".join(gaps) for (p, r), gaps in board.missing.items())),
         ]
-    blocks += provenance_blocks(board.runs)
+    return blocks + provenance_blocks(board.runs)
+
+
+def comparison_blocks(board: Leaderboard, out_dir: Path, name: str) -> list:
+    """Leaderboard, deltas, ranks, per-task tables and plots of the compressed configs."""
+    scores = board.average.copy().astype(object)
+    for press in scores.index:
+        for ratio in scores.columns:
+            cell = fmt_score(board.average.at[press, ratio])
+            scores.at[press, ratio] = cell + ("*" if cell and (press, ratio) in board.missing else "")
+    scores = ratio_columns(scores)
+    scores["mean rank"] = board.mean_rank.map(lambda r: f"{r:.2f}")
+    blocks = [
+        Heading("Leaderboard: average score", 3),
+        Paragraph(
+            "Average score (0-100) per press and compression ratio (fraction of the KV cache removed). "
+            "The average over tasks is the mean of the per-task means, so every task weighs the same "
+            "whatever its number of samples. Presses are sorted by mean rank."
+            + (" `*`: incomplete, see Missing results." if board.missing else "")
+        ),
+        Table(scores),
+    ]
+    if board.delta is not None:
+        blocks += [
+            Heading("Delta to no compression", 3),
+            Paragraph("Mean over tasks of (task mean - no-compression task mean), on the tasks both ran."),
+            Table(ratio_columns(board.delta.map(fmt_delta))),
+        ]
+    blocks += [
+        Heading("Rank at each ratio", 3),
+        Table(ratio_columns(board.rank.map(lambda r: "" if pd.isna(r) else f"{r:.0f}"))),
+        Image(plot_scores(board, out_dir / f"{name}-scores.png"), "Average score vs compression ratio"),
+        Heading("Per-task scores", 3),
+    ]
+    for ratio in board.average.columns:
+        table = breakdown(board, ratio)
+        heatmap = plot_heatmap(
+            table, f"{board.model}, ratio {ratio:g}", out_dir / f"{name}-tasks-{ratio:g}.png"
+        )
+        blocks += [
+            Paragraph(f"Ratio {ratio:g}: mean score per task"),
+            Table(table.map(fmt_score)),
+            Image(heatmap, f"Task x press scores at ratio {ratio:g}"),
+        ]
     return blocks
 
 

@@ -261,3 +261,19 @@ def test_longbench_categories_and_length_buckets(tmp_path):
     assert "| none @ 0 | 40.0 | 60.0 | 46.7 |" in readme
     assert "| knorm @ 0.5* | 15.0 | 30.0 | 20.0 |" in readme  # fewer samples than none: incomplete
     assert "| none @ 0 | 70.0 | 30.0 | 20.0 |" in readme
+
+
+def test_press_arguments_keep_configs_apart_and_reference_alone_renders(tmp_path):
+    rows = [
+        make_row("kvp", 0.5, "t1", 0, 50) | {"press_args": {"agent": "a"}, "config_id": "kvp-a"},
+        make_row("kvp", 0.5, "t1", 0, 70) | {"press_args": {"agent": "b"}, "config_id": "kvp-b"},
+    ]
+    results = write_results(tmp_path / "results", rows)
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
+    assert board.average[0.5].to_dict() == {"kvp(agent=b)": 70.0, "kvp(agent=a)": 50.0}
+
+    reference_only = write_results(tmp_path / "reference", rows_of({("none", 0.0): {"t1": [100, 50]}}))
+    out = render_report([reference_only], tmp_path / "report")
+    readme = (out / "README.md").read_text()
+    assert "No compression (`none`): 75.0" in readme and "nothing to rank" in readme
+    assert not list(out.glob("*.png"))
