@@ -1,0 +1,100 @@
+"""KVP agents on disk: `agents.safetensors` (weights + normalisation, stacked over heads) and `card.json`.
+
+The card says which model the agents were made for (name and attention shape), which heads the stack holds,
+the feature and training config, a summary of the data and the validation reward per head.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from kvbench import models
+from kvbench.kvp.agent import POSITION_FEATURES, KVPAgents
+
+WEIGHTS_FILE = "agents.safetensors"
+CARD_FILE = "card.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class KVPAgentsError(ValueError):
+    """Agents that cannot be used: missing, or made for another model. The message is one line."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a set of agents must match: the model and the shape of its KV cache."""
+
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_layers * self.num_kv_heads
+
+
+def model_shape(model) -> ModelShape:
+    shape = models.model_shape(model)
+    return ModelShape(models.model_name(model), shape["layers"], shape["kv_heads"], shape["head_dim"])
+
+
+def default_agents_dir(name: str) -> Path:
+    """Where the shipped agents of model `name` live: presses/kvp/<name>/ at the repo root."""
+    return REPO_ROOT / "presses" / "kvp" / name.replace("/", "--")
+
+
+def train_command_hint(name: str) -> str:
+    data = f"data/kvp/{name.replace('/', '--')}"
+    return (
+        f"kvbench kvp datagen --model {name} --out {data} && "
+        f"kvbench kvp train --data {data} --out {default_agents_dir(name).relative_to(REPO_ROOT)}"
+    )
+
+
+def save_agents(directory: Path, agents: KVPAgents, card: dict) -> None:
+    """Write weights and card atomically (tmp file + rename), weights first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in agents.state_dict().items()}
+    card = {**card, "agent": {"hidden": agents.hidden, "features": ["key", "value", *POSITION_FEATURES]}}
+    tmp = directory / (WEIGHTS_FILE + ".tmp")
+    save_file(state, tmp)
+    os.replace(tmp, directory / WEIGHTS_FILE)
+    tmp = directory / (CARD_FILE + ".tmp")
+    tmp.write_text(json.dumps(card, indent=1) + "\n")
+    os.replace(tmp, directory / CARD_FILE)
+
+
+def load_card(directory: Path) -> dict:
+    path = Path(directory) / CARD_FILE
+    if not path.is_file():
+        raise KVPAgentsError(f"no KVP agents at {directory} (missing {CARD_FILE})")
+    return json.loads(path.read_text())
+
+
+def load_agents(directory: Path) -> tuple[KVPAgents, dict]:
+    directory = Path(directory)
+    card = load_card(directory)
+    state = load_file(directory / WEIGHTS_FILE)
+    num_heads, n_in, hidden = state["w1"].shape
+    agents = KVPAgents(num_heads, head_dim=state["key_mean"].shape[1], hidden=hidden)
+    agents.load_state_dict(state)
+    return agents, card
+
+
+def check_agents_fit(card: dict, shape: ModelShape, directory: Path) -> None:
+    """Refuse agents made for another model or covering only part of its heads."""
+    made_for = ModelShape(**card["model"])
+    if made_for != shape:
+        raise KVPAgentsError(
+            f"KVP agents at {directory} were made for {made_for}, not for {shape}; "
+            f"train agents for this model with: {train_command_hint(shape.name)}"
+        )
+    if sorted(card["heads"]) != list(range(shape.num_heads)):
+        raise KVPAgentsError(
+            f"KVP agents at {directory} cover {len(card['heads'])} of the model's {shape.num_heads} heads; "
+            "train all heads (omit --layers/--heads) to use them as a press"
+        )

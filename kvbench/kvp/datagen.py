@@ -1,0 +1,169 @@
+"""KVP training data: per prompt and (layer, KV head), the prompt's keys and values and each token's utility.
+
+For every training sample (RULER, seeds disjoint from evaluation's 0..999) we
+  1. greedily continue context + question with the uncompressed model (at most `gen_tokens` tokens),
+  2. run one teacher-forced pass over context + question + continuation with eager attention, and keep
+     - the context's post-RoPE keys and values from the cache (what the press sees at prefill), and
+     - the utility u_j of each context token j: for every query after the context, the attention it pays
+       to j, max over the query heads of the KV group; then the mean over those queries.
+The queries after the context are the question's and the continuation's: in the query-agnostic protocol both
+read from the compressed cache, so both need what eviction removes. (The paper uses the generated part only;
+the question adds signal where the answer is a few tokens.)
+
+One safetensors shard per sample, written atomically (tmp file + rename); `manifest.json` is rewritten after
+each shard, so a rerun with the same settings continues where the last one stopped.
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from kvbench.kvp.checkpoint import model_shape
+from kvbench.tasks import Sample, load_samples
+
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass
+class DatagenConfig:
+    tasks: list[str]
+    length: int  # context tokens, as the task generator understands it
+    samples: int  # per task
+    seed: int = 10_000  # evaluation uses seeds 0..999
+    gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
+    val_fraction: float = 0.1  # the last round(fraction * samples) samples of each task validate
+
+
+def encode_sample(tokenizer, sample: Sample) -> tuple[list[int], list[int]]:
+    """(context ids, question ids) in the query-agnostic protocol, split as kvpress's pipeline does.
+
+    With a chat template the user turn holds context + question; the context ends where the question starts,
+    and the template's tail (end of turn, assistant header) goes after the question, before the answer prefix.
+    """
+    if sample.chat_template and tokenizer.chat_template:
+        separator = "#" * (len(sample.context) + 10)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": sample.context + separator}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        context, suffix = text.split(separator)
+    else:
+        context, suffix = (tokenizer.bos_token or "") + sample.context, "\n"
+    question = sample.question + suffix + sample.answer_prefix
+    context_ids, question_ids = (
+        tokenizer.encode(text, add_special_tokens=False) for text in (context, question)
+    )
+    return context_ids, question_ids
+
+
+@torch.no_grad()
+def greedy_continuation(model, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Up to `max_new_tokens` greedy tokens after input_ids (1, T), without the stop token."""
+    output = model.generate(
+        input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False
+    )
+    generated = output[0, input_ids.shape[1] :]
+    stops = model.generation_config.eos_token_id
+    stops = set(stops if isinstance(stops, list) else [stops])
+    length = next((i for i, token in enumerate(generated.tolist()) if token in stops), len(generated))
+    return generated[:length]
+
+
+@torch.no_grad()
+def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_tokens: int) -> dict:
+    """Keys, values (layers, kv_heads, P, head_dim) and utility (layers, kv_heads, P) of one prompt."""
+    device = model.device
+    prompt_length = len(context_ids)
+    query_ids = torch.tensor([context_ids + question_ids], device=device)
+    generated = greedy_continuation(model, query_ids, gen_tokens)
+    full_ids = torch.cat([query_ids[0], generated]).unsqueeze(0)
+
+    num_kv_heads = model.config.num_key_value_heads
+    utility = {}
+
+    def keep_utility(module, args, kwargs, output):
+        weights = output[1][0, :, prompt_length:, :prompt_length]  # (q heads, later queries, P)
+        grouped = weights.reshape(num_kv_heads, -1, *weights.shape[1:]).amax(dim=1)
+        utility[module.layer_idx] = grouped.mean(dim=1).float()
+
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")  # the only implementation that returns attention weights
+    hooks = [
+        layer.self_attn.register_forward_hook(keep_utility, with_kwargs=True) for layer in model.model.layers
+    ]
+    try:
+        output = model.model(input_ids=full_ids, use_cache=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.set_attn_implementation(previous)
+    cache = output.past_key_values
+    layers = range(len(model.model.layers))
+    return {
+        "keys": torch.stack([cache.layers[i].keys[0, :, :prompt_length] for i in layers]).half().cpu(),
+        "values": torch.stack([cache.layers[i].values[0, :, :prompt_length] for i in layers]).half().cpu(),
+        "utility": torch.stack([utility[i] for i in layers]).cpu(),
+        "generated_tokens": len(generated),
+    }
+
+
+def read_manifest(directory: Path) -> dict | None:
+    path = Path(directory) / MANIFEST_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_atomically(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: bool = True) -> dict:
+    """Write one shard per (task, sample) into `out` and return the manifest; resumes a stopped run."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    head = {"model": asdict(model_shape(model)), "config": asdict(config)}
+    manifest = read_manifest(out) or {**head, "shards": []}
+    if {key: manifest[key] for key in head} != head:
+        raise ValueError(
+            f"{out} holds data made with other settings ({manifest['model']['name']}, {manifest['config']}); "
+            "use another --out folder"
+        )
+    done = {shard["file"] for shard in manifest["shards"]}
+    planned = []
+    for task in config.tasks:
+        samples = load_samples(
+            task, length=config.length, samples=config.samples, seed=config.seed, tokenizer=tokenizer
+        )
+        n_val = round(config.val_fraction * len(samples))
+        for index, sample in enumerate(samples):
+            split = "val" if index >= len(samples) - n_val else "train"
+            planned.append((f"{task}-{index:05d}.safetensors", split, sample))
+
+    todo = [item for item in planned if item[0] not in done]
+    for file, split, sample in tqdm(todo, desc="kvp datagen", disable=not progress):
+        context_ids, question_ids = encode_sample(tokenizer, sample)
+        captured = capture_prompt(
+            model, context_ids, question_ids, min(config.gen_tokens, sample.max_new_tokens)
+        )
+        tensors = {name: captured[name].contiguous() for name in ("keys", "values", "utility")}
+        write_atomically(out / file, lambda path, tensors=tensors: save_file(tensors, path))
+        manifest["shards"].append(
+            {
+                "file": file,
+                "split": split,
+                "task": sample.task,
+                "sample_id": sample.id,
+                "prompt_tokens": len(context_ids),
+                "question_tokens": len(question_ids),
+                "generated_tokens": captured["generated_tokens"],
+            }
+        )
+        write_atomically(out / MANIFEST_FILE, lambda path: path.write_text(json.dumps(manifest, indent=1)))
+    return manifest

@@ -1,0 +1,59 @@
+"""Ranking cost, Plackett-Luce sampling and log-probability: the pieces of the KVP training objective.
+
+A ranking orders a prompt's tokens best first; keeping its top k for a budget k loses the utility of the
+rest. Summed over every budget k = 0..P-1, the loss of ranking sigma is sum_r (r+1) * u[sigma_r]. We divide by
+the oracle's (utility sorted descending), so a ranking's normalised cost is 1 at the oracle and larger
+otherwise; the reward is its negative.
+"""
+
+import torch
+
+
+def ranking_cost(utility: torch.Tensor, rankings: torch.Tensor) -> torch.Tensor:
+    """Cost of rankings. utility: (..., P); rankings: (..., K, P) token indices, best first -> (..., K)."""
+    ranked = utility.unsqueeze(-2).expand(rankings.shape).gather(-1, rankings)
+    weights = torch.arange(1, utility.shape[-1] + 1, dtype=utility.dtype, device=utility.device)
+    return ranked @ weights
+
+
+def oracle_cost(utility: torch.Tensor) -> torch.Tensor:
+    """Cost of the best ranking (utility sorted descending): (..., P) -> (...)."""
+    oracle = utility.argsort(dim=-1, descending=True).unsqueeze(-2)
+    return ranking_cost(utility, oracle).squeeze(-1).clamp_min(torch.finfo(utility.dtype).tiny)
+
+
+def normalised_cost(utility: torch.Tensor, rankings: torch.Tensor) -> torch.Tensor:
+    """ranking_cost / oracle_cost: exactly 1 for the oracle ranking, larger for any worse one."""
+    return ranking_cost(utility, rankings) / oracle_cost(utility).unsqueeze(-1)
+
+
+def random_normalised_cost(utility: torch.Tensor) -> torch.Tensor:
+    """Expected normalised cost of a uniformly random ranking: every rank has mean weight (P+1)/2."""
+    return (utility.shape[-1] + 1) / 2 * utility.sum(-1) / oracle_cost(utility)
+
+
+def ranking_by_score(scores: torch.Tensor) -> torch.Tensor:
+    """The deterministic ranking of scores (highest first) as (..., 1, P), the shape the costs take."""
+    return scores.argsort(dim=-1, descending=True).unsqueeze(-2)
+
+
+def sample_rankings(scores: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """k rankings from the Plackett-Luce distribution of scores (..., P) -> (..., k, P).
+
+    Sorting scores perturbed by i.i.d. Gumbel noise draws exactly from Plackett-Luce.
+    """
+    shape = (*scores.shape[:-1], k, scores.shape[-1])
+    uniform = torch.rand(shape, generator=generator, device=scores.device, dtype=scores.dtype)
+    gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
+    return (scores.unsqueeze(-2) + gumbel).argsort(dim=-1, descending=True)
+
+
+def plackett_luce_log_prob(scores: torch.Tensor, rankings: torch.Tensor) -> torch.Tensor:
+    """log P(ranking) under Plackett-Luce, in O(P): scores (..., P), rankings (..., K, P) -> (..., K).
+
+    P(sigma) = prod_r exp(s[sigma_r]) / sum_{t >= r} exp(s[sigma_t]); the denominators of all ranks are one
+    reverse log-cumsum-exp over the ranked scores.
+    """
+    ranked = scores.unsqueeze(-2).expand(rankings.shape).gather(-1, rankings)
+    tails = ranked.flip(-1).logcumsumexp(-1).flip(-1)
+    return (ranked - tails).sum(-1)

@@ -1,0 +1,228 @@
+"""Train KVP agents from stored data (never loads the LLM); every selected head at once, batched over heads.
+
+Per step: one training prompt; each head scores its tokens, K rankings are drawn from the Plackett-Luce
+distribution of the scores, each ranking's reward is -(normalised cost), and REINFORCE with a leave-one-out
+baseline (RLOO) pushes up the log-probability of the better-than-average rankings. AdamW with linear warm-up
+then cosine decay; an exponential moving average (EMA) of the weights is what gets validated and saved, and
+each head keeps its own best EMA weights by validation reward (heads are independent, so per-head best is
+simply the best of each).
+"""
+
+import copy
+import json
+import math
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.checkpoint import REPO_ROOT, ModelShape, save_agents
+from kvbench.kvp.datagen import MANIFEST_FILE
+from kvbench.kvp.reward import (
+    normalised_cost,
+    plackett_luce_log_prob,
+    random_normalised_cost,
+    ranking_by_score,
+    sample_rankings,
+)
+
+REFERENCES = ("oracle", "random", "knorm", "recency")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 3000
+    rankings: int = 16  # K Plackett-Luce samples per prompt and head
+    lr: float = 3e-3
+    min_lr_fraction: float = 0.1  # cosine decays to lr * min_lr_fraction
+    warmup: int = 100
+    weight_decay: float = 0.01
+    ema: float = 0.99
+    eval_every: int = 100
+    hidden: int = 64
+    seed: int = 0
+
+
+class KVPData:
+    """The shards of a datagen folder, each read on demand for a subset of the heads."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        path = self.directory / MANIFEST_FILE
+        if not path.is_file():
+            raise ValueError(
+                f"no KVP data at {directory} (missing {MANIFEST_FILE}); make it with kvbench kvp datagen"
+            )
+        self.manifest = json.loads(path.read_text())
+        self.shape = ModelShape(**self.manifest["model"])
+        self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
+        self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
+        if not self.train or not self.val:
+            raise ValueError(
+                f"KVP data at {directory} needs train and val shards; "
+                f"it has {len(self.train)} train and {len(self.val)} val"
+            )
+
+    def load(self, shard: dict, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """keys, values (fp16, (heads, P, head_dim)) and utility (fp32, (heads, P)) of one prompt."""
+        with safe_open(self.directory / shard["file"], framework="pt") as f:
+            return tuple(f.get_tensor(name).flatten(0, 1)[heads] for name in ("keys", "values", "utility"))
+
+    def summary(self) -> dict:
+        return {
+            **self.manifest["config"],
+            "train_prompts": len(self.train),
+            "val_prompts": len(self.val),
+            "prompt_tokens": sum(s["prompt_tokens"] for s in self.manifest["shards"]),
+        }
+
+
+def select_heads(shape: ModelShape, layers: list[int] | None, kv_heads: list[int] | None) -> list[int]:
+    """Flat head indices (layer * num_kv_heads + kv_head) of the chosen layers and KV heads (default: all)."""
+    layers = list(range(shape.num_layers)) if layers is None else layers
+    kv_heads = list(range(shape.num_kv_heads)) if kv_heads is None else kv_heads
+    for name, chosen, limit in (
+        ("layer", layers, shape.num_layers),
+        ("KV head", kv_heads, shape.num_kv_heads),
+    ):
+        bad = [i for i in chosen if not 0 <= i < limit]
+        if bad:
+            raise ValueError(f"{name} {bad[0]} out of range: {shape.name} has {limit}")
+    return [layer * shape.num_kv_heads + head for layer in layers for head in kv_heads]
+
+
+def feature_statistics(data: KVPData, heads: list[int]) -> list[torch.Tensor]:
+    """Per-head mean and std of key and value features over the training tokens: 4 x (heads, head_dim)."""
+    sums = torch.zeros(2, len(heads), data.shape.head_dim, dtype=torch.float64)
+    squares = torch.zeros_like(sums)
+    count = 0
+    for shard in data.train:
+        keys, values, _ = data.load(shard, heads)
+        features = torch.stack([keys, values]).double()
+        sums += features.sum(dim=2)
+        squares += features.square().sum(dim=2)
+        count += keys.shape[1]
+    mean = sums / count
+    std = (squares / count - mean.square()).clamp_min(1e-8).sqrt()
+    return [mean[0].float(), std[0].float(), mean[1].float(), std[1].float()]
+
+
+def reference_rewards(val: list[tuple]) -> dict[str, torch.Tensor]:
+    """Per-head mean validation reward of the rankings oracle (-1), random (expected), knorm and recency."""
+    rewards = {name: [] for name in REFERENCES}
+    for keys, _, utility in val:
+        positions = torch.arange(utility.shape[-1], dtype=torch.float32).expand_as(utility)
+        rewards["oracle"].append(-torch.ones(utility.shape[0]))
+        rewards["random"].append(-random_normalised_cost(utility))
+        # kvpress's knorm keeps the keys of lowest norm; recency keeps the latest tokens.
+        knorm = ranking_by_score(-keys.float().norm(dim=-1))
+        rewards["knorm"].append(-normalised_cost(utility, knorm).squeeze(-1))
+        rewards["recency"].append(-normalised_cost(utility, ranking_by_score(positions)).squeeze(-1))
+    return {name: torch.stack(values).mean(0) for name, values in rewards.items()}
+
+
+@torch.no_grad()
+def validation_reward(agents: KVPAgents, val: list[tuple]) -> torch.Tensor:
+    """Per-head mean reward of the deterministic ranking (sort by score) over the validation prompts."""
+    rewards = []
+    for keys, values, utility in val:
+        scores = agents(keys[None], values[None])[0]
+        rewards.append(-normalised_cost(utility, ranking_by_score(scores)).squeeze(-1))
+    return torch.stack(rewards).mean(0)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * progress))
+    return config.lr * (config.min_lr_fraction + (1 - config.min_lr_fraction) * cosine)
+
+
+def git_commit() -> str | None:
+    result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    return result.stdout.strip() or None
+
+
+def train(
+    data_dir: Path,
+    out_dir: Path,
+    config: TrainConfig,
+    layers: list[int] | None = None,
+    kv_heads: list[int] | None = None,
+    log=print,
+) -> dict:
+    """Train the agents of the selected heads, save the best ones to out_dir and return their card."""
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    data = KVPData(data_dir)
+    heads = select_heads(data.shape, layers, kv_heads)
+    agents = KVPAgents(len(heads), data.shape.head_dim, config.hidden)
+    agents.set_normalisation(*feature_statistics(data, heads))
+    ema = copy.deepcopy(agents).requires_grad_(False)
+    best = copy.deepcopy(ema)
+    val = [data.load(shard, heads) for shard in data.val]
+    references = reference_rewards(val)
+    best_reward = validation_reward(best, val)
+    log(f"{len(heads)} heads, {len(data.train)} train / {len(data.val)} val prompts")
+    log("validation reward (mean over heads; -1 = oracle): " + format_rewards(references))
+    optimizer = torch.optim.AdamW(agents.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    train_rewards = []
+
+    for step in range(config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        shard = data.train[torch.randint(len(data.train), (1,), generator=generator).item()]
+        keys, values, utility = data.load(shard, heads)
+
+        scores = agents(keys[None], values[None])[0]  # (heads, P)
+        rankings = sample_rankings(scores.detach(), config.rankings, generator)  # (heads, K, P)
+        reward = -normalised_cost(utility, rankings)  # (heads, K)
+        baseline = (reward.sum(-1, keepdim=True) - reward) / (config.rankings - 1)  # leave-one-out mean
+        advantage = reward - baseline
+        # Heads have their own weights: summing over heads keeps each head's gradient its own.
+        loss = -(advantage * plackett_luce_log_prob(scores, rankings)).mean(-1).sum()
+
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            for ema_weight, weight in zip(ema.parameters(), agents.parameters(), strict=True):
+                ema_weight.lerp_(weight, 1 - config.ema)
+        train_rewards.append(reward.mean().item())
+
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            reward_now = validation_reward(ema, val)
+            improved = reward_now > best_reward
+            best_reward = torch.where(improved, reward_now, best_reward)
+            with torch.no_grad():
+                for best_weight, ema_weight in zip(best.parameters(), ema.parameters(), strict=True):
+                    best_weight[improved] = ema_weight[improved]
+            log(
+                f"step {step + 1:5d} | lr {learning_rate(step, config):.2e} "
+                f"| train {sum(train_rewards) / len(train_rewards):.4f} "
+                f"| val {reward_now.mean():.4f} | best {best_reward.mean():.4f} "
+                f"| {time.perf_counter() - started:.0f}s"
+            )
+            train_rewards = []
+
+    card = {
+        "model": asdict(data.shape),
+        "heads": heads,
+        "training": {**asdict(config), "seconds": round(time.perf_counter() - started, 1)},
+        "data": data.summary(),
+        "validation": {"agent": best_reward.tolist(), **{k: v.tolist() for k, v in references.items()}},
+        "git_commit": git_commit(),
+    }
+    save_agents(Path(out_dir), best, card)
+    log(f"saved {len(heads)} agents to {out_dir}: validation reward {best_reward.mean():.4f}")
+    return card
+
+
+def format_rewards(rewards: dict[str, torch.Tensor]) -> str:
+    return " | ".join(f"{name} {values.mean():.4f}" for name, values in rewards.items())

@@ -1,0 +1,60 @@
+"""KVP press: learned per-head eviction agents scoring each prompt token from its key, value and position.
+
+The agents of a model live in a folder (default: presses/kvp/<model name>/) made by `kvbench kvp train`.
+Eviction is real: kvpress's ScorerPress keeps the int(L * (1 - ratio)) best-scored entries of every head
+and the cache shrinks.
+"""
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from kvpress import ScorerPress
+from torch import nn
+
+from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.checkpoint import (
+    CARD_FILE,
+    KVPAgentsError,
+    check_agents_fit,
+    default_agents_dir,
+    load_agents,
+    model_shape,
+    train_command_hint,
+)
+
+
+@functools.lru_cache(maxsize=4)
+def cached_agents(directory: Path, modified_ns: int, device: torch.device) -> tuple[KVPAgents, dict]:
+    """Agents loaded once per (folder, version on disk, device); a sweep reuses them across presses."""
+    agents, card = load_agents(directory)
+    return agents.to(device).eval().requires_grad_(False), card
+
+
+@dataclass
+class KVPPress(ScorerPress):
+    """Keep the tokens the KVP agents of the model score highest, per layer and KV head.
+
+    agents: folder holding agents.safetensors + card.json; default presses/kvp/<model name>/.
+    """
+
+    compression_ratio: float = 0.0
+    agents: str | None = None
+    loaded: KVPAgents | None = field(default=None, init=False, repr=False, compare=False)
+
+    def post_init_from_model(self, model: nn.Module) -> None:
+        shape = model_shape(model)
+        directory = Path(self.agents) if self.agents else default_agents_dir(shape.name)
+        card_path = directory / CARD_FILE
+        if not card_path.is_file():
+            hint = train_command_hint(shape.name)
+            raise KVPAgentsError(f"no KVP agents for {shape.name} at {directory}; train them with: {hint}")
+        agents, card = cached_agents(directory.resolve(), card_path.stat().st_mtime_ns, model.device)
+        check_agents_fit(card, shape, directory)
+        self.loaded = agents
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
+        num_kv_heads = keys.shape[1]
+        layer_heads = slice(module.layer_idx * num_kv_heads, (module.layer_idx + 1) * num_kv_heads)
+        return self.loaded(keys, values, heads=layer_heads)

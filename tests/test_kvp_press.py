@@ -1,0 +1,78 @@
+import contextlib
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.checkpoint import KVPAgentsError, model_shape, save_agents
+from kvbench.presses.kvp import KVPPress
+
+
+def tiny_llama(vocab_size: int = 128) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab_size,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def random_agents(model, directory, **card_changes) -> KVPAgents:
+    """Agents with random (non-zero) output layers, saved with a card for `model`, edited by card_changes."""
+    shape = model_shape(model)
+    agents = KVPAgents(shape.num_heads, shape.head_dim, hidden=16)
+    torch.nn.init.normal_(agents.w3)
+    card = {"model": {**vars(shape), **card_changes}, "heads": list(range(shape.num_heads))}
+    save_agents(directory, agents, card)
+    return agents
+
+
+def prefill(model, input_ids, press=None) -> DynamicCache:
+    cache = DynamicCache()
+    with torch.no_grad(), press(model) if press else contextlib.nullcontext():
+        model.model(input_ids=input_ids, past_key_values=cache)
+    return cache
+
+
+def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path):
+    model = tiny_llama()
+    agents = random_agents(model, tmp_path)
+    input_ids = torch.randint(0, 128, (1, 37))
+    full = prefill(model, input_ids)
+    compressed = prefill(model, input_ids, KVPPress(compression_ratio=0.4, agents=str(tmp_path)))
+    n_kept = int(37 * (1 - 0.4))
+    for layer in range(2):
+        keys, values = full.layers[layer].keys, full.layers[layer].values
+        scores = agents(keys, values, heads=slice(2 * layer, 2 * layer + 2))
+        top = scores.topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+        assert compressed.layers[layer].keys.shape == (1, 2, n_kept, 16)
+        torch.testing.assert_close(compressed.layers[layer].keys, keys.gather(2, top))
+        torch.testing.assert_close(compressed.layers[layer].values, values.gather(2, top))
+
+
+def test_press_refuses_agents_of_another_model(tmp_path):
+    model = tiny_llama()
+    for change in ({"name": "another-model"}, {"num_layers": 3}, {"num_kv_heads": 1}, {"head_dim": 32}):
+        random_agents(model, tmp_path, **change)
+        press = KVPPress(compression_ratio=0.5, agents=str(tmp_path))
+        with pytest.raises(KVPAgentsError, match="were made for"):
+            press.post_init_from_model(model)
+
+
+def test_press_refuses_agents_covering_part_of_the_heads(tmp_path):
+    model = tiny_llama()
+    agents = KVPAgents(2, 16, hidden=8)
+    save_agents(tmp_path, agents, {"model": vars(model_shape(model)), "heads": [0, 1]})
+    with pytest.raises(KVPAgentsError, match="cover 2 of the model's 4 heads"):
+        KVPPress(compression_ratio=0.5, agents=str(tmp_path)).post_init_from_model(model)
+
+
+def test_missing_agents_name_the_folder_and_the_training_command(tmp_path):
+    press = KVPPress(compression_ratio=0.5, agents=str(tmp_path / "nowhere"))
+    with pytest.raises(KVPAgentsError, match="nowhere.*kvbench kvp datagen .* kvbench kvp train"):
+        press.post_init_from_model(tiny_llama())
