@@ -4,7 +4,6 @@ import zipfile
 import pandas as pd
 import pytest
 
-from kvbench.models import load_tokenizer
 from kvbench.tasks import load_samples, load_suite, score_sample
 from kvbench.tasks import longbench as lb
 from kvbench.tasks.base import Sample, TaskUnavailable
@@ -24,9 +23,9 @@ OFFICIAL_LCC = "Please complete the code given below. \n{context}Next line of co
 HUB_DATA_ZIP = lb.hub_data_zip  # the real one; the autouse fixture below replaces it
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer("smollm2-135m")
+@pytest.fixture
+def tokenizer(embedded_tokenizer):
+    return embedded_tokenizer
 
 
 @pytest.fixture(autouse=True)
