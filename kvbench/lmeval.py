@@ -1,0 +1,463 @@
+"""lm-eval bridge: the `kvbench` model type, lm-eval runs into the results store, and `kvbench lm-eval`.
+
+Importing this module registers the model type `kvbench` with lm-eval:
+
+    lm_eval.simple_evaluate(model="kvbench", model_args={"pretrained": "smollm2-135m", "press": "snapkv",
+                            "compression_ratio": 0.5}, tasks=[...], apply_chat_template=True)
+
+Every request runs under the press with kvbench's protocol: the prompt's context is prefilled and compressed,
+the rest is fed on top of the compressed cache with positions continuing from the uncompressed length.
+
+- generate_until: a doc that names its question (field `kvbench_question`, set by our task YAMLs in
+  tasks/lm_eval) is split where the question starts, as `kvbench run` splits a sample; any other prompt is
+  compressed whole but its last token. Decoding is the engine's (greedy, stops at EOS, then `until` cuts).
+- loglikelihood: the context but its last token is compressed; the last token and the continuation are
+  then scored against the compressed cache. (A single forward over context + continuation would not feel
+  the press: kvpress compresses only after each layer has attended to the full cache.)
+"""
+
+import contextlib
+import logging
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+import torch
+import torch.nn.functional as F
+from kvpress import DecodingPress, FinchPress, KeyRerotationPress, RestoreKVPress
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from kvbench.engine import (
+    Prompt,
+    Run,
+    is_shareable,
+    kv_counts,
+    language_model,
+    masked_entries,
+    run_alone,
+    run_shared,
+)
+from kvbench.models import EMBEDDED, cache_dir, load_model, model_name
+from kvbench.presses import build_press, check_press_runnable, needs_eager, parse_press_args
+from kvbench.results import ResultsStore, check_writable, config_id
+
+logger = logging.getLogger(__name__)
+
+QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
+TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks" / "lm_eval"
+ROW_STATS = ("context_tokens", "kv_kept", "kv_total", "kv_bytes_kept", "prefill_s", "decode_s")
+
+
+@register_model("kvbench")
+class KVBenchLM(HFLM):
+    """lm-eval's HF model with every request answered under a kvpress press; one request at a time."""
+
+    def __init__(
+        self,
+        pretrained: str = EMBEDDED,
+        press: str = "none",
+        compression_ratio: float = 0.0,
+        press_args: dict | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int | str = 1,
+        max_batch_size: int | None = None,  # lm-eval passes it to every model; we never batch
+        max_length: int | None = None,
+    ):
+        if str(batch_size) != "1":
+            raise ValueError(
+                f"the kvbench model answers one request at a time: batch_size must be 1, not {batch_size}"
+            )
+        self.press_name = press
+        self.compression_ratio = float(compression_ratio)
+        self.press_args = dict(press_args or {})
+        self.new_press()  # unknown press or bad arguments fail before the model loads
+        # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
+        self.eager = needs_eager(press, self.press_args)
+        model, tokenizer = load_model(
+            pretrained, device=device, dtype=dtype, attn_implementation="eager" if self.eager else None
+        )
+        super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
+        self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
+
+    def new_press(self):
+        """A fresh press per request, as `kvbench run` builds one per sample (stateful presses start over)."""
+        return build_press(self.press_name, self.compression_ratio, **self.press_args)
+
+    @property
+    def config_name(self) -> dict:
+        return {
+            "model": model_name(self.model),
+            "press": self.press_name,
+            "ratio": self.compression_ratio,
+            "press_args": self.press_args,
+        }
+
+    def get_model_info(self) -> dict:
+        return self.config_name  # HFLM's version asks the hub for a commit hash
+
+    def record(self, request, measurements: dict) -> None:
+        """Keep a request's KV counts and times under its doc (times add up over the doc's requests)."""
+        stats = self.stats.setdefault((request.task_name, request.doc_id), {})
+        for key in ROW_STATS:
+            if key in measurements:
+                add = key.endswith("_s") and key in stats
+                stats[key] = stats[key] + measurements[key] if add else measurements[key]
+
+    # ---- generate_until ----
+
+    def split_prompt(self, text: str, doc: dict | None) -> Prompt:
+        """Context (compressed) and question (fed after) token ids of a generation prompt."""
+        question = (doc or {}).get(QUESTION_FIELD)
+        if question:
+            if question not in text:
+                raise ValueError(f"the prompt does not contain the doc's {QUESTION_FIELD} text")
+            cut = text.rindex(question)
+            # Tokenized apart and without special tokens, as the engine tokenizes a sample.
+            context_ids = self.tokenizer.encode(text[:cut], add_special_tokens=False)
+            question_ids = self.tokenizer.encode(text[cut:], add_special_tokens=False)
+        else:
+            ids = self.tok_encode(text)
+            context_ids, question_ids = ids[:-1], ids[-1:]
+        return Prompt(torch.tensor([context_ids]), torch.tensor([question_ids]))
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        answers = []
+        for request in tqdm(requests, desc="kvbench generate_until", disable=disable_tqdm):
+            text, gen_kwargs = request.args
+            kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+            if kwargs["do_sample"]:
+                raise ValueError(
+                    "the kvbench model decodes greedily; this task asks for sampling (do_sample)"
+                )
+            prompt = self.split_prompt(text, request.doc)
+            result = generate(self.model, Run(self.new_press(), self.eager), prompt, kwargs["max_gen_toks"])
+            # The engine stops at EOS only; other stop strings cut the text afterwards.
+            answer = self.tok_decode(result.pop("tokens"))
+            answers.append(
+                postprocess_generated_text(answer, handle_stop_sequences(kwargs["until"], None), None)
+            )
+            self.record(request, result)
+        return answers
+
+    # ---- loglikelihood ----
+
+    def encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Context and continuation ids exactly as lm-eval's HF model encodes them."""
+        if context:
+            return self._encode_pair(context, continuation)
+        continuation_ids = self.tok_encode(continuation, add_special_tokens=False)
+        if continuation_ids[0] == self.prefix_token_id:
+            return continuation_ids[:1], continuation_ids[1:]
+        return [self.prefix_token_id], continuation_ids
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        results, state = [], None
+        for request in tqdm(requests, desc="kvbench loglikelihood", disable=disable_tqdm):
+            context_ids, continuation_ids = self.encode_request(*request.args)
+            # Choices of a multiple-choice doc come one after the other: one prefill serves them all.
+            if state is None or state.context_ids != context_ids:
+                if state is not None:
+                    state.close()
+                state = CompressedContext(self.model, self.new_press(), context_ids)
+            start = time.perf_counter()
+            results.append(state.score(continuation_ids))
+            self.record(request, {**state.measurements, "decode_s": time.perf_counter() - start})
+        if state is not None:
+            state.close()
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise ValueError(
+            "the kvbench model does not score perplexity tasks (loglikelihood_rolling): a document scored "
+            "from its first token has no context to compress"
+        )
+
+
+def generate(model, run: Run, prompt: Prompt, max_new_tokens: int) -> dict:
+    """Greedy tokens and measurements for one prompt under one press, along the engine's path for it."""
+    with torch.no_grad():
+        if is_shareable(run.press):
+            run_shared(model, prompt, [run], max_new_tokens)
+        else:
+            run_alone(model, prompt, run, max_new_tokens)
+    return run.result
+
+
+class CompressedContext:
+    """All but the last token of a context, prefilled under a press; scores continuations on that cache."""
+
+    def __init__(self, model, press, context_ids: list[int]):
+        if isinstance(press, DecodingPress):
+            raise ValueError(
+                "decoding presses compress while generating; loglikelihood needs a prefill press"
+            )
+        self.model, self.context_ids = model, context_ids
+        self.cache = DynamicCache()
+        prefix = torch.tensor([context_ids[:-1]], device=model.device)
+        start = time.perf_counter()
+        if prefix.shape[1]:
+            with torch.no_grad(), press(model) if press is not None else contextlib.nullcontext():
+                model.model(input_ids=prefix, past_key_values=self.cache)
+        self.measurements = {
+            "prefill_s": time.perf_counter() - start,
+            **kv_counts(model, Prompt(prefix, None), self.cache, masked=masked_entries(model)),
+        }
+        self.layer_lengths = [layer.keys.shape[2] for layer in self.cache.layers]
+        self.position = prefix.shape[1]
+        # Presses that move kept keys to new positions continue from the compressed length (as run_alone).
+        if isinstance(press, (RestoreKVPress, KeyRerotationPress)) or (
+            isinstance(press, FinchPress) and press.rerotate_keys
+        ):
+            self.position = self.cache.get_seq_length()
+
+    def score(self, continuation_ids: list[int]) -> tuple[float, bool]:
+        """(log-probability of the continuation, whether greedy decoding would produce it)."""
+        fed = self.context_ids[-1:] + continuation_ids[:-1]
+        positions = torch.arange(self.position, self.position + len(fed), device=self.model.device)
+        with torch.no_grad():
+            logits = self.model(
+                input_ids=torch.tensor([fed], device=self.model.device),
+                past_key_values=self.cache,
+                position_ids=positions.unsqueeze(0),
+            ).logits[0]
+        # Back to the compressed context for the next continuation (layers that held nothing hold nothing).
+        for index, layer in enumerate(self.cache.layers):
+            layer.crop(self.layer_lengths[index] if index < len(self.layer_lengths) else 0)
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        targets = torch.tensor(continuation_ids, device=logprobs.device)
+        return logprobs.gather(1, targets[:, None]).sum().item(), bool((logprobs.argmax(-1) == targets).all())
+
+    def close(self) -> None:
+        # Head-wise presses leave masks on the attention modules; never let them leak into other requests.
+        for layer in language_model(self.model).layers:
+            if hasattr(layer.self_attn, "masked_key_indices"):
+                layer.self_attn.masked_key_indices = None
+
+
+# ---- lm-eval runs into the results store ----
+
+
+def tokenizer_folder(model: str) -> Path:
+    """Where the model's tokenizer is saved for tasks that load one by path (lm-eval's RULER sizes its
+    samples with it; our embedded alias means nothing to AutoTokenizer)."""
+    return cache_dir() / "lm_eval" / "tokenizers" / model.strip("/").replace("/", "--")
+
+
+def task_metadata(model: str, *, limit: int | None = None, length: int | None = None) -> dict:
+    """What tasks are built with: the tokenizer, RULER's target length, and how many samples to generate."""
+    metadata = {"tokenizer": str(tokenizer_folder(model))}
+    if length is not None:
+        metadata["max_seq_lengths"] = [length]
+    if limit is not None:
+        metadata["samples"] = limit  # our RULER tasks then generate only the samples that will be used
+    return metadata
+
+
+def task_manager(include_paths=(), metadata: dict | None = None):
+    """lm-eval's tasks plus ours (tasks/lm_eval) and any extra folders."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=[str(TASKS_DIR), *map(str, include_paths)], metadata=metadata)
+
+
+def check_tasks(manager, names: list[str]) -> None:
+    known = set(manager.all_tasks)
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown lm-eval task {name!r} (see `lm_eval ls tasks`, or tasks/lm_eval)")
+
+
+def evaluate(lm: KVBenchLM, manager, names: list[str], *, limit: int | None = None) -> dict:
+    """Run lm-eval tasks (or groups) on `lm`; lm-eval's results, with every sample logged.
+
+    The chat template is applied whenever the tokenizer has one, as `kvbench run` does. Responses are cached
+    per config under the kvbench cache, so a rerun only computes what is missing.
+    """
+    import lm_eval
+
+    lm.tokenizer.save_pretrained(tokenizer_folder(model_name(lm.model)))
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=names,
+        limit=limit,
+        task_manager=manager,
+        use_cache=str(cache_dir() / "lm_eval" / "requests" / config_id(**lm.config_name)),
+        apply_chat_template=lm.tokenizer.chat_template is not None,
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+
+
+def prediction_of(sample: dict) -> str:
+    """The generated text, or for loglikelihood requests the index of the most likely choice."""
+    response = sample["filtered_resps"][0]
+    if isinstance(response, str):
+        return response
+    loglikelihoods = [
+        resp[0] if isinstance(resp, (list, tuple)) else resp for resp in sample["filtered_resps"]
+    ]
+    return str(max(range(len(loglikelihoods)), key=loglikelihoods.__getitem__))
+
+
+def main_metric(sample: dict, length) -> str:
+    """The task's first metric, or for RULER-style tasks (one metric per length) the sample's length's."""
+    return str(length) if str(length) in sample["metrics"] else sample["metrics"][0]
+
+
+def rows_from_results(results: dict, lm: KVBenchLM) -> list[dict]:
+    """One results-store row per (task, doc): task = "lm-eval/<task>", score = the main metric on 0-100."""
+    config = lm.config_name
+    rows = []
+    for task, samples in results["samples"].items():
+        task_rows = []
+        for sample in samples:
+            doc = sample["doc"]
+            length = doc.get("max_length")
+            target = sample["target"]
+            value = sample[main_metric(sample, length)]
+            task_rows.append(
+                {
+                    "config_id": config_id(**config),
+                    **config,
+                    "task": f"lm-eval/{task}",
+                    "length": length,
+                    "seed": doc.get("seed", 0),
+                    "sample_id": str(doc.get("sample_id", sample["doc_id"])),
+                    "prediction": prediction_of(sample),
+                    "references": [str(t) for t in target] if isinstance(target, list) else [str(target)],
+                    "score": float(value) if isinstance(value, (int, float)) else None,
+                    **lm.stats.get((task, sample["doc_id"]), {}),
+                }
+            )
+        # Metrics in [0, 1] (accuracy, RULER's string match) go to kvbench's 0-100 scale.
+        scores = [row["score"] for row in task_rows if row["score"] is not None]
+        if scores and all(0 <= score <= 1 for score in scores):
+            for row in task_rows:
+                row["score"] = None if row["score"] is None else 100 * row["score"]
+        rows.extend(task_rows)
+    return rows
+
+
+def store_rows(rows: list[dict], store: ResultsStore) -> int:
+    """Append the rows the store does not hold yet; how many were new."""
+    new = [row for row in rows if not store.has(row)]
+    for row in new:
+        store.append(row)
+    return len(new)
+
+
+def run_record(lm: KVBenchLM, rows: list[dict], *, limit, length, started: str) -> dict:
+    from kvbench.runner import git_commit, package_versions
+
+    config = lm.config_name
+    tasks = sorted({row["task"] for row in rows})
+    scores = {
+        task: [row["score"] for row in rows if row["task"] == task and row["score"] is not None]
+        for task in tasks
+    }
+    return {
+        "command": " ".join(["kvbench", *sys.argv[1:]]),
+        "config": {
+            "model": config["model"],
+            "configs": [{key: config[key] for key in ("press", "ratio", "press_args")}],
+            "tasks": tasks,
+            "samples": limit,
+            "length": length,
+        },
+        "summary": {
+            f"{config['press']}@{config['ratio']}": {
+                task: round(sum(values) / len(values), 2) for task, values in scores.items() if values
+            }
+        },
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat(),
+    }
+
+
+# ---- CLI ----
+
+
+@click.command(name="lm-eval")
+@click.option("--press", required=True, help="Press name (see `kvbench presses`).")
+@click.option("--ratio", required=True, type=float, help="Fraction of KV entries removed, in [0, 1).")
+@click.option(
+    "--press-arg", "press_args", multiple=True, metavar="KEY=VALUE", help="Press parameter (repeatable)."
+)
+@click.option("--tasks", "task_names", required=True, help="Comma-separated lm-eval tasks or groups.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Evaluate only the first N docs per task."
+)
+@click.option(
+    "--length", type=click.IntRange(min=1), default=None, help="Context length of RULER tasks (tokens)."
+)
+@click.option(
+    "--include-path",
+    "include_paths",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Extra folder of lm-eval task YAMLs (repeatable); tasks/lm_eval is always included.",
+)
+@click.option(
+    "--model",
+    default=EMBEDDED,
+    show_default=True,
+    help="Embedded alias, Hugging Face model id, or local folder.",
+)
+@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
+@click.option(
+    "--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"])
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="Results folder (appended to, as `kvbench run`).",
+)
+def lm_eval_command(
+    press, ratio, press_args, task_names, limit, length, include_paths, model, device, dtype, out
+):
+    """Run lm-eval tasks with every request answered under a press.
+
+    Generation prefills the prompt's context under the press and decodes on top of the compressed cache;
+    loglikelihoods are scored against the compressed cache. kvbench's own RULER tasks are in tasks/lm_eval
+    (kvbench_niah_single_1, ..., group kvbench_ruler). Rows land in OUT/rows.jsonl as task
+    "lm-eval/<task>", so `kvbench report` shows them next to `kvbench run`'s.
+
+    \b
+    Example: kvbench lm-eval --press snapkv --ratio 0.5 --tasks niah_single_1,ruler_vt --length 1024
+    """
+    from kvbench.cli import USER_ERRORS, UserError, parse_ratio
+
+    started = datetime.now(timezone.utc).isoformat()
+    ratio = parse_ratio(ratio)
+    names = [name.strip() for name in task_names.split(",") if name.strip()]
+    if not names:
+        raise UserError("--tasks must name at least one task")
+    try:
+        check_press_runnable(press)
+        check_writable(out)
+        manager = task_manager(include_paths, task_metadata(model, limit=limit, length=length))
+        check_tasks(manager, names)
+        lm = KVBenchLM(model, press, ratio, parse_press_args(press_args), device=device, dtype=dtype)
+        results = evaluate(lm, manager, names, limit=limit)
+    except USER_ERRORS as error:
+        raise UserError(str(error).strip().splitlines()[0]) from None
+    rows = rows_from_results(results, lm)
+    store = ResultsStore(out)
+    new = store_rows(rows, store)
+    store.write_run(run_record(lm, rows, limit=limit, length=length, started=started))
+    for task in sorted({row["task"] for row in rows}):
+        scores = [row["score"] for row in rows if row["task"] == task and row["score"] is not None]
+        mean = f"{sum(scores) / len(scores):.1f}" if scores else "n/a"
+        click.echo(f"{task:<40} {mean:>6}  ({len(scores)} samples)")
+    click.echo(f"results: {out}/rows.jsonl ({new} new rows)")

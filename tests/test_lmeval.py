@@ -1,0 +1,189 @@
+"""The lm-eval bridge: loglikelihoods feel the press, `none` is lm-eval's own HF model, our task YAMLs score
+as `kvbench run`, and `kvbench lm-eval` writes results-store rows."""
+
+import json
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from lm_eval.api.instance import Instance
+from lm_eval.api.registry import get_model
+from lm_eval.models.huggingface import HFLM
+from lm_eval.tasks import TaskManager
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kvbench import lmeval, tasks
+from kvbench.engine import Config, evaluate_sample
+from kvbench.lmeval import QUESTION_FIELD, TASKS_DIR, KVBenchLM, lm_eval_command
+from kvbench.tasks import ruler
+
+WORDS = "the cat sat on a mat while dogs ran far away from home and birds sang in trees all day long".split()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, embedded_tokenizer):
+    """A tiny random Llama with the embedded tokenizer, saved as a local folder."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(embedded_tokenizer),
+        initializer_range=0.1,  # peaked attention, so that evicting entries changes the outputs
+        eos_token_id=2,
+        bos_token_id=None,
+    )
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    embedded_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def requests(kind: str, args: list[tuple], doc: dict | None = None) -> list[Instance]:
+    return [Instance(kind, doc or {}, arg, 0, ("task", i, 1)) for i, arg in enumerate(args)]
+
+
+def words(n: int, offset: int = 0) -> str:
+    return " ".join(WORDS[(offset + i) % len(WORDS)] for i in range(n))
+
+
+def test_importing_the_module_registers_the_kvbench_model_type():
+    assert get_model("kvbench") is KVBenchLM
+
+
+def test_press_none_gives_the_loglikelihoods_of_lm_evals_hf_model(model_dir):
+    pairs = [
+        (words(12), " " + words(3, 12)),
+        (words(12), " " + words(2, 5)),  # same context: served by the same prefill
+        (words(7, 3) + " ", words(4)),  # lm-eval moves the trailing space into the continuation
+        ("", words(5)),  # empty context: lm-eval's prefix token
+    ]
+    expected = HFLM(pretrained=model_dir, device="cpu", batch_size=1).loglikelihood(
+        requests("loglikelihood", pairs)
+    )
+    ours = KVBenchLM(model_dir, "none").loglikelihood(requests("loglikelihood", pairs))
+    for (logprob, greedy), (expected_logprob, expected_greedy) in zip(ours, expected, strict=True):
+        assert logprob == pytest.approx(expected_logprob, abs=1e-4)
+        assert greedy == expected_greedy
+
+
+def test_a_press_changes_loglikelihoods_and_compresses_all_but_the_last_context_token(model_dir):
+    pairs = [(words(60), " " + words(4, 60)), (words(60), " " + words(4, 7))]
+    plain = KVBenchLM(model_dir, "none").loglikelihood(requests("loglikelihood", pairs))
+    lm = KVBenchLM(model_dir, "knorm", 0.5)
+    pressed = lm.loglikelihood(requests("loglikelihood", pairs))
+    assert all(abs(a[0] - b[0]) > 1e-3 for a, b in zip(plain, pressed, strict=True))
+    prefix = len(lm.tok_encode(words(60))) - 1
+    stats = lm.stats[("task", 0)]
+    assert stats["context_tokens"] == prefix
+    assert stats["kv_total"] == prefix * 2 * 2  # tokens x layers x KV heads
+    assert stats["kv_kept"] == int(prefix * 0.5) * 2 * 2
+
+
+def test_press_none_generates_as_lm_evals_hf_model_and_until_cuts_the_text(model_dir):
+    prompt = words(30)
+    args = [(prompt, {"until": [], "max_gen_toks": 8, "do_sample": False})]
+    expected = HFLM(pretrained=model_dir, device="cpu", batch_size=1).generate_until(
+        requests("generate_until", args)
+    )
+    lm = KVBenchLM(model_dir, "none")
+    (text,) = lm.generate_until(requests("generate_until", args))
+    assert text == expected[0] and text
+    stop = text.split()[2]
+    (cut,) = lm.generate_until(requests("generate_until", [(prompt, {"until": [stop], "max_gen_toks": 8})]))
+    assert cut == text.split(stop)[0]
+
+
+def test_a_doc_naming_its_question_compresses_only_what_comes_before(model_dir):
+    context, question = words(40) + "\n", "what sat on the mat?"
+    lm = KVBenchLM(model_dir, "knorm", 0.5)
+    args = [(context + question, {"until": [], "max_gen_toks": 2})]
+    lm.generate_until(requests("generate_until", args, {QUESTION_FIELD: question}))
+    assert lm.stats[("task", 0)]["context_tokens"] == len(
+        lm.tokenizer.encode(context, add_special_tokens=False)
+    )
+    with pytest.raises(ValueError, match="does not contain"):
+        lm.generate_until(requests("generate_until", args, {QUESTION_FIELD: "not in the prompt"}))
+
+
+def test_task_yamls_cover_every_ruler_task_with_its_generation_budget():
+    names = set()
+    for path in TASKS_DIR.glob("kvbench_*.yaml"):
+        spec = yaml.safe_load(path.read_text())
+        if "group" in spec:
+            continue
+        task = spec["dataset_kwargs"]["task"]
+        names.add(task)
+        assert spec["task"] == f"kvbench_{task}"
+        assert spec["generation_kwargs"]["max_gen_toks"] == ruler.TOKENS_TO_GENERATE[ruler.family(task)]
+    assert names == set(ruler.TASKS)
+    group = yaml.safe_load((TASKS_DIR / "kvbench_ruler.yaml").read_text())
+    assert group["task"] == [f"kvbench_{task}" for task in ruler.TASKS]
+
+
+def test_our_ruler_task_in_lm_eval_scores_as_kvbench_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(lmeval, "cache_dir", lambda: tmp_path)  # no request cache from an earlier run
+    lm = KVBenchLM("smollm2-135m", "snapkv", 0.5)
+    metadata = lmeval.task_metadata("smollm2-135m", limit=2, length=512)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=metadata)
+    results = lmeval.evaluate(lm, manager, ["kvbench_niah_single_1"], limit=2)
+    rows = lmeval.rows_from_results(results, lm)
+
+    samples = tasks.load_samples("niah_single_1", length=512, samples=2, seed=0, tokenizer=lm.tokenizer)
+    assert [row["sample_id"] for row in rows] == [sample.id for sample in samples]
+    for row, sample in zip(rows, samples, strict=True):
+        (expected,) = evaluate_sample(lm.model, lm.tokenizer, sample, [Config("snapkv", 0.5)])
+        assert row["prediction"] == expected["prediction"]
+        assert row["score"] == pytest.approx(tasks.score_sample(sample, expected["prediction"]))
+        assert (row["context_tokens"], row["kv_kept"]) == (expected["context_tokens"], expected["kv_kept"])
+    assert row["task"] == "lm-eval/kvbench_niah_single_1" and row["length"] == 512
+
+
+def invoke(*args):
+    return CliRunner().invoke(lm_eval_command, [*args])
+
+
+def test_cli_runs_lm_evals_own_ruler_offline_into_the_results_store(monkeypatch, tmp_path, model_dir):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "results"
+    args = ["--model", model_dir, "--press", "snapkv", "--ratio", "0.5", "--tasks", "niah_single_1"]
+    result = invoke(*args, "--limit", "2", "--length", "256", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [row["sample_id"] for row in rows] == ["0", "1"]
+    for row in rows:
+        assert (row["task"], row["press"], row["ratio"], row["length"]) == (
+            "lm-eval/niah_single_1",
+            "snapkv",
+            0.5,
+            256,
+        )
+        assert row["model"] == model_dir and row["score"] in (0.0, 100.0)
+        assert row["references"][0].isdigit() and len(row["references"][0]) == 7
+        assert 0 < row["kv_kept"] < row["kv_total"] == row["context_tokens"] * 2 * 2
+    record = json.loads(next((out / "runs").glob("*.json")).read_text())
+    assert record["config"]["tasks"] == ["lm-eval/niah_single_1"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--press", "nope", "--ratio", "0.5"], "unknown press 'nope'"),
+        (["--press", "snapkv", "--ratio", "1"], "ratio must be in [0, 1)"),
+        (
+            ["--press", "snapkv", "--ratio", "0.5", "--tasks", "no_such_task"],
+            "unknown lm-eval task 'no_such_task'",
+        ),
+    ],
+)
+def test_cli_rejects_bad_input_in_one_line_with_exit_code_2(tmp_path, args, message):
+    if "--tasks" not in args:
+        args = [*args, "--tasks", "niah_single_1"]
+    result = invoke(*args, "--out", str(tmp_path / "results"))
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
+    assert not (tmp_path / "results").exists()
