@@ -11,9 +11,11 @@ Substitutions and differences, all deliberate:
 - Essay haystack: RULER uses Paul Graham's essays, which are not redistributable offline. We use real prose
   that ships with Python, the stdlib's `pydoc_data.topics` (~65k words; its text depends on the Python
   version). Sentences are split with a regex instead of nltk's punkt.
-- Randomness: each sample draws from its own `random.Random` seeded by (task, seed, index), so a sample does
-  not depend on the others nor on the haystack size; RULER draws from one global stream (and reuses its
-  seed for some shuffles). The distributions are RULER's.
+- Randomness: each sample draws from its own `random.Random` seeded by (task, seed, index), so its keys,
+  values and answers do not depend on the other samples nor on the length; RULER draws from one global
+  stream (and reuses its seed for some shuffles). The distributions are RULER's.
+- Word lists: RULER's cwe switches to a larger English word list past the 8166 wonderwords words (beyond
+  ~100k tokens); we stop at 8166 words there, so such a cwe context comes out shorter than asked.
 - qa_1/qa_2: question i of the dataset (in file order) is sample i, as in RULER; the seed picks the
   distractor documents and their order.
 - The query-agnostic split follows kvpress's RULER dataset: the context holds every instruction that comes
@@ -219,8 +221,9 @@ def largest_fitting(
         return tokens_at(n) <= budget
 
     def secant(a: int, b: int) -> float:
-        """Where the line through a and b reaches the budget."""
-        return a + (budget - tokens_at(a)) * (b - a) / (tokens_at(b) - tokens_at(a))
+        """Where the line through a and b reaches the budget (b itself when the line is flat)."""
+        rise = tokens_at(b) - tokens_at(a)
+        return a + (budget - tokens_at(a)) * (b - a) / rise if rise > 0 else b
 
     if not fits(low):
         raise ValueError(f"{low} units need {tokens_at(low)} tokens, more than {budget}")
@@ -229,7 +232,8 @@ def largest_fitting(
     while fits(bad):  # bracket: extrapolate from the line through low and the last size that fits
         if bad == high:
             return high
-        good, bad = bad, min(high, max(int(secant(low, bad)) + 1, bad + 2 * step, bad + 1))
+        # At most 16x further: a nearly flat line must not make us build a huge haystack.
+        good, bad = bad, min(high, 16 * bad, max(int(secant(low, bad)) + 1, bad + 2 * step, bad + 1))
         step = bad - good
     while bad - good > 1:
         width = bad - good
@@ -521,7 +525,7 @@ def qa_data(task: str, data_dir: Path | None) -> QaData:
     """The dataset of a QA task from `data_dir/<official file name>`, else from the hub."""
     path = data_dir / QA_FILES[task] if data_dir else None
     if path and path.is_file():
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(encoding="utf-8"))
     else:
         try:
             raw = from_hub(task)
@@ -537,7 +541,7 @@ def qa_draft(data: QaData, item: QaItem, num_docs: int, rng: random.Random) -> D
     if num_docs - len(item.gold) > len(item.related):
         taken = set(item.gold + item.related)
         others = [i for i in range(len(data.documents)) if i not in taken]
-        chosen = item.gold + item.related + rng.sample(others, num_docs - len(taken))
+        chosen = item.gold + item.related + rng.sample(others, num_docs - len(item.gold) - len(item.related))
     else:
         chosen = item.gold + rng.sample(item.related, num_docs - len(item.gold))
     documents = [data.documents[i] for i in chosen]
