@@ -98,3 +98,28 @@ def check_agents_fit(card: dict, shape: ModelShape, directory: Path) -> None:
             f"KVP agents at {directory} cover {len(card['heads'])} of the model's {shape.num_heads} heads; "
             "train all heads (omit --layers/--heads) to use them as a press"
         )
+
+
+def validation_table(card: dict):
+    """Per-head validation normalised cost (1 = oracle; lower is better) of the agents and the references."""
+    import pandas as pd
+
+    num_kv_heads = card["model"]["num_kv_heads"]
+    table = pd.DataFrame({name: [-r for r in rewards] for name, rewards in card["validation"].items()})
+    table.insert(0, "layer", [head // num_kv_heads for head in card["heads"]])
+    table.insert(1, "kv_head", [head % num_kv_heads for head in card["heads"]])
+    return table
+
+
+def plot_validation(card: dict, path: Path) -> None:
+    """Validation normalised cost per layer (mean over KV heads): agents vs oracle, random, knorm, recency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    table = validation_table(card).drop(columns="kv_head")
+    long = table.melt(id_vars="layer", var_name="ranking", value_name="normalised cost")
+    grid = sns.relplot(data=long, x="layer", y="normalised cost", hue="ranking", kind="line", marker="o")
+    grid.set(yscale="log", title=f"KVP agents of {card['model']['name']}: validation cost (1 = oracle)")
+    grid.savefig(path, dpi=120)

@@ -2,7 +2,7 @@
 
 For every training sample (RULER, seeds disjoint from evaluation's 0..999) we
   1. greedily continue context + question with the uncompressed model (at most `gen_tokens` tokens),
-  2. run one teacher-forced pass over context + question + continuation with eager attention, and keep
+  2. read the attention of that run (eager attention; see capture_prompt), and keep
      - the context's post-RoPE keys and values from the cache (what the press sees at prefill), and
      - the utility u_j of each context token j: for every query after the context, the attention it pays
        to j, max over the query heads of the KV group; then the mean over those queries.
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
+from transformers import DynamicCache
 
 from kvbench.kvp.checkpoint import model_shape
 from kvbench.tasks import Sample, load_samples
@@ -36,7 +37,7 @@ class DatagenConfig:
     samples: int  # per task
     seed: int = 10_000  # evaluation uses seeds 0..999
     gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
-    val_fraction: float = 0.1  # the last round(fraction * samples) samples of each task validate
+    val_fraction: float = 0.1  # the first round(fraction * samples) samples of each task validate
 
 
 def encode_sample(tokenizer, sample: Sample) -> tuple[list[int], list[int]]:
@@ -63,53 +64,55 @@ def encode_sample(tokenizer, sample: Sample) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def greedy_continuation(model, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Up to `max_new_tokens` greedy tokens after input_ids (1, T), without the stop token."""
-    output = model.generate(
-        input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False
-    )
-    generated = output[0, input_ids.shape[1] :]
+def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_tokens: int) -> dict:
+    """Keys, values (layers, kv_heads, P, head_dim), utility (layers, kv_heads, P) and generated token ids.
+
+    One eager prefill of context + question, then greedy decoding on the uncompressed cache; hooks on the
+    attention layers read every query after the context as it goes. That is the teacher-forced pass over
+    context + question + continuation, computed once instead of twice.
+    """
+    prompt_length = len(context_ids)
+    num_kv_heads = model.config.num_key_value_heads
+    num_layers = len(model.model.layers)
+    utility_sum = [0.0] * num_layers
+    queries = [0] * num_layers
+
+    def add_utility(module, args, kwargs, output):
+        weights = output[1][0]  # (query heads, new queries, all keys so far)
+        first_after_prompt = max(0, prompt_length - (weights.shape[2] - weights.shape[1]))
+        later = weights[:, first_after_prompt:, :prompt_length]
+        grouped = later.reshape(num_kv_heads, -1, *later.shape[1:]).amax(dim=1)  # max over the group
+        utility_sum[module.layer_idx] = utility_sum[module.layer_idx] + grouped.float().sum(dim=1)
+        queries[module.layer_idx] += later.shape[1]
+
     stops = model.generation_config.eos_token_id
     stops = set(stops if isinstance(stops, list) else [stops])
-    length = next((i for i, token in enumerate(generated.tolist()) if token in stops), len(generated))
-    return generated[:length]
-
-
-@torch.no_grad()
-def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_tokens: int) -> dict:
-    """Keys, values (layers, kv_heads, P, head_dim) and utility (layers, kv_heads, P) of one prompt."""
-    device = model.device
-    prompt_length = len(context_ids)
-    query_ids = torch.tensor([context_ids + question_ids], device=device)
-    generated = greedy_continuation(model, query_ids, gen_tokens)
-    full_ids = torch.cat([query_ids[0], generated]).unsqueeze(0)
-
-    num_kv_heads = model.config.num_key_value_heads
-    utility = {}
-
-    def keep_utility(module, args, kwargs, output):
-        weights = output[1][0, :, prompt_length:, :prompt_length]  # (q heads, later queries, P)
-        grouped = weights.reshape(num_kv_heads, -1, *weights.shape[1:]).amax(dim=1)
-        utility[module.layer_idx] = grouped.mean(dim=1).float()
-
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")  # the only implementation that returns attention weights
     hooks = [
-        layer.self_attn.register_forward_hook(keep_utility, with_kwargs=True) for layer in model.model.layers
+        layer.self_attn.register_forward_hook(add_utility, with_kwargs=True) for layer in model.model.layers
     ]
     try:
-        output = model.model(input_ids=full_ids, use_cache=True)
+        cache = DynamicCache()
+        input_ids = torch.tensor([context_ids + question_ids], device=model.device)
+        generated = []
+        while True:
+            logits = model(input_ids=input_ids, past_key_values=cache, logits_to_keep=1).logits
+            next_token = logits[0, -1].argmax().item()
+            if next_token in stops or len(generated) == gen_tokens:
+                break  # the stop token, or a token past the cap, is never fed back: its query reads nothing
+            generated.append(next_token)
+            input_ids = torch.tensor([[next_token]], device=model.device)
     finally:
         for hook in hooks:
             hook.remove()
         model.set_attn_implementation(previous)
-    cache = output.past_key_values
-    layers = range(len(model.model.layers))
+    layers = range(num_layers)
     return {
         "keys": torch.stack([cache.layers[i].keys[0, :, :prompt_length] for i in layers]).half().cpu(),
         "values": torch.stack([cache.layers[i].values[0, :, :prompt_length] for i in layers]).half().cpu(),
-        "utility": torch.stack([utility[i] for i in layers]).cpu(),
-        "generated_tokens": len(generated),
+        "utility": torch.stack([utility_sum[i] / queries[i] for i in layers]).cpu(),
+        "generated": generated,
     }
 
 
@@ -143,11 +146,14 @@ def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: 
         )
         n_val = round(config.val_fraction * len(samples))
         for index, sample in enumerate(samples):
-            split = "val" if index >= len(samples) - n_val else "train"
-            planned.append((f"{task}-{index:05d}.safetensors", split, sample))
+            split = "val" if index < n_val else "train"
+            planned.append((index, f"{task}-{index:05d}.safetensors", split, sample))
+    # Sample-major order (all tasks' sample 0, then 1, ...): a stopped run still holds a mix of every task
+    # with its validation prompts first.
+    planned.sort(key=lambda item: item[0])
 
-    todo = [item for item in planned if item[0] not in done]
-    for file, split, sample in tqdm(todo, desc="kvp datagen", disable=not progress):
+    todo = [item for item in planned if item[1] not in done]
+    for _, file, split, sample in tqdm(todo, desc="kvp datagen", disable=not progress):
         context_ids, question_ids = encode_sample(tokenizer, sample)
         captured = capture_prompt(
             model, context_ids, question_ids, min(config.gen_tokens, sample.max_new_tokens)
@@ -162,7 +168,7 @@ def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: 
                 "sample_id": sample.id,
                 "prompt_tokens": len(context_ids),
                 "question_tokens": len(question_ids),
-                "generated_tokens": captured["generated_tokens"],
+                "generated_tokens": len(captured["generated"]),
             }
         )
         write_atomically(out / MANIFEST_FILE, lambda path: path.write_text(json.dumps(manifest, indent=1)))
