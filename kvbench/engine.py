@@ -1,0 +1,392 @@
+"""Evaluation engine: one uncompressed prefill per sample serves every (press, ratio) config.
+
+kvpress compresses in a forward hook that runs *after* each attention layer, so the hidden states that
+reach the next layer always come from the full cache. The prefill is therefore the same for every press
+that only acts inside that hook (ScorerPress and its wrappers). We run it once, and at each layer let
+every such config's press compress the full keys/values into that config's own cache. The question and
+the greedy decoding of all those configs then run as one batch: caches left-padded to a common length
+and masked, positions continuing from the uncompressed context length, each stream stopping on its own.
+
+The protocol is kvpress's `KVPressTextGenerationPipeline`, token for token: same chat-template split,
+same positions, same stopping rule. Presses that change the forward itself, mask heads through
+kvpress's attention patch, or compress while decoding fall back to a run of their own that follows the
+pipeline's flow for that single config.
+"""
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from kvpress import (
+    BasePress,
+    BlockPress,
+    ChunkKVPress,
+    ChunkPress,
+    DecodingPress,
+    DMSPress,
+    FinchPress,
+    KeyRerotationPress,
+    PrefillDecodingPress,
+    RestoreKVPress,
+    ScorerPress,
+)
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from kvbench.presses import build_press, needs_eager
+from kvbench.tasks.base import Sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One (press, ratio) point. `press_args` is a sorted tuple of (key, value) so configs are hashable."""
+
+    press: str
+    ratio: float
+    press_args: tuple[tuple[str, Any], ...] = ()
+
+    def build_press(self) -> BasePress | None:
+        if self.press == "none":
+            return None
+        return build_press(self.press, self.ratio, **dict(self.press_args))
+
+
+@dataclass
+class Prompt:
+    context_ids: torch.Tensor  # (1, n): prefilled and compressed
+    question_ids: torch.Tensor  # (1, q): question + answer prefix, fed on top of the compressed cache
+
+
+@dataclass
+class Run:
+    """One config's press, its compressed cache and its measurements within a sample."""
+
+    press: BasePress | None
+    eager: bool  # the press scores with attention weights
+    cache: DynamicCache = field(default_factory=DynamicCache)
+    compress_s: float = 0.0
+    result: dict = field(default_factory=dict)
+
+
+def evaluate_sample(
+    model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int = 16
+) -> list[dict]:
+    """Answer `sample` under every config; one dict per config, in order.
+
+    Keys: prediction, context_tokens, kv_kept, kv_total (KV entries = tokens x layers x KV heads, after and
+    before compression), kv_bytes_kept (bytes of the key/value tensors held after compression), prefill_s,
+    decode_s. Times are amortised: a config's share of the shared prefill plus its own compression time,
+    and its share of the batched decoding, so that they add up to the wall time over configs.
+    Configs are processed `batch_configs` at a time (one prefill and one decoding batch each) to bound memory.
+    """
+    if batch_configs < 1:
+        raise ValueError(f"batch_configs must be at least 1, got {batch_configs}")
+    prompt = tokenize_sample(tokenizer, sample)
+    runs = [
+        Run(config.build_press(), needs_eager(config.press, dict(config.press_args))) for config in configs
+    ]
+    # Presses scoring with attention weights need the eager attention, for the prefill and, as in the
+    # pipeline run on an eager model, for the decoding too; the others keep the model's own attention.
+    groups: dict[tuple[bool, bool], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.eager, is_shareable(run.press)), []).append(run)
+    with torch.no_grad():
+        for (eager, shareable), group in groups.items():
+            with attention_implementation(model, "eager" if eager else model.config._attn_implementation):
+                if shareable:
+                    for start in range(0, len(group), batch_configs):
+                        run_shared(model, prompt, group[start : start + batch_configs], sample.max_new_tokens)
+                else:
+                    log_fallback(group)
+                    for run in group:
+                        run_alone(model, prompt, run, sample.max_new_tokens)
+    for run in runs:
+        run.result["prediction"] = decode_prediction(tokenizer, run.result.pop("tokens"), sample)
+    return [run.result for run in runs]
+
+
+def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
+    """Split the prompt as the kvpress pipeline's `preprocess` does."""
+    context = sample.context
+    if sample.chat_template:
+        # The text after the context in the user turn (end of turn, assistant header) goes with the question.
+        separator = "#" * (len(context) + 10)
+        templated = tokenizer.apply_chat_template(
+            [{"role": "user", "content": context + separator}],
+            add_generation_prompt=True,
+            tokenize=False,
+            enable_thinking=False,
+        )
+        context, question_suffix = templated.split(separator)
+    else:
+        context = (tokenizer.bos_token or "") + context
+        question_suffix = "\n"
+    question = sample.question + question_suffix + sample.answer_prefix
+    context_ids = tokenizer.encode(context, return_tensors="pt", add_special_tokens=False)
+    question_ids = tokenizer.encode(question, return_tensors="pt", add_special_tokens=False)
+    max_length = min(tokenizer.model_max_length, int(1e10))
+    if context_ids.shape[1] > max_length:
+        logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
+        context_ids = context_ids[:, :max_length]
+    return Prompt(context_ids, question_ids)
+
+
+def is_shareable(press: BasePress | None) -> bool:
+    """True when the press only replaces keys/values inside kvpress's default prefill hook, without writing
+    into them or leaving state on the model (head-wise masks), so the full cache can be shared."""
+    if press is None:
+        return True
+    if isinstance(press, (ChunkPress, ChunkKVPress, BlockPress)):
+        return is_shareable(press.press)
+    return (
+        isinstance(press, ScorerPress)
+        and type(press).forward_hook is BasePress.forward_hook
+        and type(press).__call__ is BasePress.__call__
+        and all(is_shareable(inner) for inner in vars(press).values() if isinstance(inner, BasePress))
+    )
+
+
+def log_fallback(runs: list[Run]) -> None:
+    for name in sorted({type(run.press).__name__ for run in runs} - _logged_fallbacks):
+        logger.info("%s cannot share the prefill of other presses: it runs alone", name)
+        _logged_fallbacks.add(name)
+
+
+_logged_fallbacks: set[str] = set()
+
+
+@contextlib.contextmanager
+def attention_implementation(model, name: str):
+    previous = model.config._attn_implementation
+    if name != previous:
+        model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        if name != previous:
+            model.set_attn_implementation(previous)
+
+
+def language_model(model):
+    return model.model.language_model if hasattr(model.model, "language_model") else model.model
+
+
+def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> None:
+    """One uncompressed prefill whose hooks fill every run's compressed cache, then one batched decoding."""
+    for run in runs:
+        if run.press is not None:
+            run.press.post_init_from_model(model)
+    start = clock(model)
+    with compress_for_each(model, runs):
+        model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=DynamicCache())
+    forward_s = clock(model) - start - sum(run.compress_s for run in runs)
+    for run in runs:
+        run.result.update(kv_counts(model, prompt, run.cache))
+        run.result["prefill_s"] = forward_s / len(runs) + run.compress_s
+
+    # A batch shares one attention mask for all layers, so it needs every layer of a cache equally long;
+    # caches with per-layer lengths (e.g. PyramidKV) decode on their own, unpadded, as in the pipeline.
+    uniform = [run for run in runs if len({layer.keys.shape[2] for layer in run.cache.layers}) == 1]
+    batches = [uniform] if uniform else []
+    batches += [[run] for run in runs if run not in uniform]
+    context_length = prompt.context_ids.shape[1]
+    for batch in batches:
+        cache, padding_mask = pad_caches([run.cache for run in batch])
+        for run in batch:
+            run.cache = None  # the batch holds a copy; free the per-config cache
+        start = clock(model)
+        tokens = greedy_decode(
+            model, cache, padding_mask, prompt.question_ids, context_length, max_new_tokens
+        )
+        decode_s = (clock(model) - start) / len(batch)
+        for run, run_tokens in zip(batch, tokens, strict=True):
+            run.result.update(tokens=run_tokens, decode_s=decode_s)
+
+
+@contextlib.contextmanager
+def compress_for_each(model, runs: list[Run]):
+    """Hooks that, after each attention layer of the prefill, let every run compress the full keys/values
+    into its own cache. The shared cache, and so the hidden states of the next layers, stay uncompressed."""
+
+    def hook(module, args, kwargs, output):
+        full = kwargs["past_key_values"].layers[module.layer_idx]
+        for run in runs:
+            run.cache.layers.append(layer_holding(full.keys, full.values))
+            if run.press is not None:
+                start = clock(model)
+                run.press.forward_hook(module, args, {**kwargs, "past_key_values": run.cache}, output)
+                run.compress_s += clock(model) - start
+        return output
+
+    lm = language_model(model)
+    handles = []
+    try:
+        for layer in lm.layers:
+            layer.self_attn.rotary_emb = lm.rotary_emb  # what BasePress.__call__ gives presses that need RoPE
+            handles.append(layer.self_attn.register_forward_hook(hook, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def layer_holding(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    """A cache layer holding these tensors without copying them (a press's hook replaces them, never
+    writes into them)."""
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+    return layer
+
+
+def pad_caches(caches: list[DynamicCache]) -> tuple[DynamicCache, torch.Tensor | None]:
+    """Stack single-sequence caches into one batch, left-padded to the longest; mask is 1 on real entries.
+
+    Mask is None when no padding is needed, so an unpadded run takes the same attention path as the pipeline.
+    """
+    lengths = [cache.layers[0].keys.shape[2] for cache in caches]
+    longest = max(lengths)
+    batch = DynamicCache()
+    for layer_idx in range(len(caches[0].layers)):
+        keys = [
+            F.pad(c.layers[layer_idx].keys, (0, 0, longest - n, 0))
+            for c, n in zip(caches, lengths, strict=True)
+        ]
+        values = [
+            F.pad(c.layers[layer_idx].values, (0, 0, longest - n, 0))
+            for c, n in zip(caches, lengths, strict=True)
+        ]
+        batch.layers.append(layer_holding(torch.cat(keys), torch.cat(values)))
+    if all(n == longest for n in lengths):
+        return batch, None
+    positions = torch.arange(longest)
+    mask = torch.stack([positions >= longest - n for n in lengths]).long()
+    return batch, mask.to(caches[0].layers[0].keys.device)
+
+
+def greedy_decode(
+    model, cache, padding_mask, question_ids: torch.Tensor, context_length: int, max_new_tokens: int
+) -> list[list[int]]:
+    """Feed the question on top of each cache, then decode greedily; one token list per batch row.
+
+    As in the pipeline, positions continue from the uncompressed context length, and a stream stops after
+    emitting a stop token from its second token on (the pipeline never checks the first one).
+    """
+    device = model.device
+    batch_size = cache.layers[0].keys.shape[0]
+    question_length = question_ids.shape[1]
+    stop_ids = torch.tensor(stop_token_ids(model), device=device)
+    mask = None
+    if padding_mask is not None:
+        mask = torch.cat([padding_mask, padding_mask.new_ones(batch_size, question_length)], dim=1)
+    positions = torch.arange(context_length, context_length + question_length, device=device)
+    logits = model(
+        input_ids=question_ids.to(device).expand(batch_size, -1),
+        past_key_values=cache,
+        position_ids=positions.expand(batch_size, -1),
+        attention_mask=mask,
+        logits_to_keep=1,
+    ).logits
+    next_ids = logits[:, -1].argmax(-1)
+    tokens = [[token] for token in next_ids.tolist()]
+    active = torch.arange(batch_size, device=device)  # batch rows of the streams still decoding
+    position = context_length + question_length
+    for step in range(max_new_tokens - 1):
+        if step > 0:
+            running = ~torch.isin(next_ids, stop_ids)
+            if not running.all():
+                if not running.any():
+                    break
+                cache.batch_select_indices(running.nonzero().squeeze(1))
+                active, next_ids = active[running], next_ids[running]
+                mask = mask[running] if mask is not None else None
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+        logits = model(
+            input_ids=next_ids.unsqueeze(1),
+            past_key_values=cache,
+            position_ids=torch.full((len(active), 1), position + step, device=device),
+            attention_mask=mask,
+        ).logits
+        next_ids = logits[:, -1].argmax(-1)
+        for row, token in zip(active.tolist(), next_ids.tolist(), strict=True):
+            tokens[row].append(token)
+    return tokens
+
+
+def run_alone(model, prompt: Prompt, run: Run, max_new_tokens: int) -> None:
+    """The pipeline's flow for one config whose press cannot share the prefill."""
+    press = run.press
+    cache = DynamicCache()
+    context_length = prompt.context_ids.shape[1]
+    compresses_prefill = not isinstance(press, DecodingPress)
+    compresses_decoding = isinstance(press, (DecodingPress, PrefillDecodingPress))
+    if isinstance(press, DMSPress):
+        compresses_decoding = press.decoding
+    try:
+        start = clock(model)
+        with press(model) if compresses_prefill else contextlib.nullcontext():
+            model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=cache)
+        run.result["prefill_s"] = clock(model) - start
+        run.result.update(kv_counts(model, prompt, cache, masked=masked_entries(model)))
+        # Presses that move the kept keys to new positions continue from the compressed length.
+        if isinstance(press, (RestoreKVPress, KeyRerotationPress)) or (
+            isinstance(press, FinchPress) and press.rerotate_keys
+        ):
+            context_length = cache.get_seq_length()
+        start = clock(model)
+        with press(model) if compresses_decoding else contextlib.nullcontext():
+            (tokens,) = greedy_decode(model, cache, None, prompt.question_ids, context_length, max_new_tokens)
+        run.result.update(tokens=tokens, decode_s=clock(model) - start)
+    finally:
+        # Head-wise presses leave their masks on the attention modules; never let them leak into other runs.
+        for layer in language_model(model).layers:
+            if hasattr(layer.self_attn, "masked_key_indices"):
+                layer.self_attn.masked_key_indices = None
+
+
+def masked_entries(model) -> int:
+    """KV entries that head-wise presses (AdaKV-style) mask instead of removing."""
+    masked = 0
+    for layer in language_model(model).layers:
+        indices = getattr(layer.self_attn, "masked_key_indices", None)
+        if indices is not None:
+            masked += len(indices[0])
+    return masked
+
+
+def kv_counts(model, prompt: Prompt, cache: DynamicCache, masked: int = 0) -> dict:
+    text_config = model.config.get_text_config()
+    context_tokens = prompt.context_ids.shape[1]
+    layers = [layer for layer in cache.layers if layer.keys.numel() > 0]
+    return {
+        "context_tokens": context_tokens,
+        "kv_kept": sum(layer.keys.shape[1] * layer.keys.shape[2] for layer in layers) - masked,
+        "kv_total": context_tokens * text_config.num_hidden_layers * text_config.num_key_value_heads,
+        "kv_bytes_kept": sum(layer.keys.nbytes + layer.values.nbytes for layer in layers),
+    }
+
+
+def stop_token_ids(model) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    return [token for token in (eos if isinstance(eos, (list, tuple)) else [eos]) if token is not None]
+
+
+def decode_prediction(tokenizer, tokens: list[int], sample: Sample) -> str:
+    prediction = tokenizer.decode(tokens, skip_special_tokens=True)
+    if sample.first_line:
+        prediction = prediction.lstrip("\n").split("\n")[0]
+    return prediction
+
+
+def clock(model) -> float:
+    """Wall time, after waiting for queued GPU work so it is attributed to the right phase."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter()

@@ -1,0 +1,242 @@
+"""The engine must answer exactly as kvpress's pipeline does, config by config, token for token."""
+
+import copy
+import logging
+import random
+
+import pytest
+import torch
+from kvpress import KVPressTextGenerationPipeline
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from kvbench import engine
+from kvbench.engine import Config, evaluate_sample
+from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.checkpoint import model_shape, save_agents
+from kvbench.models import embedded_folder, load_model, load_tokenizer
+from kvbench.presses import PRESSES, needs_eager
+from kvbench.tasks.base import Sample
+
+MAX_NEW_TOKENS = 10
+RATIOS = (0.25, 0.5, 0.75)
+# Presses that must share the prefill; a regression in `is_shareable` would silently slow every sweep.
+MUST_SHARE = {
+    "none",
+    "knorm",
+    "snapkv",
+    "tova",
+    "h2o",
+    "streaming_llm",
+    "expected_attention",
+    "random",
+    "kvp",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run several times faster on one thread than on cores shared with other work."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def tiny_model(architecture: str, vocab_size: int):
+    # A larger init than the default gives peaked attention, so that presses and ratios change the answers.
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,  # kvpress's critical_kv reads config.head_dim, which Qwen2Config does not define
+        vocab_size=vocab_size,
+        initializer_range=0.1,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    if architecture == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**shape))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape))
+    model.generation_config.eos_token_id = 2
+    model.config.name_or_path = str(embedded_folder())  # where kvzip reloads the tokenizer from
+    return model.eval()
+
+
+def word_soup_sample(n_words: int, **changes) -> Sample:
+    rng = random.Random(0)
+    words = "red green blue cat dog bird one two three north south east west river hill stone".split()
+    fields = dict(
+        task="soup",
+        id="0",
+        context=" ".join(rng.choice(words) for _ in range(n_words)),
+        question="Which colour comes first?",
+        answer_prefix="Answer:",
+        references=["red"],
+        max_new_tokens=MAX_NEW_TOKENS,
+        metric="none",
+    )
+    return Sample(**{**fields, **changes})
+
+
+def save_random_kvp_agents(model, directory) -> str:
+    shape = model_shape(model)
+    torch.manual_seed(1)
+    agents = KVPAgents(shape.num_heads, shape.head_dim, hidden=16)
+    torch.nn.init.normal_(agents.w3)
+    save_agents(directory, agents, {"model": vars(shape), "heads": list(range(shape.num_heads))})
+    return str(directory)
+
+
+def registry_configs(model, tmp_path) -> list[Config]:
+    """Every press of the registry that runs offline, at several ratios."""
+    # pyramidkv, chunkkv: kvpress decodes per-layer cache lengths only with flash attention (its pipeline
+    # fails on CPU).
+    skipped = {"none", "pyramidkv", "chunkkv"} | {
+        name for name, spec in PRESSES.items() if "hub" in spec.needs
+    }
+    configs = [Config("none", 0.0)]
+    for name in PRESSES.keys() - skipped:
+        args = (("agents", save_random_kvp_agents(model, tmp_path / "kvp")),) if name == "kvp" else ()
+        configs += [Config(name, ratio, args) for ratio in RATIOS]
+    return configs
+
+
+def decoded_token_ids(monkeypatch, tokenizer) -> list[list[int]]:
+    """Record the ids each `tokenizer.decode` call turns into an answer (engine and pipeline decode once)."""
+    calls = []
+    decode = tokenizer.decode
+
+    def recording_decode(ids, *args, **kwargs):
+        calls.append([int(i) for i in ids])
+        return decode(ids, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "decode", recording_decode)
+    return calls
+
+
+def pipeline_token_ids(monkeypatch, model, tokenizer, sample: Sample, config: Config) -> list[int]:
+    """The reference: kvpress's pipeline, on an eager model for presses that need attention weights."""
+    pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    calls = decoded_token_ids(monkeypatch, tokenizer)
+    eager = needs_eager(config.press, dict(config.press_args))
+    with engine.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
+        pipeline(
+            sample.context,
+            question=sample.question,
+            answer_prefix=sample.answer_prefix,
+            press=config.build_press(),
+            max_new_tokens=sample.max_new_tokens,
+        )
+    monkeypatch.undo()
+    (ids,) = calls
+    return ids
+
+
+def engine_token_ids(
+    monkeypatch, model, tokenizer, sample, configs, **kwargs
+) -> tuple[list[list[int]], list]:
+    calls = decoded_token_ids(monkeypatch, tokenizer)
+    results = evaluate_sample(model, tokenizer, sample, configs, **kwargs)
+    monkeypatch.undo()
+    return calls, results
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_every_registry_press_answers_as_the_kvpress_pipeline(monkeypatch, tokenizer, tmp_path, architecture):
+    model = tiny_model(architecture, len(tokenizer))
+    sample = word_soup_sample(260)
+    configs = registry_configs(model, tmp_path)
+    shared = {c.press for c in configs if engine.is_shareable(c.build_press())}
+    assert MUST_SHARE <= shared
+
+    # Chunks of 7 configs: several prefills, batches mixing presses and ratios, caches of different lengths.
+    engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs, batch_configs=7)
+
+    for config, ids, result in zip(configs, engine_ids, results, strict=True):
+        reference = pipeline_token_ids(monkeypatch, model, tokenizer, sample, config)
+        assert len(reference) == MAX_NEW_TOKENS  # no early stop: every token is compared
+        assert ids == reference, config
+        assert result["prediction"] == tokenizer.decode(reference, skip_special_tokens=True)
+    # The comparison means something only if compression changes the answers.
+    assert len({tuple(ids) for ids in engine_ids}) >= len(configs) // 3
+
+
+def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokenizer, caplog):
+    model = tiny_model("llama", len(tokenizer))
+    sample = word_soup_sample(120)
+    adakv = (("inner", "knorm"),)
+    configs = [
+        Config("adakv", 0.5, adakv),
+        Config("knorm", 0.5),
+        Config("none", 0.0),
+        Config("adakv", 0.75, adakv),
+    ]
+    assert [engine.is_shareable(c.build_press()) for c in configs] == [False, True, True, False]
+    engine._logged_fallbacks.clear()
+    with caplog.at_level(logging.INFO, logger="kvbench.engine"):
+        engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    assert len([r for r in caplog.records if "AdaKVPress" in r.message]) == 1
+    # Head-wise masks must not outlive their run.
+    assert all(getattr(layer.self_attn, "masked_key_indices", None) is None for layer in model.model.layers)
+    for config, ids in zip(configs, engine_ids, strict=True):
+        assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config)
+    # AdaKV masks entries instead of removing them: fewer entries count, the bytes stay.
+    assert results[0]["kv_kept"] == results[1]["kv_kept"] < results[2]["kv_kept"]
+    assert results[0]["kv_bytes_kept"] == results[2]["kv_bytes_kept"]
+
+
+def test_without_chat_template_the_context_follows_bos_as_in_the_pipeline(monkeypatch, tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None  # what the pipeline looks at to skip the template
+    sample = word_soup_sample(100, chat_template=False)
+    configs = [Config("knorm", 0.5), Config("snapkv", 0.25)]
+    engine_ids, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    for config, ids in zip(configs, engine_ids, strict=True):
+        assert ids == pipeline_token_ids(monkeypatch, model, plain, sample, config)
+
+
+def test_kv_accounting_counts_entries_and_bytes_kept(tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    sample = word_soup_sample(80)
+    none, knorm = evaluate_sample(model, tokenizer, sample, [Config("none", 0.0), Config("knorm", 0.3)])
+    n = engine.tokenize_sample(tokenizer, sample).context_ids.shape[1]
+    layers, kv_heads, head_dim = 2, 2, 16
+    assert none["context_tokens"] == knorm["context_tokens"] == n
+    assert none["kv_total"] == knorm["kv_total"] == none["kv_kept"] == layers * kv_heads * n
+    assert knorm["kv_kept"] == layers * kv_heads * int(n * 0.7)
+    assert knorm["kv_bytes_kept"] == knorm["kv_kept"] * head_dim * 2 * 4  # keys + values, fp32
+    assert all(r["prefill_s"] > 0 and r["decode_s"] > 0 for r in (none, knorm))
+
+
+def test_first_line_keeps_the_first_non_empty_line(tokenizer):
+    ids = tokenizer.encode("\n\nParis is the capital.\nIt is in France.", add_special_tokens=False)
+    first_line = word_soup_sample(1, first_line=True)
+    assert engine.decode_prediction(tokenizer, ids, first_line) == "Paris is the capital."
+    assert engine.decode_prediction(tokenizer, ids, word_soup_sample(1)).endswith("in France.")
+
+
+def test_embedded_model_matches_the_pipeline(monkeypatch):
+    model, tokenizer = load_model()
+    needle = "The secret code of the blue door is 4711."
+    filler = "The grass is green. The sky is blue. The sun is warm. " * 10
+    sample = word_soup_sample(
+        0,
+        context=filler + needle + " " + filler,
+        question="What is the secret code of the blue door?",
+        answer_prefix="The secret code is",
+        max_new_tokens=8,
+    )
+    configs = [Config(press, ratio) for press in ("knorm", "tova", "snapkv") for ratio in (0.25, 0.75)]
+    engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    assert 250 < results[0]["context_tokens"] < 400
+    for config, ids in zip(configs, engine_ids, strict=True):
+        assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config), config
