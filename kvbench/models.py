@@ -11,13 +11,17 @@ import json
 import logging
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from tokenizers import Tokenizer, decoders, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
 
 logger = logging.getLogger(__name__)
+transformers_logging.disable_progress_bar()  # a bar per weight file load is noise next to ours
 
 EMBEDDED = "smollm2-135m"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -95,10 +99,22 @@ def resolve(name: str) -> str:
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser())
     if name.count("/") == 1 and not name.startswith((".", "/")):
-        return name  # a hub id; transformers reports whether it can be reached
+        if try_to_load_from_cache(name, "config.json") is None and not hub_reachable():
+            raise ModelNotFound(
+                f"model {name!r} is not in the local Hugging Face cache and the hub is not reachable"
+            )
+        return name
     raise ModelNotFound(
         f"unknown model {name!r}: use {EMBEDDED!r}, a Hugging Face model id or a local folder"
     )
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def load_tokenizer(name: str = EMBEDDED):

@@ -109,6 +109,7 @@ def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool =
                 row.update(
                     output,
                     references=sample.references,
+                    meta=sample.meta,
                     score=tasks.score_sample(sample, output["prediction"]),
                 )
                 store.append(row)

@@ -7,6 +7,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 import kvbench.presses as registry
+from kvbench import models
 from kvbench.models import load_model
 from kvbench.presses import PRESSES, UnknownPress, build_press, check_press_runnable, parse_press_args
 from kvbench.presses.h2o import H2OPress
@@ -115,7 +116,7 @@ def test_bad_press_requests_are_one_line_errors(call, error):
 
 
 def test_hub_presses_fail_before_work_when_the_hub_is_unreachable(monkeypatch):
-    monkeypatch.setattr(registry, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(UnknownPress, match="hub"):
         check_press_runnable("qfilter")
     check_press_runnable("snapkv")  # offline presses never ask

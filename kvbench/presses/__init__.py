@@ -4,13 +4,13 @@
 KV entries removed. Wrappers (adakv, chunkkv, ...) wrap the scorer named by `inner` (default snapkv).
 """
 
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import kvpress
 import yaml
 
+from kvbench import models
 from kvbench.presses.h2o import H2OPress
 
 DEFAULT_INNER = "snapkv"
@@ -153,19 +153,11 @@ def parse_press_args(pairs: list[str]) -> dict:
     return args
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
 def check_press_runnable(name: str) -> None:
     """Fail before any work if a press cannot run here (unknown, or needs an unreachable hub)."""
     if name not in PRESSES:
         raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
-    if "hub" in PRESSES[name].needs and not hub_reachable():
+    if "hub" in PRESSES[name].needs and not models.hub_reachable():
         raise UnknownPress(
             f"press {name!r} downloads files from the Hugging Face hub, which is not reachable"
         )

@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from kvbench.models import ModelNotFound, load_model, model_name, model_shape, resolve
+
+
+def test_embedded_tokenizer_is_fixed(embedded_tokenizer, embedded_model):
+    model, _ = embedded_model
+    tok = embedded_tokenizer
+    assert tok.eos_token == tok.pad_token == "<|im_end|>" and tok.eos_token_id == 2
+    assert tok("hello world").input_ids == tok.encode("hello world", add_special_tokens=False)  # no BOS
+    assert len(tok) == model.config.vocab_size == 49152
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, return_dict=False
+    )
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\n") and text.endswith(
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert ids.count(1) == 3 and ids.count(2) == 2  # three turns opened, two closed, nothing prepended
+    assert tok.decode(tok.encode(" Paris, France.")) == " Paris, France."
+
+
+def test_embedded_generation_stops_at_end_of_turn(embedded_model):
+    model, tok = embedded_model
+    assert model.generation_config.eos_token_id == 2 and model_name(model) == "smollm2-135m"
+    assert model_shape(model) == {"layers": 30, "heads": 9, "kv_heads": 3, "head_dim": 64}
+    inputs = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France? One word."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=40, do_sample=False)
+    new = out[0, inputs["input_ids"].shape[1] :].tolist()
+    assert new[-1] == 2 and len(new) < 40
+    assert "Paris" in tok.decode(new, skip_special_tokens=True)
+
+
+def test_local_folders_load_by_path(tiny_model_dir):
+    model, tok = load_model(tiny_model_dir)
+    assert model_name(model) == tiny_model_dir and tok.pad_token is not None
+
+
+def test_unknown_models_fail_fast(monkeypatch):
+    import kvbench.models as models
+
+    with pytest.raises(ModelNotFound, match="unknown model"):
+        resolve("no-such-model")
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(ModelNotFound, match="not in the local Hugging Face cache"):
+        resolve("nobody/no-such-model")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_model("smollm2-135m", dtype="int3")
