@@ -187,3 +187,53 @@ def test_cli_rejects_bad_input_in_one_line_with_exit_code_2(tmp_path, args, mess
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
     assert not (tmp_path / "results").exists()
+
+
+MC_UTILS = """
+import datasets
+
+
+def load(**metadata):
+    docs = [
+        {"question": "the cat sat on the", "choices": ["mat", "dog", "tree", "home"], "label": 0},
+        {"question": "birds sang in the", "choices": ["far", "trees", "cat"], "label": 1},
+    ]
+    return {"test": datasets.Dataset.from_list(docs)}
+"""
+MC_TASK = """
+task: tiny_mc
+dataset_path: ""
+output_type: multiple_choice
+test_split: test
+custom_dataset: !function utils.load
+doc_to_text: "{{question}}"
+doc_to_choice: choices
+doc_to_target: label
+metric_list:
+  - metric: acc
+"""
+
+
+def test_multiple_choice_rows_hold_the_most_likely_choice_and_accuracy_on_0_100(
+    monkeypatch, tmp_path, model_dir
+):
+    monkeypatch.setattr(lmeval, "cache_dir", lambda: tmp_path)
+    (tmp_path / "mc").mkdir()
+    (tmp_path / "mc" / "utils.py").write_text(MC_UTILS)
+    (tmp_path / "mc" / "tiny_mc.yaml").write_text(MC_TASK)
+    lm = KVBenchLM(model_dir, "knorm", 0.5)
+    manager = TaskManager(include_path=str(tmp_path / "mc"), include_defaults=False)
+    results = lmeval.evaluate(lm, manager, ["tiny_mc"])
+    rows = lmeval.rows_from_results(results, lm)
+
+    for row, sample, label in zip(rows, results["samples"]["tiny_mc"], [0, 1], strict=True):
+        # The requests as lm-eval sent them (chat template applied), scored again one by one.
+        scores = [lm.loglikelihood(requests("loglikelihood", [args]))[0][0] for args in sample["arguments"]]
+        best = max(range(len(scores)), key=scores.__getitem__)
+        assert (row["task"], row["prediction"], row["references"]) == (
+            "lm-eval/tiny_mc",
+            str(best),
+            [str(label)],
+        )
+        assert row["score"] == 100.0 * (best == label)
+        assert row["kv_kept"] == int(row["context_tokens"] * 0.5) * 2 * 2
