@@ -4,6 +4,7 @@ Every user error (unknown press/task/suite/model, ratio outside [0, 1), unwritab
 on stderr and exit code 2, raised before any work or any write.
 """
 
+import importlib
 import logging
 import sys
 import warnings
@@ -24,8 +25,25 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
+# Commands whose modules are heavy to import (plots, lm-eval, training) load only when called.
+LAZY_COMMANDS = {
+    "report": "kvbench.report:report",
+    "kvp": "kvbench.kvp.cli:kvp",
+    "lm-eval": "kvbench.lmeval:lm_eval_command",
+}
+
+
 class Group(click.Group):
-    """Turns the library's user-facing exceptions into one-line errors with exit code 2."""
+    """Loads heavy commands lazily; turns user-facing exceptions into one-line errors with exit code 2."""
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            module, attribute = LAZY_COMMANDS[name].split(":")
+            return getattr(importlib.import_module(module), attribute)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx):
         try:
