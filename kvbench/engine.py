@@ -36,6 +36,7 @@ from kvpress import (
 )
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.masking_utils import create_causal_mask
 
 from kvbench.presses import build_press, needs_eager
 from kvbench.tasks.base import Sample
@@ -190,23 +191,15 @@ def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> N
         run.result.update(kv_counts(model, prompt, run.cache))
         run.result["prefill_s"] = forward_s / len(runs) + run.compress_s
 
-    # A batch shares one attention mask for all layers, so it needs every layer of a cache equally long;
-    # caches with per-layer lengths (e.g. PyramidKV) decode on their own, unpadded, as in the pipeline.
-    uniform = [run for run in runs if len({layer.keys.shape[2] for layer in run.cache.layers}) == 1]
-    batches = [uniform] if uniform else []
-    batches += [[run] for run in runs if run not in uniform]
+    cache, padding = pad_caches([run.cache for run in runs])
+    for run in runs:
+        run.cache = None  # the batch holds a copy; free the per-config caches
+    start = clock(model)
     context_length = prompt.context_ids.shape[1]
-    for batch in batches:
-        cache, padding_mask = pad_caches([run.cache for run in batch])
-        for run in batch:
-            run.cache = None  # the batch holds a copy; free the per-config cache
-        start = clock(model)
-        tokens = greedy_decode(
-            model, cache, padding_mask, prompt.question_ids, context_length, max_new_tokens
-        )
-        decode_s = (clock(model) - start) / len(batch)
-        for run, run_tokens in zip(batch, tokens, strict=True):
-            run.result.update(tokens=run_tokens, decode_s=decode_s)
+    tokens = greedy_decode(model, cache, padding, prompt.question_ids, context_length, max_new_tokens)
+    decode_s = (clock(model) - start) / len(runs)
+    for run, run_tokens in zip(runs, tokens, strict=True):
+        run.result.update(tokens=run_tokens, decode_s=decode_s)
 
 
 @contextlib.contextmanager
@@ -246,78 +239,106 @@ def layer_holding(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
 
 
 def pad_caches(caches: list[DynamicCache]) -> tuple[DynamicCache, torch.Tensor | None]:
-    """Stack single-sequence caches into one batch, left-padded to the longest; mask is 1 on real entries.
+    """Stack single-sequence caches into one batch, every layer left-padded to the longest of all.
 
-    Mask is None when no padding is needed, so an unpadded run takes the same attention path as the pipeline.
+    Returns the batch and the padding mask (layers, batch, length), True on real entries; None when nothing
+    is padded, so that such a batch takes the same attention path as the pipeline.
     """
-    lengths = [cache.layers[0].keys.shape[2] for cache in caches]
-    longest = max(lengths)
+    lengths = torch.tensor([[layer.keys.shape[2] for layer in cache.layers] for cache in caches]).T
+    longest = int(lengths.max())
     batch = DynamicCache()
-    for layer_idx in range(len(caches[0].layers)):
-        keys = [
-            F.pad(c.layers[layer_idx].keys, (0, 0, longest - n, 0))
-            for c, n in zip(caches, lengths, strict=True)
-        ]
-        values = [
-            F.pad(c.layers[layer_idx].values, (0, 0, longest - n, 0))
-            for c, n in zip(caches, lengths, strict=True)
-        ]
-        batch.layers.append(layer_holding(torch.cat(keys), torch.cat(values)))
-    if all(n == longest for n in lengths):
+    for layer_idx, layer_lengths in enumerate(lengths.tolist()):
+        layers = [cache.layers[layer_idx] for cache in caches]
+        pads = [(0, 0, longest - n, 0) for n in layer_lengths]
+        keys = torch.cat([F.pad(layer.keys, pad) for layer, pad in zip(layers, pads, strict=True)])
+        values = torch.cat([F.pad(layer.values, pad) for layer, pad in zip(layers, pads, strict=True)])
+        batch.layers.append(layer_holding(keys, values))
+    if (lengths == longest).all():
         return batch, None
-    positions = torch.arange(longest)
-    mask = torch.stack([positions >= longest - n for n in lengths]).long()
-    return batch, mask.to(caches[0].layers[0].keys.device)
+    padding = torch.arange(longest) >= longest - lengths.unsqueeze(-1)
+    return batch, padding.to(caches[0].layers[0].keys.device)
 
 
 def greedy_decode(
-    model, cache, padding_mask, question_ids: torch.Tensor, context_length: int, max_new_tokens: int
+    model, cache, padding, question_ids: torch.Tensor, context_length: int, max_new_tokens: int
 ) -> list[list[int]]:
     """Feed the question on top of each cache, then decode greedily; one token list per batch row.
 
     As in the pipeline, positions continue from the uncompressed context length, and a stream stops after
     emitting a stop token from its second token on (the pipeline never checks the first one).
+    When the padding differs between layers (per-layer cache lengths, e.g. PyramidKV), each attention layer
+    gets its own mask through a pre-hook, since the model builds a single mask for all layers.
     """
     device = model.device
     batch_size = cache.layers[0].keys.shape[0]
-    question_length = question_ids.shape[1]
+    masks = None  # (layers, batch, seen tokens): True on entries to attend
+    if padding is not None:
+        masks = torch.cat([padding, padding.new_ones(*padding.shape[:2], question_ids.shape[1])], dim=2)
+    per_layer = masks is not None and not (masks == masks[:1]).all()
+
+    layer_masks = []  # per layer, the mask of the current forward, built before any layer grows the cache
+
+    def forward(input_ids: torch.Tensor, position: int, **kwargs) -> torch.Tensor:
+        positions = torch.arange(position, position + input_ids.shape[1], device=device)
+        if per_layer:
+            seen = cache.get_seq_length()
+            layer_masks[:] = [
+                create_causal_mask(
+                    config=model.config,
+                    inputs_embeds=torch.empty(*input_ids.shape, 1, dtype=model.dtype, device=device),
+                    attention_mask=layer_mask.long(),
+                    cache_position=torch.arange(seen, seen + input_ids.shape[1], device=device),
+                    past_key_values=cache,
+                )
+                for layer_mask in masks
+            ]
+        return model(
+            input_ids=input_ids,
+            past_key_values=cache,
+            position_ids=positions.expand(len(input_ids), -1),
+            attention_mask=masks[0].long() if masks is not None and not per_layer else None,
+            **kwargs,
+        ).logits[:, -1]
+
+    def use_layer_mask(module, args, kwargs):
+        kwargs["attention_mask"] = layer_masks[module.layer_idx]
+        return args, kwargs
+
     stop_ids = torch.tensor(stop_token_ids(model), device=device)
-    mask = None
-    if padding_mask is not None:
-        mask = torch.cat([padding_mask, padding_mask.new_ones(batch_size, question_length)], dim=1)
-    positions = torch.arange(context_length, context_length + question_length, device=device)
-    logits = model(
-        input_ids=question_ids.to(device).expand(batch_size, -1),
-        past_key_values=cache,
-        position_ids=positions.expand(batch_size, -1),
-        attention_mask=mask,
-        logits_to_keep=1,
-    ).logits
-    next_ids = logits[:, -1].argmax(-1)
-    tokens = [[token] for token in next_ids.tolist()]
-    active = torch.arange(batch_size, device=device)  # batch rows of the streams still decoding
-    position = context_length + question_length
-    for step in range(max_new_tokens - 1):
-        if step > 0:
-            running = ~torch.isin(next_ids, stop_ids)
-            if not running.all():
+    with layer_pre_hooks(model, use_layer_mask) if per_layer else contextlib.nullcontext():
+        next_ids = forward(question_ids.to(device).expand(batch_size, -1), context_length, logits_to_keep=1)
+        next_ids = next_ids.argmax(-1)
+        tokens = [[token] for token in next_ids.tolist()]
+        active = torch.arange(batch_size, device=device)  # batch rows of the streams still decoding
+        position = context_length + question_ids.shape[1]
+        for step in range(max_new_tokens - 1):
+            if step > 0:
+                running = ~torch.isin(next_ids, stop_ids)
                 if not running.any():
                     break
-                cache.batch_select_indices(running.nonzero().squeeze(1))
-                active, next_ids = active[running], next_ids[running]
-                mask = mask[running] if mask is not None else None
-        if mask is not None:
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-        logits = model(
-            input_ids=next_ids.unsqueeze(1),
-            past_key_values=cache,
-            position_ids=torch.full((len(active), 1), position + step, device=device),
-            attention_mask=mask,
-        ).logits
-        next_ids = logits[:, -1].argmax(-1)
-        for row, token in zip(active.tolist(), next_ids.tolist(), strict=True):
-            tokens[row].append(token)
+                if not running.all():
+                    cache.batch_select_indices(running.nonzero().squeeze(1))
+                    active, next_ids = active[running], next_ids[running]
+                    masks = masks[:, running] if masks is not None else None
+            if masks is not None:
+                masks = torch.cat([masks, masks.new_ones(*masks.shape[:2], 1)], dim=2)
+            next_ids = forward(next_ids.unsqueeze(1), position + step).argmax(-1)
+            for row, token in zip(active.tolist(), next_ids.tolist(), strict=True):
+                tokens[row].append(token)
     return tokens
+
+
+@contextlib.contextmanager
+def layer_pre_hooks(model, hook):
+    handles = [
+        layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True)
+        for layer in language_model(model).layers
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def run_alone(model, prompt: Prompt, run: Run, max_new_tokens: int) -> None:
