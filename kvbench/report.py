@@ -430,7 +430,13 @@ def longbench_blocks(board: Leaderboard) -> list:
 
 def provenance_blocks(runs: list[Run]) -> list:
     if not runs:
-        return [Heading("Provenance", 3), Paragraph("No runs/*.json: the commands and versions are unknown.")]
+        return [
+            Heading("Provenance", 3),
+            Paragraph(
+                "No runs/*.json (a run still going, or interrupted?): the commands, versions and "
+                "requested sample counts are unknown."
+            ),
+        ]
     blocks = [Heading("Provenance", 3), Paragraph("The commands that produced these results:")]
     for run in runs:
         blocks += [
