@@ -14,7 +14,7 @@ import click
 
 from kvbench import tasks
 from kvbench.models import EMBEDDED, ModelNotFound
-from kvbench.presses import PRESSES, UnknownPress, check_press_runnable, needs_eager, parse_press_args
+from kvbench.presses import PRESSES, UnknownPress, check_press_runnable, parse_press_args
 from kvbench.results import check_writable
 from kvbench.tasks import TaskUnavailable
 
@@ -188,10 +188,8 @@ def execute(
         check_press_runnable(config.press)
     check_writable(out)
     resolve(model)
-    eager = any(needs_eager(c.press, dict(c.press_args)) for c in configs)
-    model_, tokenizer = load_model(
-        model, device=device, dtype=dtype, attn_implementation="eager" if eager else None
-    )
+    # The engine switches to eager attention itself for the configs that need attention weights.
+    model_, tokenizer = load_model(model, device=device, dtype=dtype)
     for config in configs:
         config.build_press()  # bad press arguments fail here, before any work
     plan = Plan(
