@@ -188,10 +188,11 @@ def execute(
         check_press_runnable(config.press)
     check_writable(out)
     resolve(model)
+    presses = [config.build_press() for config in configs]  # bad press arguments fail here
     # The engine switches to eager attention itself for the configs that need attention weights.
     model_, tokenizer = load_model(model, device=device, dtype=dtype)
-    for config in configs:
-        config.build_press()  # bad press arguments fail here, before any work
+    for press in filter(None, presses):
+        press.post_init_from_model(model_)  # e.g. KVP agents made for another model fail here
     plan = Plan(
         configs=configs,
         tasks=names,
