@@ -230,6 +230,7 @@ def plot_scores(board: Leaderboard, path: Path) -> Path:
     if board.reference is not None:
         ax.axhline(board.reference.mean(), linestyle="--", color="gray", label="none (no compression)")
     ax.set_xticks(sorted(long["ratio"].unique()))
+    ax.set_ylim(-3, 103)  # the full score range, so plots of different sweeps compare at a glance
     ax.set_xlabel("compression ratio (fraction of KV removed)")
     ax.set_ylabel("average score (mean of task means)")
     ax.set_title(f"{board.model}, length {board.length}")

@@ -267,10 +267,12 @@ def test_press_arguments_keep_configs_apart_and_reference_alone_renders(tmp_path
     rows = [
         make_row("kvp", 0.5, "t1", 0, 50) | {"press_args": {"agent": "a"}, "config_id": "kvp-a"},
         make_row("kvp", 0.5, "t1", 0, 70) | {"press_args": {"agent": "b"}, "config_id": "kvp-b"},
+        make_row("knorm", 0.5, "t1", 0, 70),
     ]
     results = write_results(tmp_path / "results", rows)
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
-    assert board.average[0.5].to_dict() == {"kvp(agent=b)": 70.0, "kvp(agent=a)": 50.0}
+    assert board.average[0.5].to_dict() == {"knorm": 70.0, "kvp(agent=b)": 70.0, "kvp(agent=a)": 50.0}
+    assert board.rank[0.5].to_dict() == {"knorm": 1, "kvp(agent=b)": 1, "kvp(agent=a)": 3}  # ties share
 
     reference_only = write_results(tmp_path / "reference", rows_of({("none", 0.0): {"t1": [100, 50]}}))
     out = render_report([reference_only], tmp_path / "report")
