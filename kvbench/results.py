@@ -75,11 +75,13 @@ class ResultsStore:
             os.close(fd)
         self.done.add(row_key(row))
 
-    def write_run(self, record: dict) -> Path:
-        runs = self.folder / RUNS_DIR
-        runs.mkdir(exist_ok=True)
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        path = runs / f"{stamp}-{os.getpid()}.json"
+    def write_run(self, record: dict, path: Path | None = None) -> Path:
+        """Write (or, given its `path`, replace) a run record whole."""
+        if path is None:
+            runs = self.folder / RUNS_DIR
+            runs.mkdir(exist_ok=True)
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
+            path = runs / f"{stamp}-{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=2, default=str))
         tmp.rename(path)

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from kvbench import tasks
 from kvbench.engine import Config, evaluate_sample
 from kvbench.models import model_name
-from kvbench.results import ResultsStore, config_id, load_rows
+from kvbench.results import ResultsStore, config_id, load_rows, row_key
 
 PACKAGES = ("kvbench", "torch", "transformers", "kvpress", "datasets", "lm-eval", "accelerate", "flash-attn")
 
@@ -92,15 +92,15 @@ def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool =
             data_dir=plan.data_dir,
         )
     ]
-    rows = []
+    # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
+    record_path = store.write_run(run_record(model, plan, None, started))
+    keys = set()
     bar = tqdm(samples, desc="samples", unit="sample", disable=not progress, file=sys.stderr)
     for sample in bar:
         bar.set_postfix_str(sample.task)
-        todo = []
-        for config in plan.configs:
-            row = base_row(model, config, sample, plan)
-            if plan.force or not store.has(row):
-                todo.append((config, row))
+        rows = [(config, base_row(model, config, sample, plan)) for config in plan.configs]
+        keys.update(row_key(row) for _, row in rows)
+        todo = [(config, row) for config, row in rows if plan.force or not store.has(row)]
         if todo:
             outputs = evaluate_sample(
                 model, tokenizer, sample, [config for config, _ in todo], batch_configs=plan.batch_configs
@@ -113,12 +113,9 @@ def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool =
                     score=tasks.score_sample(sample, output["prediction"]),
                 )
                 store.append(row)
-        rows.extend(base_row(model, config, sample, plan) for config in plan.configs)
-    keys = {(r["config_id"], r["task"], r["sample_id"]) for r in rows}
     frame = load_rows([store.rows_path])
-    frame = frame[[key in keys for key in zip(frame.config_id, frame.task, frame.sample_id, strict=True)]]
-    frame = frame[(frame.length == plan.length) & (frame.seed == plan.seed)]
-    store.write_run(run_record(model, plan, frame, started))
+    frame = frame[[row_key(row) in keys for row in frame.to_dict("records")]]
+    store.write_run(run_record(model, plan, frame, started), path=record_path)
     return frame
 
 
@@ -131,8 +128,9 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def run_record(model, plan: Plan, frame: pd.DataFrame, started: str) -> dict:
-    table = summarize(frame)
+def run_record(model, plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
+    """The run's full config, versions and commit; with `frame`, its scores and finish time too."""
+    table = summarize(frame) if frame is not None else pd.DataFrame()
     return {
         "command": " ".join(["kvbench", *sys.argv[1:]]),
         "config": {
@@ -153,5 +151,5 @@ def run_record(model, plan: Plan, frame: pd.DataFrame, started: str) -> dict:
         "versions": package_versions(),
         "git_commit": git_commit(),
         "started": started,
-        "finished": datetime.now(timezone.utc).isoformat(),
+        "finished": datetime.now(timezone.utc).isoformat() if frame is not None else None,
     }
