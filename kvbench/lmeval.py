@@ -17,7 +17,6 @@ the rest is fed on top of the compressed cache with positions continuing from th
 """
 
 import contextlib
-import logging
 import sys
 import time
 from datetime import datetime, timezone
@@ -46,8 +45,6 @@ from kvbench.engine import (
 from kvbench.models import EMBEDDED, cache_dir, load_model, model_name
 from kvbench.presses import build_press, check_press_runnable, needs_eager, parse_press_args
 from kvbench.results import ResultsStore, check_writable, config_id
-
-logger = logging.getLogger(__name__)
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
 TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks" / "lm_eval"
@@ -91,7 +88,8 @@ class KVBenchLM(HFLM):
         return build_press(self.press_name, self.compression_ratio, **self.press_args)
 
     @property
-    def config_name(self) -> dict:
+    def run_config(self) -> dict:
+        """model, press, ratio, press_args: what identifies this model's results (and its request cache)."""
         return {
             "model": model_name(self.model),
             "press": self.press_name,
@@ -100,15 +98,18 @@ class KVBenchLM(HFLM):
         }
 
     def get_model_info(self) -> dict:
-        return self.config_name  # HFLM's version asks the hub for a commit hash
+        return self.run_config  # HFLM's version asks the hub for a commit hash
 
     def record(self, request, measurements: dict) -> None:
-        """Keep a request's KV counts and times under its doc (times add up over the doc's requests)."""
+        """Keep a request's measurements under its doc: times add up over the doc's requests, KV counts are
+        the first request's (later ones may be unconditional, e.g. for acc_mutual_info)."""
         stats = self.stats.setdefault((request.task_name, request.doc_id), {})
         for key in ROW_STATS:
             if key in measurements:
-                add = key.endswith("_s") and key in stats
-                stats[key] = stats[key] + measurements[key] if add else measurements[key]
+                if key.endswith("_s"):
+                    stats[key] = stats.get(key, 0.0) + measurements[key]
+                else:
+                    stats.setdefault(key, measurements[key])
 
     # ---- generate_until ----
 
@@ -169,6 +170,7 @@ class KVBenchLM(HFLM):
             start = time.perf_counter()
             results.append(state.score(continuation_ids))
             self.record(request, {**state.measurements, "decode_s": time.perf_counter() - start})
+            state.measurements["prefill_s"] = 0.0  # one prefill serves every choice: count it once
         if state is not None:
             state.close()
         return results
@@ -288,7 +290,7 @@ def evaluate(lm: KVBenchLM, manager, names: list[str], *, limit: int | None = No
         tasks=names,
         limit=limit,
         task_manager=manager,
-        use_cache=str(cache_dir() / "lm_eval" / "requests" / config_id(**lm.config_name)),
+        use_cache=str(cache_dir() / "lm_eval" / "requests" / config_id(**lm.run_config)),
         apply_chat_template=lm.tokenizer.chat_template is not None,
         log_samples=True,
         bootstrap_iters=0,
@@ -312,12 +314,19 @@ def main_metric(sample: dict, length) -> str:
 
 
 def rows_from_results(results: dict, lm: KVBenchLM) -> list[dict]:
-    """One results-store row per (task, doc): task = "lm-eval/<task>", score = the main metric on 0-100."""
-    config = lm.config_name
+    """One results-store row per (task, doc): task = "lm-eval/<task>", score = the main metric on 0-100.
+
+    A task with several filters (e.g. strict and flexible answer extraction) logs a doc once per filter;
+    the row takes the first, the task's main one.
+    """
+    config = lm.run_config
     rows = []
     for task, samples in results["samples"].items():
-        task_rows = []
+        task_rows, seen = [], set()
         for sample in samples:
+            if sample["doc_id"] in seen:
+                continue
+            seen.add(sample["doc_id"])
             doc = sample["doc"]
             length = doc.get("max_length")
             target = sample["target"]
@@ -356,7 +365,7 @@ def store_rows(rows: list[dict], store: ResultsStore) -> int:
 def run_record(lm: KVBenchLM, rows: list[dict], *, limit, length, started: str) -> dict:
     from kvbench.runner import git_commit, package_versions
 
-    config = lm.config_name
+    config = lm.run_config
     tasks = sorted({row["task"] for row in rows})
     scores = {
         task: [row["score"] for row in rows if row["task"] == task and row["score"] is not None]
@@ -431,7 +440,8 @@ def lm_eval_command(
     Generation prefills the prompt's context under the press and decodes on top of the compressed cache;
     loglikelihoods are scored against the compressed cache. kvbench's own RULER tasks are in tasks/lm_eval
     (kvbench_niah_single_1, ..., group kvbench_ruler). Rows land in OUT/rows.jsonl as task
-    "lm-eval/<task>", so `kvbench report` shows them next to `kvbench run`'s.
+    "lm-eval/<task>", so `kvbench report` shows them next to `kvbench run`'s. lm-eval's responses are
+    cached per config under the kvbench cache ($KVBENCH_CACHE/lm_eval), so a rerun only computes what is new.
 
     \b
     Example: kvbench lm-eval --press snapkv --ratio 0.5 --tasks niah_single_1,ruler_vt --length 1024
