@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
+from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 from lm_eval.models.huggingface import HFLM
@@ -237,3 +238,14 @@ def test_multiple_choice_rows_hold_the_most_likely_choice_and_accuracy_on_0_100(
         )
         assert row["score"] == 100.0 * (best == label)
         assert row["kv_kept"] == int(row["context_tokens"] * 0.5) * 2 * 2
+
+    # The registered model type, built by lm-eval from an argument string, scores the same.
+    plain = simple_evaluate(
+        model="kvbench",
+        model_args=f"pretrained={model_dir},press=knorm,compression_ratio=0.5",
+        tasks=["tiny_mc"],
+        task_manager=manager,
+        apply_chat_template=True,
+        bootstrap_iters=0,
+    )
+    assert 100 * plain["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(r["score"] for r in rows) / 2)
