@@ -3,6 +3,7 @@ import json
 import torch
 from safetensors.torch import save_file
 
+from kvbench.kvp.agent import KVPAgents, position_features
 from kvbench.kvp.checkpoint import ModelShape, load_agents
 from kvbench.kvp.datagen import MANIFEST_FILE
 from kvbench.kvp.train import TrainConfig, select_heads, train
@@ -39,7 +40,9 @@ def write_synthetic_data(directory, train: int = 24, val: int = 6) -> None:
 
 def test_training_learns_a_near_oracle_ranking_of_a_known_utility(tmp_path):
     write_synthetic_data(tmp_path)
-    config = TrainConfig(steps=300, rankings=8, lr=1e-2, warmup=20, ema=0.9, eval_every=50, hidden=16)
+    config = TrainConfig(
+        steps=200, prompts=1, rankings=8, lr=2e-2, warmup=20, ema=0.9, eval_every=50, hidden=16
+    )
     card = train(tmp_path, tmp_path / "agents", config, log=lambda line: None)
     agent, random = torch.tensor(card["validation"]["agent"]), torch.tensor(card["validation"]["random"])
     assert (random < -2.5).all()  # far from trivial
@@ -54,3 +57,17 @@ def test_training_a_subset_of_heads(tmp_path):
     card = train(tmp_path, tmp_path / "agents", config, layers=[1], log=lambda line: None)
     assert card["heads"] == [1] and len(card["validation"]["agent"]) == 1
     assert select_heads(ModelShape("m", 3, 2, 8), [0, 2], [1]) == [1, 5]
+
+
+def test_agents_score_a_token_subset_as_they_score_it_in_the_whole_prompt():
+    agents = KVPAgents(3, 8, hidden=8)
+    torch.nn.init.normal_(agents.w3)
+    keys, values = torch.randn(2, 3, 40, 8), torch.randn(2, 3, 40, 8)
+    chosen = torch.tensor([39, 0, 17, 5])
+    positions = position_features(40)[chosen].expand(2, -1, -1)
+    subset = agents(keys[:, :, chosen], values[:, :, chosen], positions=positions)
+    torch.testing.assert_close(subset, agents(keys, values)[:, :, chosen])
+    # Layer-by-layer scoring (the press) selects the same rows of the stack as scoring all heads at once.
+    torch.testing.assert_close(
+        agents(keys[:, 1:], values[:, 1:], heads=slice(1, 3)), agents(keys, values)[:, 1:]
+    )

@@ -46,15 +46,24 @@ class KVPAgents(nn.Module):
         for name in ("key_std", "value_std"):
             self.register_buffer(name, torch.ones(num_heads, head_dim))
 
-    def forward(self, keys: torch.Tensor, values: torch.Tensor, heads: slice = slice(None)) -> torch.Tensor:
+    def forward(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        heads: slice = slice(None),
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Scores of the prompt tokens for the heads `heads` of the stack.
 
         keys, values: (batch, h, P, head_dim), h = number of selected heads -> fp32 scores (batch, h, P).
+        positions: (batch, P, 3) position features, when the P tokens are not the whole prompt 0..P-1.
         """
         batch, h, length, _ = keys.shape
+        if positions is None:
+            positions = position_features(length, keys.device).expand(batch, -1, -1)
         keys = (keys.float() - self.key_mean[heads, None]) / self.key_std[heads, None]
         values = (values.float() - self.value_mean[heads, None]) / self.value_std[heads, None]
-        positions = position_features(length, keys.device).expand(batch, h, length, -1)
+        positions = positions.unsqueeze(1).expand(batch, h, length, -1)
         x = torch.cat([keys, values, positions], dim=-1).transpose(0, 1).reshape(h, batch * length, -1)
         x = nn.functional.silu(torch.baddbmm(self.b1[heads], x, self.w1[heads]))
         x = nn.functional.silu(torch.baddbmm(self.b2[heads], x, self.w2[heads]))

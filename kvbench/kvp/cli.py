@@ -4,6 +4,7 @@ from pathlib import Path
 
 import click
 
+from kvbench.kvp.train import TrainConfig
 from kvbench.models import EMBEDDED
 
 # Not qa_1/qa_2: their samples are the datasets' questions in order whatever the seed (overlap evaluation).
@@ -12,6 +13,7 @@ DEFAULT_TASKS = (
     "niah_multivalue,niah_multiquery,vt,cwe,fwe"
 )
 EVALUATION_SEEDS = 1000  # evaluation draws its samples with seeds 0..999
+DEFAULTS = TrainConfig()
 
 
 def int_list(ctx, param, value: str | None) -> list[int] | None:
@@ -99,24 +101,41 @@ def datagen(out, model, device, tasks, length, samples, seed, gen_tokens, val_fr
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Agents folder.")
 @click.option("--layers", callback=int_list, help="Comma-separated layers to train (default: all).")
 @click.option("--heads", callback=int_list, help="Comma-separated KV heads of each layer (default: all).")
-@click.option("--steps", default=3000, show_default=True, type=click.IntRange(min=1))
+@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))
 @click.option(
-    "--rankings", default=16, show_default=True, type=click.IntRange(min=2), help="Rankings per step."
+    "--prompts", default=DEFAULTS.prompts, show_default=True, type=click.IntRange(min=1), help="Per step."
 )
-@click.option("--lr", default=3e-3, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--hidden", default=64, show_default=True, type=click.IntRange(min=1), help="MLP width.")
-@click.option("--eval-every", default=100, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True)
-def train(data, out, layers, heads, steps, rankings, lr, hidden, eval_every, seed):
+@click.option(
+    "--tokens",
+    default=DEFAULTS.tokens,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Drawn per prompt.",
+)
+@click.option(
+    "--rankings",
+    default=DEFAULTS.rankings,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="K per prompt.",
+)
+@click.option("--lr", default=DEFAULTS.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option(
+    "--hidden", default=DEFAULTS.hidden, show_default=True, type=click.IntRange(min=1), help="MLP width."
+)
+@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=DEFAULTS.seed, show_default=True)
+def train(data, out, layers, heads, steps, prompts, tokens, rankings, lr, hidden, eval_every, seed):
     """Train one agent per (layer, KV head) on datagen output and save the best (by validation) to --out."""
-    from kvbench.kvp.train import TrainConfig
     from kvbench.kvp.train import train as train_agents
 
     config = TrainConfig(
         steps=steps,
+        prompts=prompts,
+        tokens=tokens,
         rankings=rankings,
         lr=lr,
-        warmup=min(100, steps // 10),
+        warmup=min(DEFAULTS.warmup, steps // 10),
         eval_every=eval_every,
         hidden=hidden,
         seed=seed,

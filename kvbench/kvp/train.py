@@ -1,11 +1,13 @@
 """Train KVP agents from stored data (never loads the LLM); every selected head at once, batched over heads.
 
-Per step: one training prompt; each head scores its tokens, K rankings are drawn from the Plackett-Luce
-distribution of the scores, each ranking's reward is -(normalised cost), and REINFORCE with a leave-one-out
-baseline (RLOO) pushes up the log-probability of the better-than-average rankings. AdamW with linear warm-up
-then cosine decay; an exponential moving average (EMA) of the weights is what gets validated and saved, and
-each head keeps its own best EMA weights by validation reward (heads are independent, so per-head best is
-simply the best of each).
+Per step: a few training prompts, and of each a random subset of its tokens (an agent scores every token
+alone, so ranking random subsets teaches the same pairwise order as ranking whole prompts, at a fraction of
+the cost; positions keep their place in the whole prompt). Each head scores those tokens, K rankings are
+drawn from the Plackett-Luce distribution of the scores, each ranking's reward is -(normalised cost), and
+REINFORCE with a leave-one-out baseline (RLOO) pushes up the log-probability of the better-than-average
+rankings. AdamW with linear warm-up then cosine decay; an exponential moving average (EMA) of the weights
+is what gets validated (deterministic ranking of whole prompts) and saved, and each head keeps its own best
+EMA weights by validation reward (heads are independent, so the per-head best is simply each one's best).
 """
 
 import copy
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.agent import KVPAgents, position_features
 from kvbench.kvp.checkpoint import REPO_ROOT, ModelShape, save_agents
 from kvbench.kvp.datagen import MANIFEST_FILE
 from kvbench.kvp.reward import (
@@ -35,7 +37,9 @@ REFERENCES = ("oracle", "random", "knorm", "recency")
 
 @dataclass
 class TrainConfig:
-    steps: int = 3000
+    steps: int = 1500
+    prompts: int = 4  # training prompts per step
+    tokens: int = 256  # tokens drawn from each prompt per step (at most its length)
     rankings: int = 16  # K Plackett-Luce samples per prompt and head
     lr: float = 3e-3
     min_lr_fraction: float = 0.1  # cosine decays to lr * min_lr_fraction
@@ -111,6 +115,23 @@ def feature_statistics(data: KVPData, heads: list[int]) -> list[torch.Tensor]:
     return [mean[0].float(), std[0].float(), mean[1].float(), std[1].float()]
 
 
+def token_batch(data: KVPData, heads: list[int], tokens: int, prompts: int, generator: torch.Generator):
+    """`tokens` random tokens of each of `prompts` random training prompts, stacked over prompts.
+
+    keys, values: (prompts, heads, tokens, head_dim); positions: (prompts, tokens, 3); utility: (prompts,
+    heads, tokens).
+    """
+    batch = {"keys": [], "values": [], "positions": [], "utility": []}
+    for index in torch.randint(len(data.train), (prompts,), generator=generator).tolist():
+        keys, values, utility = data.load(data.train[index], heads)
+        chosen = torch.randperm(keys.shape[1], generator=generator)[:tokens]
+        batch["keys"].append(keys[:, chosen])
+        batch["values"].append(values[:, chosen])
+        batch["positions"].append(position_features(keys.shape[1])[chosen])
+        batch["utility"].append(utility[:, chosen])
+    return [torch.stack(batch[name]) for name in ("keys", "values", "positions", "utility")]
+
+
 def reference_rewards(val: list[tuple]) -> dict[str, torch.Tensor]:
     """Per-head mean validation reward of the rankings oracle (-1), random (expected), knorm and recency."""
     rewards = {name: [] for name in REFERENCES}
@@ -171,22 +192,22 @@ def train(
     best_reward = validation_reward(best, val)
     log(f"{len(heads)} heads, {len(data.train)} train / {len(data.val)} val prompts")
     log("validation reward (mean over heads; -1 = oracle): " + format_rewards(references))
+    tokens = min(config.tokens, *(shard["prompt_tokens"] for shard in data.train))
     optimizer = torch.optim.AdamW(agents.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     train_rewards = []
 
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        shard = data.train[torch.randint(len(data.train), (1,), generator=generator).item()]
-        keys, values, utility = data.load(shard, heads)
+        keys, values, positions, utility = token_batch(data, heads, tokens, config.prompts, generator)
 
-        scores = agents(keys[None], values[None])[0]  # (heads, P)
-        rankings = sample_rankings(scores.detach(), config.rankings, generator)  # (heads, K, P)
-        reward = -normalised_cost(utility, rankings)  # (heads, K)
+        scores = agents(keys, values, positions=positions)  # (prompts, heads, T)
+        rankings = sample_rankings(scores.detach(), config.rankings, generator)  # (prompts, heads, K, T)
+        reward = -normalised_cost(utility, rankings)  # (prompts, heads, K)
         baseline = (reward.sum(-1, keepdim=True) - reward) / (config.rankings - 1)  # leave-one-out mean
         advantage = reward - baseline
         # Heads have their own weights: summing over heads keeps each head's gradient its own.
-        loss = -(advantage * plackett_luce_log_prob(scores, rankings)).mean(-1).sum()
+        loss = -(advantage * plackett_luce_log_prob(scores, rankings)).mean(dim=(0, 2)).sum()
 
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
