@@ -7,13 +7,9 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from kvbench.cli import main
 from kvbench.kvp.checkpoint import load_card
-from kvbench.kvp.cli import kvp
 from kvbench.kvp.datagen import MANIFEST_FILE, capture_prompt
 from kvbench.models import load_model
 from kvbench.presses.kvp import KVPPress
-
-if "kvp" not in main.commands:  # until the lead attaches the group to the CLI
-    main.add_command(kvp)
 
 
 def test_utility_is_the_teacher_forced_attention_of_the_later_queries():

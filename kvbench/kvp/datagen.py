@@ -24,8 +24,9 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import DynamicCache
 
+from kvbench.engine import tokenize_sample
 from kvbench.kvp.checkpoint import model_shape
-from kvbench.tasks import Sample, load_samples
+from kvbench.tasks import load_samples
 
 MANIFEST_FILE = "manifest.json"
 
@@ -38,29 +39,6 @@ class DatagenConfig:
     seed: int = 10_000  # evaluation uses seeds 0..999
     gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
     val_fraction: float = 0.1  # the first round(fraction * samples) samples of each task validate
-
-
-def encode_sample(tokenizer, sample: Sample) -> tuple[list[int], list[int]]:
-    """(context ids, question ids) in the query-agnostic protocol, split as kvpress's pipeline does.
-
-    With a chat template the user turn holds context + question; the context ends where the question starts,
-    and the template's tail (end of turn, assistant header) goes after the question, before the answer prefix.
-    """
-    if sample.chat_template and tokenizer.chat_template:
-        separator = "#" * (len(sample.context) + 10)
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": sample.context + separator}],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        context, suffix = text.split(separator)
-    else:
-        context, suffix = (tokenizer.bos_token or "") + sample.context, "\n"
-    question = sample.question + suffix + sample.answer_prefix
-    context_ids, question_ids = (
-        tokenizer.encode(text, add_special_tokens=False) for text in (context, question)
-    )
-    return context_ids, question_ids
 
 
 @torch.no_grad()
@@ -154,7 +132,8 @@ def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: 
 
     todo = [item for item in planned if item[1] not in done]
     for _, file, split, sample in tqdm(todo, desc="kvp datagen", disable=not progress):
-        context_ids, question_ids = encode_sample(tokenizer, sample)
+        prompt = tokenize_sample(tokenizer, sample)  # split exactly as evaluation splits it
+        context_ids, question_ids = prompt.context_ids[0].tolist(), prompt.question_ids[0].tolist()
         captured = capture_prompt(
             model, context_ids, question_ids, min(config.gen_tokens, sample.max_new_tokens)
         )
