@@ -34,9 +34,9 @@ from kvpress import (
     RestoreKVPress,
     ScorerPress,
 )
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.masking_utils import create_causal_mask
+from transformers.masking_utils import AttentionMaskInterface, create_causal_mask, sdpa_mask
 
 from kvbench.presses import build_press, needs_eager
 from kvbench.tasks.base import Sample
@@ -84,7 +84,8 @@ def evaluate_sample(
     before compression), kv_bytes_kept (bytes of the key/value tensors held after compression), prefill_s,
     decode_s. Times are amortised: a config's share of the shared prefill plus its own compression time,
     and its share of the batched decoding, so that they add up to the wall time over configs.
-    Configs are processed `batch_configs` at a time (one prefill and one decoding batch each) to bound memory.
+    Shareable configs are processed `batch_configs` at a time to bound memory: one prefill (two if some
+    press needs the eager attention), then one decoding batch.
     """
     if batch_configs < 1:
         raise ValueError(f"batch_configs must be at least 1, got {batch_configs}")
@@ -92,21 +93,16 @@ def evaluate_sample(
     runs = [
         Run(config.build_press(), needs_eager(config.press, dict(config.press_args))) for config in configs
     ]
-    # Presses scoring with attention weights need the eager attention, for the prefill and, as in the
-    # pipeline run on an eager model, for the decoding too; the others keep the model's own attention.
-    groups: dict[tuple[bool, bool], list[Run]] = {}
-    for run in runs:
-        groups.setdefault((run.eager, is_shareable(run.press)), []).append(run)
+    shared = [run for run in runs if is_shareable(run.press)]
+    alone = [run for run in runs if not is_shareable(run.press)]
     with torch.no_grad():
-        for (eager, shareable), group in groups.items():
-            with attention_implementation(model, "eager" if eager else model.config._attn_implementation):
-                if shareable:
-                    for start in range(0, len(group), batch_configs):
-                        run_shared(model, prompt, group[start : start + batch_configs], sample.max_new_tokens)
-                else:
-                    log_fallback(group)
-                    for run in group:
-                        run_alone(model, prompt, run, sample.max_new_tokens)
+        for start in range(0, len(shared), batch_configs):
+            run_shared(model, prompt, shared[start : start + batch_configs], sample.max_new_tokens)
+        log_fallback(alone)
+        for run in alone:
+            # As the pipeline on an eager model, when the press needs attention weights.
+            with attention_implementation(model, "eager" if run.eager else model.config._attn_implementation):
+                run_alone(model, prompt, run, sample.max_new_tokens)
     for run in runs:
         run.result["prediction"] = decode_prediction(tokenizer, run.result.pop("tokens"), sample)
     return [run.result for run in runs]
@@ -154,6 +150,7 @@ def is_shareable(press: BasePress | None) -> bool:
 
 
 def log_fallback(runs: list[Run]) -> None:
+    """Say once per press class that it runs alone (it costs a prefill per config)."""
     for name in sorted({type(run.press).__name__ for run in runs} - _logged_fallbacks):
         logger.info("%s cannot share the prefill of other presses: it runs alone", name)
         _logged_fallbacks.add(name)
@@ -179,7 +176,33 @@ def language_model(model):
 
 
 def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> None:
-    """One uncompressed prefill whose hooks fill every run's compressed cache, then one batched decoding."""
+    """One uncompressed prefill whose hooks fill every run's compressed cache, then one batched decoding.
+
+    Presses scoring with attention weights get a prefill of their own on the eager attention; the others
+    keep the model's attention, as the pipeline would. The decoding attends to compressed caches only,
+    so it is the same for all and runs as one batch.
+    """
+    default_attention = model.config._attn_implementation
+    for eager in (False, True):
+        group = [run for run in runs if run.eager == eager]
+        if group:
+            with attention_implementation(model, "eager" if eager else default_attention):
+                prefill_shared(model, prompt, group)
+
+    room = prompt.question_ids.shape[1] + max_new_tokens
+    cache, padding = pad_caches([run.cache for run in runs], room)
+    for run in runs:
+        run.cache = None  # the batch holds a copy; free the per-config caches
+    start = clock(model)
+    context_length = prompt.context_ids.shape[1]
+    with attention_implementation(model, BATCHED_ATTENTION):
+        tokens = greedy_decode(model, cache, padding, prompt.question_ids, context_length, max_new_tokens)
+    decode_s = (clock(model) - start) / len(runs)
+    for run, run_tokens in zip(runs, tokens, strict=True):
+        run.result.update(tokens=run_tokens, decode_s=decode_s)
+
+
+def prefill_shared(model, prompt: Prompt, runs: list[Run]) -> None:
     for run in runs:
         if run.press is not None:
             run.press.post_init_from_model(model)
@@ -190,16 +213,6 @@ def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> N
     for run in runs:
         run.result.update(kv_counts(model, prompt, run.cache))
         run.result["prefill_s"] = forward_s / len(runs) + run.compress_s
-
-    cache, padding = pad_caches([run.cache for run in runs])
-    for run in runs:
-        run.cache = None  # the batch holds a copy; free the per-config caches
-    start = clock(model)
-    context_length = prompt.context_ids.shape[1]
-    tokens = greedy_decode(model, cache, padding, prompt.question_ids, context_length, max_new_tokens)
-    decode_s = (clock(model) - start) / len(runs)
-    for run, run_tokens in zip(runs, tokens, strict=True):
-        run.result.update(tokens=run_tokens, decode_s=decode_s)
 
 
 @contextlib.contextmanager
@@ -238,25 +251,84 @@ def layer_holding(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
     return layer
 
 
-def pad_caches(caches: list[DynamicCache]) -> tuple[DynamicCache, torch.Tensor | None]:
-    """Stack single-sequence caches into one batch, every layer left-padded to the longest of all.
+def pad_caches(caches: list[DynamicCache], room: int) -> tuple[DynamicCache, torch.Tensor | None]:
+    """Stack single-sequence caches into one batch, every layer left-padded to the longest of all, with
+    `room` for the tokens still to come.
 
     Returns the batch and the padding mask (layers, batch, length), True on real entries; None when nothing
-    is padded, so that such a batch takes the same attention path as the pipeline.
+    is padded.
     """
     lengths = torch.tensor([[layer.keys.shape[2] for layer in cache.layers] for cache in caches]).T
     longest = int(lengths.max())
     batch = DynamicCache()
     for layer_idx, layer_lengths in enumerate(lengths.tolist()):
         layers = [cache.layers[layer_idx] for cache in caches]
-        pads = [(0, 0, longest - n, 0) for n in layer_lengths]
-        keys = torch.cat([F.pad(layer.keys, pad) for layer, pad in zip(layers, pads, strict=True)])
-        values = torch.cat([F.pad(layer.values, pad) for layer, pad in zip(layers, pads, strict=True)])
-        batch.layers.append(layer_holding(keys, values))
+        _, heads, _, key_dim = layers[0].keys.shape
+        key_buffer = layers[0].keys.new_zeros(len(caches), heads, longest + room, key_dim)
+        value_buffer = layers[0].values.new_zeros(
+            len(caches), heads, longest + room, layers[0].values.shape[3]
+        )
+        for row, (layer, n) in enumerate(zip(layers, layer_lengths, strict=True)):
+            key_buffer[row, :, longest - n : longest] = layer.keys[0]
+            value_buffer[row, :, longest - n : longest] = layer.values[0]
+        batch.layers.append(BufferedLayer(key_buffer, value_buffer, longest))
     if (lengths == longest).all():
         return batch, None
     padding = torch.arange(longest) >= longest - lengths.unsqueeze(-1)
     return batch, padding.to(caches[0].layers[0].keys.device)
+
+
+class BufferedLayer(DynamicLayer):
+    """A cache layer over buffers with room for the tokens to come: appending writes in place, where
+    DynamicLayer copies the whole cache (torch.cat) at every step, as costly as the attention itself."""
+
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int):
+        super().__init__()
+        self.lazy_initialization(key_buffer, value_buffer)
+        self.key_buffer, self.value_buffer = key_buffer, value_buffer
+        self.set_length(length)
+
+    def set_length(self, length: int) -> None:
+        self.length = length
+        self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
+
+    def update(self, key_states, value_states, cache_kwargs=None):
+        end = self.length + key_states.shape[2]
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.set_length(end)
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self.set_length(self.length)
+
+
+def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention of the batched decoding: SDPA with each KV group's query heads folded into the query
+    length. transformers' SDPA repeats keys and values for every query head whenever a mask is given, which
+    made padded batches about 10x slower on CPU."""
+    batch, heads, length, dim = query.shape
+    kv_heads, kv_length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    if attention_mask is None:  # nothing padded: the new tokens only need the causal order among themselves
+        attention_mask = torch.ones(length, kv_length, dtype=torch.bool, device=query.device).tril(
+            kv_length - length
+        )
+        attention_mask = attention_mask[None, None]
+    output = F.scaled_dot_product_attention(
+        query.reshape(batch, kv_heads, groups * length, dim),
+        key,
+        value,
+        attn_mask=attention_mask.repeat(1, 1, groups, 1),
+        scale=scaling,
+    )
+    return output.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
+
+
+BATCHED_ATTENTION = "kvbench_grouped_sdpa"
+AttentionInterface.register(BATCHED_ATTENTION, grouped_sdpa)
+AttentionMaskInterface.register(BATCHED_ATTENTION, sdpa_mask)
 
 
 def greedy_decode(
