@@ -3,9 +3,10 @@
 kvpress compresses in a forward hook that runs *after* each attention layer, so the hidden states that
 reach the next layer always come from the full cache. The prefill is therefore the same for every press
 that only acts inside that hook (ScorerPress and its wrappers). We run it once, and at each layer let
-every such config's press compress the full keys/values into that config's own cache. The question and
-the greedy decoding of all those configs then run as one batch: caches left-padded to a common length
-and masked, positions continuing from the uncompressed context length, each stream stopping on its own.
+every such config's press compress the full keys/values into that config's own cache (presses that score
+with attention weights get a second, eager, prefill). The question and the greedy decoding of all those
+configs then run as one batch: caches left-padded to a common length and masked (per layer when layers
+differ), positions continuing from the uncompressed context length, each stream stopping on its own.
 
 The protocol is kvpress's `KVPressTextGenerationPipeline`, token for token: same chat-template split,
 same positions, same stopping rule. Presses that change the forward itself, mask heads through

@@ -232,6 +232,21 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
     assert results[0]["kv_bytes_kept"] == results[2]["kv_bytes_kept"]
 
 
+def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    sample = word_soup_sample(120)
+    configs = [Config(press, ratio) for press in ("knorm", "tova") for ratio in RATIOS]
+    free_run, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    # A token some streams emit mid-answer becomes the stop token: they must stop there, the others go on.
+    stop = free_run[0][3]
+    model.generation_config.eos_token_id = [2, stop]
+    engine_ids, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    lengths = {len(ids) for ids in engine_ids}
+    assert min(lengths) < MAX_NEW_TOKENS in lengths
+    for config, ids in zip(configs, engine_ids, strict=True):
+        assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config), config
+
+
 def test_without_chat_template_the_context_follows_bos_as_in_the_pipeline(monkeypatch, tokenizer):
     model = tiny_model("llama", len(tokenizer))
     plain = copy.deepcopy(tokenizer)
