@@ -110,9 +110,16 @@ def evaluate_sample(
 
 
 def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
-    """Split the prompt as the kvpress pipeline's `preprocess` does."""
+    """Split the prompt as the kvpress pipeline's `preprocess` does.
+
+    A sample that turns the chat template off (LongBench's trec, triviaqa, ...) is the task's raw prompt,
+    tokenized as the task's official code does: the tokenizer's own special tokens, nothing appended.
+    """
     context = sample.context
-    if sample.chat_template:
+    special_tokens = False
+    if not sample.chat_template:
+        special_tokens, question_suffix = True, ""
+    elif tokenizer.chat_template is not None:
         # The text after the context in the user turn (end of turn, assistant header) goes with the question.
         separator = "#" * (len(context) + 10)
         templated = tokenizer.apply_chat_template(
@@ -122,11 +129,11 @@ def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
             enable_thinking=False,
         )
         context, question_suffix = templated.split(separator)
-    else:
+    else:  # a base model: the pipeline's fallback
         context = (tokenizer.bos_token or "") + context
         question_suffix = "\n"
     question = sample.question + question_suffix + sample.answer_prefix
-    context_ids = tokenizer.encode(context, return_tensors="pt", add_special_tokens=False)
+    context_ids = tokenizer.encode(context, return_tensors="pt", add_special_tokens=special_tokens)
     question_ids = tokenizer.encode(question, return_tensors="pt", add_special_tokens=False)
     max_length = min(tokenizer.model_max_length, int(1e10))
     if context_ids.shape[1] > max_length:

@@ -10,7 +10,7 @@ from kvpress import KVPressTextGenerationPipeline
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench import engine
-from kvbench.engine import Config, evaluate_sample
+from kvbench.engine import Config, evaluate_sample, tokenize_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import embedded_folder, load_model, load_tokenizer
@@ -247,15 +247,28 @@ def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
         assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config), config
 
 
-def test_without_chat_template_the_context_follows_bos_as_in_the_pipeline(monkeypatch, tokenizer):
+def test_a_tokenizer_without_chat_template_gets_the_pipelines_bos_fallback(monkeypatch, tokenizer):
     model = tiny_model("llama", len(tokenizer))
     plain = copy.deepcopy(tokenizer)
-    plain.chat_template = None  # what the pipeline looks at to skip the template
-    sample = word_soup_sample(100, chat_template=False)
+    plain.chat_template = (
+        None  # a base model: the pipeline puts BOS before the context, "\n" after the question
+    )
+    sample = word_soup_sample(100)
     configs = [Config("knorm", 0.5), Config("snapkv", 0.25)]
-    engine_ids, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    engine_ids, _ = engine_token_ids(monkeypatch, model, plain, sample, configs)
     for config, ids in zip(configs, engine_ids, strict=True):
         assert ids == pipeline_token_ids(monkeypatch, model, plain, sample, config)
+
+
+def test_a_raw_prompt_sample_is_tokenized_as_its_official_code(tokenizer):
+    sample = word_soup_sample(
+        50, chat_template=False, question="\nWhich colour comes first?", answer_prefix="Type:"
+    )
+    prompt = tokenize_sample(tokenizer, sample)
+    # Official LongBench tokenizes the raw prompt with the tokenizer's defaults: no template, no suffix.
+    expected = tokenizer(sample.context + sample.question + "Type:").input_ids
+    assert prompt.context_ids[0].tolist() + prompt.question_ids[0].tolist() == expected
+    assert tokenizer.decode(prompt.question_ids[0]).endswith("Type:")
 
 
 def test_kv_accounting_counts_entries_and_bytes_kept(tokenizer):
