@@ -37,8 +37,8 @@ REFERENCES = ("oracle", "random", "knorm", "recency")
 
 @dataclass
 class TrainConfig:
-    steps: int = 1500
-    prompts: int = 4  # training prompts per step
+    steps: int = 1000
+    prompts: int = 2  # training prompts per step
     tokens: int = 256  # tokens drawn from each prompt per step (at most its length)
     rankings: int = 16  # K Plackett-Luce samples per prompt and head
     lr: float = 3e-3
