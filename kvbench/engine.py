@@ -4,9 +4,10 @@ kvpress compresses in a forward hook that runs *after* each attention layer, so 
 reach the next layer always come from the full cache. The prefill is therefore the same for every press
 that only acts inside that hook (ScorerPress and its wrappers). We run it once, and at each layer let
 every such config's press compress the full keys/values into that config's own cache (presses that score
-with attention weights get a second, eager, prefill). The question and the greedy decoding of all those
-configs then run as one batch: caches left-padded to a common length and masked (per layer when layers
-differ), positions continuing from the uncompressed context length, each stream stopping on its own.
+with attention weights get them computed there, as the eager attention would). The question and the
+greedy decoding of all those configs then run as one batch: caches left-padded to a common length and
+masked (per layer when layers differ), positions continuing from the uncompressed context length, each
+stream stopping on its own.
 
 The protocol is kvpress's `KVPressTextGenerationPipeline`, token for token: same chat-template split,
 same positions, same stopping rule. Presses that change the forward itself, mask heads through
@@ -35,9 +36,11 @@ from kvpress import (
     RestoreKVPress,
     ScorerPress,
 )
+from kvpress.utils import get_prerope_query_states
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, create_causal_mask, sdpa_mask
+from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench.presses import build_press, needs_eager
 from kvbench.tasks.base import Sample
@@ -70,7 +73,7 @@ class Run:
     """One config's press, its compressed cache and its measurements within a sample."""
 
     press: BasePress | None
-    eager: bool  # the press scores with attention weights
+    needs_attentions: bool  # the press scores with the prefill's attention weights
     cache: DynamicCache = field(default_factory=DynamicCache)
     compress_s: float = 0.0
     result: dict = field(default_factory=dict)
@@ -85,8 +88,8 @@ def evaluate_sample(
     before compression), kv_bytes_kept (bytes of the key/value tensors held after compression), prefill_s,
     decode_s. Times are amortised: a config's share of the shared prefill plus its own compression time,
     and its share of the batched decoding, so that they add up to the wall time over configs.
-    Shareable configs are processed `batch_configs` at a time to bound memory: one prefill (two if some
-    press needs the eager attention), then one decoding batch.
+    Shareable configs are processed `batch_configs` at a time to bound memory: one prefill, then one
+    decoding batch.
     """
     if batch_configs < 1:
         raise ValueError(f"batch_configs must be at least 1, got {batch_configs}")
@@ -101,8 +104,9 @@ def evaluate_sample(
             run_shared(model, prompt, shared[start : start + batch_configs], sample.max_new_tokens)
         log_fallback(alone)
         for run in alone:
-            # As the pipeline on an eager model, when the press needs attention weights.
-            with attention_implementation(model, "eager" if run.eager else model.config._attn_implementation):
+            # As the pipeline on an eager model when the press needs attention weights.
+            eager = run.needs_attentions
+            with attention_implementation(model, "eager" if eager else model.config._attn_implementation):
                 run_alone(model, prompt, run, sample.max_new_tokens)
     for run in runs:
         run.result["prediction"] = decode_prediction(tokenizer, run.result.pop("tokens"), sample)
@@ -184,18 +188,17 @@ def language_model(model):
 
 
 def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> None:
-    """One uncompressed prefill whose hooks fill every run's compressed cache, then one batched decoding.
-
-    Presses scoring with attention weights get a prefill of their own on the eager attention; the others
-    keep the model's attention, as the pipeline would. The decoding attends to compressed caches only,
-    so it is the same for all and runs as one batch.
-    """
-    default_attention = model.config._attn_implementation
-    for eager in (False, True):
-        group = [run for run in runs if run.eager == eager]
-        if group:
-            with attention_implementation(model, "eager" if eager else default_attention):
-                prefill_shared(model, prompt, group)
+    """One uncompressed prefill whose hooks fill every run's compressed cache, then one batched decoding."""
+    for run in runs:
+        if run.press is not None:
+            run.press.post_init_from_model(model)
+    start = clock(model)
+    with compress_for_each(model, runs):
+        model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=DynamicCache())
+    forward_s = clock(model) - start - sum(run.compress_s for run in runs)
+    for run in runs:
+        run.result.update(kv_counts(model, prompt, run.cache))
+        run.result["prefill_s"] = forward_s / len(runs) + run.compress_s
 
     room = prompt.question_ids.shape[1] + max_new_tokens
     cache, padding = pad_caches([run.cache for run in runs], room)
@@ -210,19 +213,6 @@ def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> N
         run.result.update(tokens=run_tokens, decode_s=decode_s)
 
 
-def prefill_shared(model, prompt: Prompt, runs: list[Run]) -> None:
-    for run in runs:
-        if run.press is not None:
-            run.press.post_init_from_model(model)
-    start = clock(model)
-    with compress_for_each(model, runs):
-        model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=DynamicCache())
-    forward_s = clock(model) - start - sum(run.compress_s for run in runs)
-    for run in runs:
-        run.result.update(kv_counts(model, prompt, run.cache))
-        run.result["prefill_s"] = forward_s / len(runs) + run.compress_s
-
-
 @contextlib.contextmanager
 def compress_for_each(model, runs: list[Run]):
     """Hooks that, after each attention layer of the prefill, let every run compress the full keys/values
@@ -230,11 +220,16 @@ def compress_for_each(model, runs: list[Run]):
 
     def hook(module, args, kwargs, output):
         full = kwargs["past_key_values"].layers[module.layer_idx]
+        with_attentions = output
+        if output[1] is None and any(run.needs_attentions for run in runs):
+            with_attentions = (output[0], attention_weights(module, kwargs, full.keys))
         for run in runs:
             run.cache.layers.append(layer_holding(full.keys, full.values))
             if run.press is not None:
                 start = clock(model)
-                run.press.forward_hook(module, args, {**kwargs, "past_key_values": run.cache}, output)
+                run_kwargs = {**kwargs, "past_key_values": run.cache}
+                run_output = with_attentions if run.needs_attentions else output
+                run.press.forward_hook(module, args, run_kwargs, run_output)
                 run.compress_s += clock(model) - start
         return output
 
@@ -248,6 +243,19 @@ def compress_for_each(model, runs: list[Run]):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def attention_weights(module, kwargs: dict, keys: torch.Tensor) -> torch.Tensor:
+    """The attention weights of a prefill layer, computed as the eager attention does, for presses that
+    score with them (h2o, observed_attention) while the prefill itself keeps a faster attention."""
+    queries = get_prerope_query_states(module, kwargs["hidden_states"])
+    cos, sin = kwargs["position_embeddings"]
+    queries = queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)
+    keys = repeat_kv(keys, queries.shape[1] // keys.shape[1])
+    length = queries.shape[2]
+    causal = torch.full((length, length), torch.finfo(queries.dtype).min, device=queries.device).triu(1)
+    weights = torch.matmul(queries, keys.transpose(2, 3)) * module.scaling + causal
+    return F.softmax(weights, dim=-1, dtype=torch.float32).to(queries.dtype)
 
 
 def layer_holding(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
@@ -310,6 +318,11 @@ class BufferedLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
         self.set_length(self.length)
+
+    def drop_front(self, n: int) -> None:
+        """Forget the first `n` entries (positions are explicit, so nothing else moves)."""
+        self.key_buffer, self.value_buffer = self.key_buffer[:, :, n:], self.value_buffer[:, :, n:]
+        self.set_length(self.length - n)
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -399,7 +412,13 @@ def greedy_decode(
                 if not running.all():
                     cache.batch_select_indices(running.nonzero().squeeze(1))
                     active, next_ids = active[running], next_ids[running]
-                    masks = masks[:, running] if masks is not None else None
+                    if masks is not None:
+                        masks = masks[:, running]
+                        # Padding that no remaining stream needs (the longest caches often finish first).
+                        unused = int(masks.any(dim=1).any(dim=0).long().argmax())
+                        for layer in cache.layers:
+                            layer.drop_front(unused)
+                        masks = masks[:, :, unused:]
             if masks is not None:
                 masks = torch.cat([masks, masks.new_ones(*masks.shape[:2], 1)], dim=2)
             next_ids = forward(next_ids.unsqueeze(1), position + step).argmax(-1)
