@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 
 class TaskUnavailable(Exception):
-    """A task cannot run here (e.g. its data is neither on the hub nor in --data-dir). The message says why."""
+    """A task cannot run here (its data is neither on the hub nor in --data-dir); the message says why."""
 
 
 @dataclass
