@@ -16,6 +16,7 @@ pipeline's flow for that single config.
 """
 
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -200,6 +201,8 @@ def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> N
         run.result.update(kv_counts(model, prompt, run.cache))
         run.result["prefill_s"] = forward_s / len(runs) + run.compress_s
 
+    # Longest caches first, so that the attention can skip the padding of rows of equal length together.
+    runs = sorted(runs, key=lambda run: -max(layer.keys.shape[2] for layer in run.cache.layers))
     room = prompt.question_ids.shape[1] + max_new_tokens
     cache, padding = pad_caches([run.cache for run in runs], room)
     for run in runs:
@@ -253,8 +256,14 @@ def attention_weights(module, kwargs: dict, keys: torch.Tensor) -> torch.Tensor:
     queries = queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)
     keys = repeat_kv(keys, queries.shape[1] // keys.shape[1])
     length = queries.shape[2]
-    causal = torch.full((length, length), torch.finfo(queries.dtype).min, device=queries.device).triu(1)
-    weights = torch.matmul(queries, keys.transpose(2, 3)) * module.scaling + causal
+    future = torch.ones(length, length, dtype=torch.bool, device=queries.device).triu(1)
+    # In place to spare (heads x length x length) temporaries; filling the masked scores with the dtype's
+    # minimum gives the same softmax as eager's adding it.
+    weights = (
+        torch.matmul(queries, keys.transpose(2, 3))
+        .mul_(module.scaling)
+        .masked_fill_(future, torch.finfo(queries.dtype).min)
+    )
     return F.softmax(weights, dim=-1, dtype=torch.float32).to(queries.dtype)
 
 
@@ -280,11 +289,14 @@ def pad_caches(caches: list[DynamicCache], room: int) -> tuple[DynamicCache, tor
     for layer_idx, layer_lengths in enumerate(lengths.tolist()):
         layers = [cache.layers[layer_idx] for cache in caches]
         _, heads, _, key_dim = layers[0].keys.shape
-        key_buffer = layers[0].keys.new_zeros(len(caches), heads, longest + room, key_dim)
-        value_buffer = layers[0].values.new_zeros(
+        key_buffer = layers[0].keys.new_empty(len(caches), heads, longest + room, key_dim)
+        value_buffer = layers[0].values.new_empty(
             len(caches), heads, longest + room, layers[0].values.shape[3]
         )
         for row, (layer, n) in enumerate(zip(layers, layer_lengths, strict=True)):
+            # Padding must be finite: a masked entry's weight is 0, and 0 * nan would still be nan.
+            key_buffer[row, :, : longest - n] = 0
+            value_buffer[row, :, : longest - n] = 0
             key_buffer[row, :, longest - n : longest] = layer.keys[0]
             value_buffer[row, :, longest - n : longest] = layer.values[0]
         batch.layers.append(BufferedLayer(key_buffer, value_buffer, longest))
@@ -316,19 +328,26 @@ class BufferedLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        """Keep the rows `indices` in that order, copying only the rows that change place (dropping
+        finished streams one by one would otherwise copy the whole cache each time)."""
+        moved = (indices != torch.arange(len(indices), device=indices.device)).nonzero().squeeze(1)
+        for buffer in (self.key_buffer, self.value_buffer):
+            buffer[moved, :, : self.length] = buffer[indices[moved], :, : self.length]
+        self.key_buffer, self.value_buffer = (
+            self.key_buffer[: len(indices)],
+            self.value_buffer[: len(indices)],
+        )
         self.set_length(self.length)
-
-    def drop_front(self, n: int) -> None:
-        """Forget the first `n` entries (positions are explicit, so nothing else moves)."""
-        self.key_buffer, self.value_buffer = self.key_buffer[:, :, n:], self.value_buffer[:, :, n:]
-        self.set_length(self.length - n)
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The attention of the batched decoding: SDPA with each KV group's query heads folded into the query
-    length. transformers' SDPA repeats keys and values for every query head whenever a mask is given, which
-    made padded batches about 10x slower on CPU."""
+    """The attention of the batched decoding, as SDPA computes it, without the work padding would cost.
+
+    Each KV group's query heads are folded into the query length: transformers' SDPA repeats keys and
+    values for every query head whenever a mask is given, which made padded batches ~10x slower on CPU.
+    Caches are left-padded and rows come sorted by length, so consecutive rows with the same first
+    attended entry share one call that skips the padding before it.
+    """
     batch, heads, length, dim = query.shape
     kv_heads, kv_length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
@@ -336,14 +355,24 @@ def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropou
         attention_mask = torch.ones(length, kv_length, dtype=torch.bool, device=query.device).tril(
             kv_length - length
         )
-        attention_mask = attention_mask[None, None]
-    output = F.scaled_dot_product_attention(
-        query.reshape(batch, kv_heads, groups * length, dim),
-        key,
-        value,
-        attn_mask=attention_mask.repeat(1, 1, groups, 1),
-        scale=scaling,
-    )
+    attention_mask = attention_mask.expand(batch, 1, length, kv_length)
+    query = query.reshape(batch, kv_heads, groups * length, dim)
+    # The last query attends to the most entries; earlier ones see a subset (causal).
+    starts = attention_mask[:, 0, -1].long().argmax(-1).tolist()
+    outputs = []
+    for start, rows in itertools.groupby(range(batch), key=starts.__getitem__):
+        rows = list(rows)
+        rows = slice(rows[0], rows[-1] + 1)
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[rows],
+                key[rows, :, start:],
+                value[rows, :, start:],
+                attn_mask=attention_mask[rows, :, :, start:].repeat(1, 1, groups, 1),
+                scale=scaling,
+            )
+        )
+    output = torch.cat(outputs)
     return output.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
@@ -412,13 +441,7 @@ def greedy_decode(
                 if not running.all():
                     cache.batch_select_indices(running.nonzero().squeeze(1))
                     active, next_ids = active[running], next_ids[running]
-                    if masks is not None:
-                        masks = masks[:, running]
-                        # Padding that no remaining stream needs (the longest caches often finish first).
-                        unused = int(masks.any(dim=1).any(dim=0).long().argmax())
-                        for layer in cache.layers:
-                            layer.drop_front(unused)
-                        masks = masks[:, :, unused:]
+                    masks = masks[:, running] if masks is not None else None
             if masks is not None:
                 masks = torch.cat([masks, masks.new_ones(*masks.shape[:2], 1)], dim=2)
             next_ids = forward(next_ids.unsqueeze(1), position + step).argmax(-1)

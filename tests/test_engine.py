@@ -235,7 +235,7 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
 def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
     model = tiny_model("llama", len(tokenizer))
     sample = word_soup_sample(120)
-    # One config with the longest cache: when it stops, the batch drops the padding only it needed.
+    # The longest cache stops first: the other streams go on over a batch compacted around them.
     configs = [Config("knorm", 0.25), Config("knorm", 0.5), Config("tova", 0.5), Config("tova", 0.75)]
     free_run, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
     # The first stream's second token becomes a stop token: it stops there, others at their own pace.
