@@ -71,3 +71,24 @@ def test_agents_score_a_token_subset_as_they_score_it_in_the_whole_prompt():
     torch.testing.assert_close(
         agents(keys[:, 1:], values[:, 1:], heads=slice(1, 3)), agents(keys, values)[:, 1:]
     )
+
+
+def test_agent_forward_is_the_mlp_of_normalised_features():
+    torch.manual_seed(0)
+    agents = KVPAgents(2, 4, hidden=5)
+    torch.nn.init.normal_(agents.w3)
+    agents.set_normalisation(*(torch.rand(2, 4) + 0.5 for _ in range(4)))
+    keys, values = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    for head in range(2):
+        x = torch.cat(
+            [
+                (keys[0, head] - agents.key_mean[head]) / agents.key_std[head],
+                (values[0, head] - agents.value_mean[head]) / agents.value_std[head],
+                position_features(6),
+            ],
+            dim=-1,
+        )
+        x = torch.nn.functional.silu(x @ agents.w1[head] + agents.b1[head])
+        x = torch.nn.functional.silu(x @ agents.w2[head] + agents.b2[head])
+        expected = (x @ agents.w3[head] + agents.b3[head]).squeeze(-1)
+        torch.testing.assert_close(agents(keys, values)[0, head], expected)

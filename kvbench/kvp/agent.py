@@ -58,17 +58,31 @@ class KVPAgents(nn.Module):
         keys, values: (batch, h, P, head_dim), h = number of selected heads -> fp32 scores (batch, h, P).
         positions: (batch, P, 3) position features, when the P tokens are not the whole prompt 0..P-1.
         """
-        batch, h, length, _ = keys.shape
+        batch, h, length, head_dim = keys.shape
         if positions is None:
             positions = position_features(length, keys.device).expand(batch, -1, -1)
-        keys = (keys.float() - self.key_mean[heads, None]) / self.key_std[heads, None]
-        values = (values.float() - self.value_mean[heads, None]) / self.value_std[heads, None]
-        positions = positions.unsqueeze(1).expand(batch, h, length, -1)
-        x = torch.cat([keys, values, positions], dim=-1).transpose(0, 1).reshape(h, batch * length, -1)
-        x = nn.functional.silu(torch.baddbmm(self.b1[heads], x, self.w1[heads]))
+        w_key, w_value, w_position, bias = self.first_layer(heads)
+        # (batch, h, P, d) -> (h, batch * P, d); a view when batch == 1, as in the press.
+        keys = keys.float().transpose(0, 1).reshape(h, batch * length, head_dim)
+        values = values.float().transpose(0, 1).reshape(h, batch * length, head_dim)
+        x = torch.baddbmm(bias, keys, w_key)
+        x = torch.baddbmm(x, values, w_value) + positions.reshape(1, batch * length, -1) @ w_position
+        x = nn.functional.silu(x)
         x = nn.functional.silu(torch.baddbmm(self.b2[heads], x, self.w2[heads]))
         x = torch.baddbmm(self.b3[heads], x, self.w3[heads])
         return x.reshape(h, batch, length).transpose(0, 1)
+
+    def first_layer(self, heads: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first layer's key, value and position weights and bias with the normalisation folded in.
+
+        ((k - mean) / std) @ W == k @ (W / std) - (mean / std) @ W: no pass over the features to normalise
+        them, and no concatenated copy of them; this is most of the agents' cost in the press.
+        """
+        d = self.head_dim
+        w_key = self.w1[heads, :d] / self.key_std[heads, :, None]
+        w_value = self.w1[heads, d : 2 * d] / self.value_std[heads, :, None]
+        bias = self.b1[heads] - self.key_mean[heads, None] @ w_key - self.value_mean[heads, None] @ w_value
+        return w_key, w_value, self.w1[heads, 2 * d :], bias
 
     def set_normalisation(self, key_mean, key_std, value_mean, value_std) -> None:
         """Per-head feature statistics, each (num_heads, head_dim), from the training data."""
