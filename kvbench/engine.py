@@ -439,15 +439,40 @@ def greedy_decode(
                 if not running.any():
                     break
                 if not running.all():
-                    cache.batch_select_indices(running.nonzero().squeeze(1))
-                    active, next_ids = active[running], next_ids[running]
-                    masks = masks[:, running] if masks is not None else None
+                    order = compaction_order(row_groups(masks, len(active)), running.tolist())
+                    keep = torch.tensor(order, device=device)
+                    cache.batch_select_indices(keep)
+                    active, next_ids = active[keep], next_ids[keep]
+                    masks = masks[:, keep] if masks is not None else None
             if masks is not None:
                 masks = torch.cat([masks, masks.new_ones(*masks.shape[:2], 1)], dim=2)
             next_ids = forward(next_ids.unsqueeze(1), position + step).argmax(-1)
             for row, token in zip(active.tolist(), next_ids.tolist(), strict=True):
                 tokens[row].append(token)
     return tokens
+
+
+def row_groups(masks: torch.Tensor | None, batch_size: int) -> list[int]:
+    """A group id per batch row: rows with the same padding in every layer, which the attention serves
+    with one call as long as they stay next to each other."""
+    if masks is None:
+        return [0] * batch_size
+    padding = (~masks).sum(-1).T  # (batch, layers)
+    return torch.unique(padding, dim=0, return_inverse=True)[1].tolist()
+
+
+def compaction_order(groups: list[int], running: list[bool]) -> list[int]:
+    """The rows that fill the compacted batch, slot by slot: the running rows, each group's rows kept
+    together in the groups' current order, moving as few rows as possible (each move copies a row's whole
+    cache; shifting every row after a finished one copied about half the batch per finished stream)."""
+    order, start = [], 0
+    for group in dict.fromkeys(groups):
+        rows = [row for row, (g, run) in enumerate(zip(groups, running, strict=True)) if g == group and run]
+        slots = range(start, start + len(rows))
+        movers = iter(row for row in rows if row not in slots)
+        order += [slot if slot in rows else next(movers) for slot in slots]
+        start += len(rows)
+    return order
 
 
 @contextlib.contextmanager

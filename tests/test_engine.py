@@ -246,6 +246,18 @@ def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
         assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config), config
 
 
+def test_compaction_keeps_groups_together_and_moves_as_few_rows_as_it_can():
+    groups = [0, 0, 0, 1, 1, 1, 2, 2]
+    running = [True, False, True, True, True, True, False, True]
+    order = engine.compaction_order(groups, running)
+    # Every running row once; the groups in their order and contiguous.
+    assert sorted(order) == [row for row, run in enumerate(running) if run]
+    assert [groups[row] for row in order] == [0, 0, 1, 1, 1, 2]
+    # Only the slots left empty in a group's range are refilled: rows 0, 3 and 4 stay where they are.
+    assert [slot for slot, row in enumerate(order) if slot != row] == [1, 2, 5]
+    assert engine.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
+
+
 def test_a_tokenizer_without_chat_template_gets_the_pipelines_bos_fallback(monkeypatch, tokenizer):
     model = tiny_model("llama", len(tokenizer))
     plain = copy.deepcopy(tokenizer)
