@@ -48,6 +48,7 @@ class Leaderboard:
     sample_counts: pd.DataFrame  # same shape: number of samples behind each mean (0 where missing)
     reference: pd.Series | None  # per-task mean score of press "none"; None when not run
     average: pd.DataFrame  # press x ratio: mean over tasks of the per-task means
+    stderr: pd.DataFrame  # press x ratio: standard error of `average` over samples (NaN below 2 per task)
     delta: pd.DataFrame | None  # press x ratio: mean over tasks of (task mean - reference task mean)
     rank: pd.DataFrame  # press x ratio: 1 = best average at that ratio
     mean_rank: pd.Series  # press: mean of its ranks over ratios
@@ -147,7 +148,7 @@ def bucket_means(rows: pd.DataFrame) -> pd.DataFrame | None:
 
 def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
     """Leaderboard of the rows of one (model, length)."""
-    cells = rows.groupby(["press", "ratio", "task"])["score"].agg(["mean", "count"])
+    cells = rows.groupby(["press", "ratio", "task"])["score"].agg(["mean", "count", "var"])
     task_scores = cells["mean"].unstack("task")
     counts = cells["count"].unstack("task").fillna(0).astype(int)
     reference_key = (REFERENCE_PRESS, 0.0)
@@ -155,6 +156,11 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
 
     compressed = task_scores.drop(index=REFERENCE_PRESS, level="press", errors="ignore")
     average = compressed.mean(axis=1).unstack("ratio")
+    # The average is a mean of independent task means: its variance is sum(var_t / n_t) / tasks^2.
+    mean_variance = (cells["var"] / cells["count"]).unstack("task")
+    mean_variance = mean_variance.drop(index=REFERENCE_PRESS, level="press", errors="ignore")
+    stderr = (mean_variance.sum(axis=1, min_count=1) ** 0.5 / mean_variance.shape[1]).unstack("ratio")
+    stderr = stderr.where(mean_variance.notna().all(axis=1).unstack("ratio"))
     rank = average.rank(axis=0, ascending=False, method="min")  # NaN where a press lacks that ratio
     mean_rank = rank.mean(axis=1)
     order = sorted(average.index, key=lambda press: (mean_rank[press], -average.loc[press].mean()))
@@ -172,6 +178,7 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
         sample_counts=counts,
         reference=reference,
         average=average.loc[order],
+        stderr=stderr.loc[order],
         delta=delta,
         rank=rank.loc[order],
         mean_rank=mean_rank.loc[order],
@@ -372,6 +379,12 @@ def comparison_blocks(board: Leaderboard, out_dir: Path, name: str) -> list:
             + (" `*`: incomplete, see Missing results." if board.missing else "")
         ),
         Table(scores),
+        Paragraph(
+            "95 % confidence half-width of each average (1.96 x its standard error over samples, tasks "
+            "taken as independent; blank with fewer than 2 samples in a task). Two presses whose "
+            "averages differ by less than this are not told apart by these samples."
+        ),
+        Table(ratio_columns(board.stderr.map(lambda se: "" if pd.isna(se) else f"±{1.96 * se:.1f}"))),
     ]
     if board.delta is not None:
         blocks += [

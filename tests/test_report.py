@@ -103,6 +103,8 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     assert board.memory.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
     assert board.memory.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
     assert board.missing == {}
+    # knorm @ 0.5: t1 [50, 70] has variance 200, t2 [80, 80, 40, 40] 1600 / 3; sqrt(200/2 + 400/3) / 2 tasks.
+    assert board.stderr.loc["knorm", 0.5] == pytest.approx((200 / 2 + 1600 / 3 / 4) ** 0.5 / 2)
 
     out = render_report([results], tmp_path / "report")
     readme = (out / "README.md").read_text()
@@ -110,6 +112,7 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     assert "| press | 0.25 | 0.5 | mean rank |" in readme
     assert "| snapkv | 85.0 | 55.0 | 1.50 |" in readme
     assert "| knorm | -15.0 | -30.0 |" in readme
+    assert "| knorm | ±0.0 | ±15.0 |" in readme  # 1.96 x 7.64; at 0.25 every knorm score is equal
     assert "No compression (`none`): 90.0" in readme
     assert "| t2 | 90.0 | 80.0 | 70.0 |" in readme  # ratio 0.25 breakdown: none, snapkv, knorm
     # 256 x 1250 B = 312.5 KiB and 256 x 5000 / 6 B = 208.3 KiB; the ratio 0 column is none's only.
