@@ -4,6 +4,7 @@ Every user error (unknown press/task/suite/model, ratio outside [0, 1), unwritab
 on stderr and exit code 2, raised before any work or any write.
 """
 
+import dataclasses
 import importlib
 import logging
 import sys
@@ -14,7 +15,7 @@ import click
 
 from kvbench import tasks
 from kvbench.models import EMBEDDED, ModelNotFound
-from kvbench.presses import PRESSES, UnknownPress, check_press_runnable, parse_press_args
+from kvbench.presses import PRESSES, UnknownPress, check_press_runnable, parse_press_args, press_state
 from kvbench.results import check_writable
 from kvbench.tasks import TaskUnavailable
 
@@ -193,6 +194,11 @@ def execute(
     model_, tokenizer = load_model(model, device=device, dtype=dtype)
     for press in filter(None, presses):
         press.post_init_from_model(model_)  # e.g. KVP agents made for another model fail here
+    # Rows of presses with learned state (KVP agents) are keyed by that state: retrained agents get new rows.
+    configs = [
+        dataclasses.replace(config, press_state=press_state(press))
+        for config, press in zip(configs, presses, strict=True)
+    ]
     plan = Plan(
         configs=configs,
         tasks=names,

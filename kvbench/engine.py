@@ -51,11 +51,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Config:
-    """One (press, ratio) point. `press_args` is a sorted tuple of (key, value) so configs are hashable."""
+    """One (press, ratio) point. `press_args` is a sorted tuple of (key, value) so configs are hashable;
+    `press_state` is the digest of the learned state the press loads (`presses.press_state`), if any."""
 
     press: str
     ratio: float
     press_args: tuple[tuple[str, Any], ...] = ()
+    press_state: str | None = None
 
     def build_press(self) -> BasePress | None:
         if self.press == "none":

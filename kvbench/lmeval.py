@@ -43,7 +43,7 @@ from kvbench.engine import (
     run_shared,
 )
 from kvbench.models import EMBEDDED, cache_dir, load_model, model_name
-from kvbench.presses import build_press, check_press_runnable, needs_eager, parse_press_args
+from kvbench.presses import build_press, check_press_runnable, needs_eager, parse_press_args, press_state
 from kvbench.results import ResultsStore, check_writable, config_id
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
@@ -81,6 +81,10 @@ class KVBenchLM(HFLM):
             pretrained, device=device, dtype=dtype, attn_implementation="eager" if self.eager else None
         )
         super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
+        press = self.new_press()
+        if press is not None:
+            press.post_init_from_model(model)  # e.g. KVP agents made for another model fail here
+        self.press_state = press_state(press)
         self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
 
     def new_press(self):
@@ -89,12 +93,14 @@ class KVBenchLM(HFLM):
 
     @property
     def run_config(self) -> dict:
-        """model, press, ratio, press_args: what identifies this model's results (and its request cache)."""
+        """model, press, ratio, press_args, press_state: what identifies this model's results (and its
+        request cache)."""
         return {
             "model": model_name(self.model),
             "press": self.press_name,
             "ratio": self.compression_ratio,
             "press_args": self.press_args,
+            "press_state": self.press_state,
         }
 
     def get_model_info(self) -> dict:

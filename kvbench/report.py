@@ -539,6 +539,26 @@ class Collected:
     notes: list[str]  # said at the top of the report: mixed models, skipped lines
 
 
+def keep_latest_press_state(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Keep, for each model and press, the rows of the learned state (e.g. KVP agents) written last.
+
+    Rows scored with older agents are other results; averaging them with the new ones would describe no
+    agents at all. The reader is told what was set aside.
+    """
+    if "press_state" not in rows:
+        return rows, []
+    state = rows["press_state"].fillna("unrecorded")
+    latest = state.groupby([rows["model"], rows["press"]]).transform("last")
+    notes = [
+        f"{press} on {model}: rows of {group.nunique()} versions of its learned state; the report uses the "
+        f"latest ({latest[group.index[0]]}) and sets aside {int((group != latest[group.index]).sum())} rows "
+        "of older ones."
+        for (model, press), group in state.groupby([rows["model"], rows["press"]])
+        if group.nunique() > 1
+    ]
+    return rows[state == latest].reset_index(drop=True), notes
+
+
 def collect(paths: list[Path]) -> Collected:
     files = result_files([Path(p) for p in paths])
     with warnings.catch_warnings(record=True) as caught:
@@ -550,8 +570,7 @@ def collect(paths: list[Path]) -> Collected:
     if rows.empty:
         raise NoResults(f"no result rows in {', '.join(str(file) for file in files)}")
     rows["press"] = [config_label(p, a) for p, a in zip(rows["press"], rows["press_args"], strict=True)]
-
-    notes = []
+    rows, notes = keep_latest_press_state(rows)
     models = sorted(rows["model"].unique())
     if len(models) > 1:
         notes.append(

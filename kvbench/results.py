@@ -19,9 +19,11 @@ RUNS_DIR = "runs"
 KEY_FIELDS = ("config_id", "task", "length", "seed", "sample_id")
 
 
-def config_id(model: str, press: str, ratio: float, press_args: dict) -> str:
-    """A short stable id of (model, press, ratio, press arguments)."""
-    spec = json.dumps([model, press, float(ratio), press_args], sort_keys=True, default=str)
+def config_id(model: str, press: str, ratio: float, press_args: dict, press_state: str | None = None) -> str:
+    """A short stable id of (model, press, ratio, press arguments) and, for presses that load learned state
+    (KVP's agents), that state's digest: rows scored with other agents are other results."""
+    spec = [model, press, float(ratio), press_args] + ([press_state] if press_state else [])
+    spec = json.dumps(spec, sort_keys=True, default=str)
     return hashlib.sha1(spec.encode()).hexdigest()[:12]
 
 

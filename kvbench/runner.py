@@ -65,11 +65,12 @@ def base_row(model, config: Config, sample: tasks.Sample, plan: Plan) -> dict:
     name = model_name(model)
     press_args = dict(config.press_args)
     return {
-        "config_id": config_id(name, config.press, config.ratio, press_args),
+        "config_id": config_id(name, config.press, config.ratio, press_args, config.press_state),
         "model": name,
         "press": config.press,
         "ratio": config.ratio,
         "press_args": press_args,
+        "press_state": config.press_state,
         "task": sample.task,
         "length": plan.length,
         "seed": plan.seed,

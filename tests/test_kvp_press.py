@@ -2,10 +2,12 @@ import contextlib
 
 import pytest
 import torch
+from kvpress import AdaKVPress
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import KVPAgentsError, model_shape, save_agents
+from kvbench.presses import build_press, press_state
 from kvbench.presses.kvp import KVPPress
 
 
@@ -76,3 +78,18 @@ def test_missing_agents_name_the_folder_and_the_training_command(tmp_path):
     press = KVPPress(compression_ratio=0.5, agents=str(tmp_path / "nowhere"))
     with pytest.raises(KVPAgentsError, match="nowhere.*kvbench kvp datagen .* kvbench kvp train"):
         press.post_init_from_model(tiny_llama())
+
+
+def test_press_state_is_the_digest_of_the_agents_weights(tmp_path):
+    model = tiny_llama()
+    digests = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        random_agents(model, tmp_path)
+        press = KVPPress(compression_ratio=0.5, agents=str(tmp_path))
+        press.post_init_from_model(model)
+        digests.append(press_state(press))
+    assert digests[0] == digests[1] != digests[2]
+    # A wrapper carries the state of the press it wraps; a press without learned state has none.
+    assert press_state(AdaKVPress(press)) == digests[2]
+    assert press_state(AdaKVPress(build_press("knorm", 0.5))) is None and press_state(None) is None

@@ -282,3 +282,17 @@ def test_press_arguments_keep_configs_apart_and_reference_alone_renders(tmp_path
     readme = (out / "README.md").read_text()
     assert "No compression (`none`): 75.0" in readme and "nothing to rank" in readme
     assert not list(out.glob("*.png"))
+
+
+def test_rows_of_older_learned_state_are_set_aside(tmp_path):
+    rows = rows_of({("none", 0.0): {"t1": [100, 100]}, ("kvp", 0.5): {"t1": [0, 0]}})
+    retrained = {
+        "press_state": "new-agents",
+        "config_id": config_id("smollm2-135m", "kvp", 0.5, {}, "new-agents"),
+    }
+    rows += [make_row("kvp", 0.5, "t1", i, score) | retrained for i, score in enumerate([100, 50])]
+    [board] = build_leaderboards(collect([write_results(tmp_path / "r", rows)]).rows, [])
+    assert board.average.loc["kvp", 0.5] == pytest.approx(75.0)  # the new agents' rows only
+    readme = (render_report([tmp_path / "r"], tmp_path / "report") / "README.md").read_text()
+    assert "kvp on smollm2-135m: rows of 2 versions" in readme and "latest (new-agents)" in readme
+    assert "sets aside 2 rows" in readme

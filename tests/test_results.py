@@ -126,3 +126,26 @@ def test_a_rerun_computes_only_what_is_missing(tmp_path, monkeypatch, tiny_model
     records = load_runs([tmp_path])
     assert len(records) == 3 and all(r["finished"] for r in records)
     assert records[0]["summary"]["none@0.0"]["niah_single_1"] == 100.0
+
+
+def test_rows_of_other_learned_state_are_other_results(tmp_path, monkeypatch, tiny_model_dir):
+    """Retrained KVP agents (another press_state) must be scored again, never served the old agents' rows."""
+    calls = []
+
+    def fake_evaluate(model, tokenizer, sample, configs, batch_configs):
+        calls.append([c.press_state for c in configs])
+        keys = ("context_tokens", "kv_kept", "kv_total", "kv_bytes_kept", "prefill_s", "decode_s")
+        return [{"prediction": "x", **dict.fromkeys(keys, 1)} for _ in configs]
+
+    monkeypatch.setattr(runner, "evaluate_sample", fake_evaluate)
+    model, tokenizer = load_model(tiny_model_dir)
+    for state in ("agents-a", "agents-a", "agents-b"):
+        plan = runner.Plan(
+            configs=[Config("kvp", 0.5, (), state)], tasks=["niah_single_1"], length=512, samples=1
+        )
+        runner.run_plan(model, tokenizer, plan, ResultsStore(tmp_path), progress=False)
+    assert calls == [["agents-a"], ["agents-b"]]
+    rows = load_rows(tmp_path)
+    assert rows["press_state"].tolist() == ["agents-a", "agents-b"] and rows["config_id"].nunique() == 2
+    # Presses without learned state keep the ids they always had.
+    assert config_id("m", "knorm", 0.5, {}, None) == config_id("m", "knorm", 0.5, {})

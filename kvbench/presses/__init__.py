@@ -180,6 +180,17 @@ def build_press(name: str, ratio: float, **press_args):
         raise ValueError(f"bad press argument for {name!r}: {error}") from None
 
 
+def press_state(press) -> str | None:
+    """Digest of the learned state a press (or a press it wraps) loaded in `post_init_from_model`, e.g.
+    KVP's agents; None for presses that are fully defined by their arguments."""
+    if press is None:
+        return None
+    digests = [getattr(press, "state_digest", None)]
+    digests += [press_state(inner) for inner in vars(press).values() if isinstance(inner, kvpress.BasePress)]
+    digests = [digest for digest in digests if digest]
+    return "+".join(digests) or None
+
+
 def needs_eager(name: str, press_args: dict | None = None) -> bool:
     """Whether a press needs attention weights (so an eager attention implementation)."""
     if name not in PRESSES:

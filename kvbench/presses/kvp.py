@@ -6,6 +6,7 @@ and the cache shrinks.
 """
 
 import functools
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from torch import nn
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import (
     CARD_FILE,
+    WEIGHTS_FILE,
     KVPAgentsError,
     check_agents_fit,
     default_agents_dir,
@@ -26,10 +28,12 @@ from kvbench.kvp.checkpoint import (
 
 
 @functools.lru_cache(maxsize=4)
-def cached_agents(directory: Path, modified_ns: int, device: torch.device) -> tuple[KVPAgents, dict]:
-    """Agents loaded once per (folder, version on disk, device); a sweep reuses them across presses."""
+def cached_agents(directory: Path, modified_ns: int, device: torch.device) -> tuple[KVPAgents, dict, str]:
+    """Agents loaded once per (folder, version on disk, device), with the digest of their weights file; a
+    sweep reuses them across presses."""
     agents, card = load_agents(directory)
-    return agents.to(device).eval().requires_grad_(False), card
+    digest = hashlib.sha256((directory / WEIGHTS_FILE).read_bytes()).hexdigest()[:12]
+    return agents.to(device).eval().requires_grad_(False), card, digest
 
 
 @dataclass
@@ -42,6 +46,7 @@ class KVPPress(ScorerPress):
     compression_ratio: float = 0.0
     agents: str | None = None
     loaded: KVPAgents | None = field(default=None, init=False, repr=False, compare=False)
+    state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of the weights
 
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)
@@ -50,9 +55,9 @@ class KVPPress(ScorerPress):
         if not card_path.is_file():
             hint = train_command_hint(shape.name)
             raise KVPAgentsError(f"no KVP agents for {shape.name} at {directory}; train them with: {hint}")
-        agents, card = cached_agents(directory.resolve(), card_path.stat().st_mtime_ns, model.device)
+        agents, card, digest = cached_agents(directory.resolve(), card_path.stat().st_mtime_ns, model.device)
         check_agents_fit(card, shape, directory)
-        self.loaded = agents
+        self.loaded, self.state_digest = agents, digest
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         num_kv_heads = keys.shape[1]
