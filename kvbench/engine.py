@@ -365,13 +365,12 @@ def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropou
     for start, rows in itertools.groupby(range(batch), key=starts.__getitem__):
         rows = list(rows)
         rows = slice(rows[0], rows[-1] + 1)
+        # Padding is on the left only: a single new token attends to every entry from `start` on, and
+        # SDPA without a mask takes its fastest kernel.
+        mask = None if length == 1 else attention_mask[rows, :, :, start:].repeat(1, 1, groups, 1)
         outputs.append(
             F.scaled_dot_product_attention(
-                query[rows],
-                key[rows, :, start:],
-                value[rows, :, start:],
-                attn_mask=attention_mask[rows, :, :, start:].repeat(1, 1, groups, 1),
-                scale=scaling,
+                query[rows], key[rows, :, start:], value[rows, :, start:], attn_mask=mask, scale=scaling
             )
         )
     output = torch.cat(outputs)
