@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -31,11 +31,18 @@ from kvpress import (
     ChunkPress,
     DecodingPress,
     DMSPress,
+    ExpectedAttentionPress,
     FinchPress,
+    KeyDiffPress,
     KeyRerotationPress,
+    KnormPress,
+    ObservedAttentionPress,
     PrefillDecodingPress,
+    RandomPress,
     RestoreKVPress,
     ScorerPress,
+    SnapKVPress,
+    TOVAPress,
 )
 from kvpress.utils import get_prerope_query_states
 from transformers import AttentionInterface, DynamicCache
@@ -44,6 +51,7 @@ from transformers.masking_utils import AttentionMaskInterface, create_causal_mas
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench.presses import build_press, needs_eager
+from kvbench.presses.kvp import KVPPress
 from kvbench.tasks.base import Sample
 
 logger = logging.getLogger(__name__)
@@ -228,13 +236,15 @@ def compress_for_each(model, runs: list[Run]):
         with_attentions = output
         if output[1] is None and any(run.needs_attentions for run in runs):
             with_attentions = (output[0], attention_weights(module, kwargs, full.keys))
+        layer_scores = {}  # scores of this layer, shared by the configs of one scorer at different ratios
         for run in runs:
             run.cache.layers.append(layer_holding(full.keys, full.values))
             if run.press is not None:
                 start = clock(model)
                 run_kwargs = {**kwargs, "past_key_values": run.cache}
                 run_output = with_attentions if run.needs_attentions else output
-                run.press.forward_hook(module, args, run_kwargs, run_output)
+                with scores_shared(run.press, layer_scores):
+                    run.press.forward_hook(module, args, run_kwargs, run_output)
                 run.compress_s += clock(model) - start
         return output
 
@@ -248,6 +258,43 @@ def compress_for_each(model, runs: list[Run]):
     finally:
         for handle in handles:
             handle.remove()
+
+
+# Scorers whose scores do not depend on the compression ratio (only how many of them are kept does), and
+# are deterministic; StreamingLLM and H2O place their windows by ratio, RandomPress without a seed draws anew.
+RATIO_FREE_SCORERS = (
+    KnormPress,
+    SnapKVPress,
+    TOVAPress,
+    ExpectedAttentionPress,
+    ObservedAttentionPress,
+    KeyDiffPress,
+    KVPPress,
+    RandomPress,
+)
+
+
+@contextlib.contextmanager
+def scores_shared(press: BasePress, layer_scores: dict):
+    """Within one layer's hook, let configs of the same scorer and arguments at different ratios compute
+    the scores once: kvpress's own `compress` still does the rest (top-k, gather), so results stay exact."""
+    if type(press) not in RATIO_FREE_SCORERS or getattr(press, "seed", 0) is None:
+        yield
+        return
+    arguments = [(f.name, getattr(press, f.name)) for f in fields(press) if f.compare]
+    key = (type(press), repr([arg for arg in arguments if arg[0] != "compression_ratio"]))
+    score = press.score
+
+    def shared_score(*args):
+        if key not in layer_scores:
+            layer_scores[key] = score(*args)
+        return layer_scores[key]
+
+    press.score = shared_score  # the instance attribute shadows the method for this call only
+    try:
+        yield
+    finally:
+        del press.score
 
 
 def attention_weights(module, kwargs: dict, keys: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from kvpress import KVPressTextGenerationPipeline
+from kvpress import KnormPress, KVPressTextGenerationPipeline
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench import engine
@@ -244,6 +244,16 @@ def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
     assert len(engine_ids[0]) == 2 and MAX_NEW_TOKENS in {len(ids) for ids in engine_ids}
     for config, ids in zip(configs, engine_ids, strict=True):
         assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config), config
+
+
+def test_a_scorer_at_several_ratios_scores_each_layer_once(monkeypatch, tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    calls = []
+    score = KnormPress.score
+    monkeypatch.setattr(KnormPress, "score", lambda self, *args: calls.append(self) or score(self, *args))
+    configs = [Config("knorm", 0.25), Config("knorm", 0.5), Config("knorm", 0.75), Config("random", 0.5)]
+    evaluate_sample(model, tokenizer, word_soup_sample(120), configs)
+    assert len(calls) == model.config.num_hidden_layers
 
 
 def test_compaction_keeps_groups_together_and_moves_as_few_rows_as_it_can():
