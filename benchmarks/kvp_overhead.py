@@ -3,8 +3,9 @@
     uv run python benchmarks/kvp_overhead.py [--data data/kvp/smollm2-135m] [--lengths 1024,4096]
 
 Prefill: the model's whole prefill (no LM head) on random tokens, kvp at ratio 0.5 vs no press, fastest of
-interleaved repeats; and the agents' scoring alone (all 90 heads, on that prefill's cache), which is
-what kvp adds beyond the gather every scorer press does. Goal: < 2 % of the prefill.
+interleaved repeats; knorm at 0.5 alongside, for the top-k and gather that every scorer press costs; and the
+agents' scoring alone (all 90 heads, on that prefill's cache), which is what kvp adds beyond them.
+Goal: < 2 % of the prefill.
 Training: wall seconds per step for all heads from stored data, times the default step count. Goal: < 30 min.
 """
 
@@ -16,6 +17,7 @@ from transformers import DynamicCache
 
 from kvbench.kvp.train import KVPData, TrainConfig, train
 from kvbench.models import load_model
+from kvbench.presses import build_press
 from kvbench.presses.kvp import KVPPress
 
 
@@ -50,20 +52,26 @@ def benchmark_prefill(lengths: list[int], repeats: int) -> None:
     press.post_init_from_model(model)  # load the agents outside the timings
     # Other processes on a shared machine only ever add time: the fastest of the repeats is the cleanest.
     print("seconds, fastest of interleaved repeats")
-    print(f"{'tokens':>7} {'none s':>8} {'kvp s':>8} {'overhead':>9} {'scoring s':>10} {'scoring':>8}")
+    knorm = build_press("knorm", 0.5)
+    print(
+        f"{'tokens':>7} {'none s':>8} {'kvp s':>8} {'overhead':>9} {'knorm s':>8} {'overhead':>9} "
+        f"{'scoring s':>10} {'scoring':>8}"
+    )
     for length in lengths:
         input_ids = torch.randint(100, model.config.vocab_size, (1, length))
         prefill(model, input_ids)  # warm-up
-        none, kvp = [], []
+        none, kvp, knorm_times = [], [], []
         for _ in range(repeats):
             none.append(timed(prefill, model, input_ids))
             kvp.append(timed(prefill, model, input_ids, press))
+            knorm_times.append(timed(prefill, model, input_ids, knorm))
         cache = prefill(model, input_ids)
 
         scoring = min(timed(score_all_layers, press.loaded, cache) for _ in range(repeats))
-        none_s, kvp_s = min(none), min(kvp)
+        none_s, kvp_s, knorm_s = min(none), min(kvp), min(knorm_times)
         print(
             f"{length:7d} {none_s:8.3f} {kvp_s:8.3f} {100 * (kvp_s / none_s - 1):8.1f}% "
+            f"{knorm_s:8.3f} {100 * (knorm_s / none_s - 1):8.1f}% "
             f"{scoring:10.4f} {100 * scoring / none_s:7.2f}%"
         )
 
