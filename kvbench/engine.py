@@ -394,8 +394,9 @@ def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropou
 
     Each KV group's query heads are folded into the query length: transformers' SDPA repeats keys and
     values for every query head whenever a mask is given, which made padded batches ~10x slower on CPU.
-    Caches are left-padded and rows come sorted by length, so consecutive rows with the same first
-    attended entry share one call that skips the padding before it.
+    Caches are left-padded and rows with the same padding are kept next to each other (sorted by length,
+    then `compaction_order`), so consecutive rows with the same first attended entry share one call that
+    skips the padding before it.
     """
     batch, heads, length, dim = query.shape
     kv_heads, kv_length = key.shape[1], key.shape[2]

@@ -74,17 +74,16 @@ class KVBenchLM(HFLM):
         self.press_name = press
         self.compression_ratio = float(compression_ratio)
         self.press_args = dict(press_args or {})
-        self.new_press()  # unknown press or bad arguments fail before the model loads
+        probe = self.new_press()  # unknown press or bad arguments fail before the model loads
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
         self.eager = needs_eager(press, self.press_args)
         model, tokenizer = load_model(
             pretrained, device=device, dtype=dtype, attn_implementation="eager" if self.eager else None
         )
         super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
-        press = self.new_press()
-        if press is not None:
-            press.post_init_from_model(model)  # e.g. KVP agents made for another model fail here
-        self.press_state = press_state(press)
+        if probe is not None:
+            probe.post_init_from_model(model)  # e.g. KVP agents made for another model fail here
+        self.press_state = press_state(probe)
         self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
 
     def new_press(self):

@@ -76,7 +76,7 @@ class KVPAgents(nn.Module):
         """The first layer's key, value and position weights and bias with the normalisation folded in.
 
         ((k - mean) / std) @ W == k @ (W / std) - (mean / std) @ W: no pass over the features to normalise
-        them, and no concatenated copy of them; this is most of the agents' cost in the press.
+        them, and no concatenated copy of them.
         """
         d = self.head_dim
         w_key = self.w1[heads, :d] / self.key_std[heads, :, None]
