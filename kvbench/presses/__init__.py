@@ -26,6 +26,7 @@ class PressSpec:
     description: str
     factory: Callable  # (ratio, **press_args) -> BasePress, or None for no compression
     needs: tuple[str, ...] = ()  # "eager" (attention weights), "hub" (downloads from the HF hub), "gpu"
+    codec: bool = False  # keeps entries at fewer bits or a lower rank: built from a memory budget
 
 
 def scorer(cls) -> Callable:
@@ -163,8 +164,12 @@ def check_press_runnable(name: str) -> None:
         )
 
 
-def build_press(name: str, ratio: float, **press_args):
-    """The press `name` at compression ratio `ratio`; None for `none`."""
+def build_press(name: str, ratio: float, memory: float | None = None, **press_args):
+    """The press `name` at compression ratio `ratio`; None for `none`.
+
+    `memory` (fraction of the 16-bit full cache) is what a codec press solves its own knobs for; without it
+    a codec gets memory = 1 - ratio. Evictors are given their ratio (1 - memory, chosen by the caller).
+    """
     if name not in PRESSES:
         raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
     if not 0 <= ratio < 1:
@@ -174,6 +179,8 @@ def build_press(name: str, ratio: float, **press_args):
         if press_args:
             raise ValueError("press 'none' takes no press arguments")
         return None
+    if spec.codec:
+        press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
     try:
         return spec.factory(ratio, **press_args)
     except TypeError as error:

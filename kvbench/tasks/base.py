@@ -26,3 +26,6 @@ class Sample:
     chat_template: bool = True  # LongBench disables it for some datasets
     first_line: bool = False  # LongBench keeps only the first line of the prediction for some datasets
     meta: dict = field(default_factory=dict)  # e.g. {"length": 1024} or LongBench-E's length bucket
+    # Chat turns that make up the context (role system/user/assistant/tool, content, optional region such as
+    # "scratchpad"), rendered with the model's chat template; `context` then is a transcript for display.
+    messages: list[dict] | None = None
