@@ -104,11 +104,13 @@ def moves_positions(press: BasePress | None) -> bool:
 def decoding_press(
     press: BasePress, interval: int, target_size: int, buffer_size: int = 256
 ) -> DecodingPress:
-    """kvpress's DecodingPress around `press`: compress every `interval` steps back to `target_size`."""
+    """kvpress's DecodingPress around `press`: compress every `interval` steps back to `target_size`.
+    The DecodingPress sets the press's ratio at each compression."""
     if not isinstance(press, ScorerPress):
         raise ValueError(
             f"{type(press).__name__} cannot compress during decoding: kvpress's DecodingPress takes scorers"
         )
+    press.compression_ratio = 0.0
     return DecodingPress(
         base_press=press,
         compression_interval=interval,
