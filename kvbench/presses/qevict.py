@@ -87,8 +87,12 @@ def quantise_window_keys(keys: torch.Tensor):
     low = torch.minimum(low[..., :half], low[..., half:])
     high = torch.maximum(high[..., :half], high[..., half:])
     scale, zero = min_max_params(low, high, BITS)
-    both = lambda x: torch.cat([x, x], dim=-1).unsqueeze(2)  # noqa: E731 - one channel pair, one range
-    return encode(keys, both(scale), both(zero), BITS), scale, zero
+    return encode(keys, paired(scale).unsqueeze(2), paired(zero).unsqueeze(2), BITS), scale, zero
+
+
+def paired(params: torch.Tensor) -> torch.Tensor:
+    """Parameters of the d/2 RoPE channel pairs, spread over the d channels (i and i + d/2 share one)."""
+    return torch.cat([params, params], dim=-1)
 
 
 def quantise_token_values(values: torch.Tensor):
@@ -99,7 +103,7 @@ def quantise_token_values(values: torch.Tensor):
 
 def decode_keys(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """Codes (..., d) with their channel pairs' scale/zero (..., d / 2)."""
-    return decode(codes, torch.cat([scale, scale], -1), torch.cat([zero, zero], -1))
+    return decode(codes, paired(scale), paired(zero))
 
 
 TIER_FLAG_BYTES = 1  # a kept window's tier (16-bit or int4), which the store needs to put it back in order
@@ -158,9 +162,15 @@ def unpack(
     tiers = packed["tiers"].bool()
     window = packed["key_codes"].shape[3]
     sinks = min(sinks, sixteen_bit)
-    local = sixteen_bit - sinks - int((~tiers[0, 0]).sum()) * window if tiers.numel() else sixteen_bit - sinks
-    zeros = lambda count: torch.zeros(batch, kv_heads, count, dtype=torch.bool, device=tiers.device)  # noqa: E731
-    quantised = torch.cat([zeros(sinks), tiers.repeat_interleave(window, dim=2), zeros(local)], dim=2)
+    local = sixteen_bit - sinks - int((~tiers[0, 0]).sum()) * window
+    quantised = torch.cat(
+        [
+            tiers.new_zeros(batch, kv_heads, sinks),
+            tiers.repeat_interleave(window, dim=2),
+            tiers.new_zeros(batch, kv_heads, local),
+        ],
+        dim=2,
+    )
     key_codes = unpack_bits(packed["key_codes"], BITS)
     value_codes = unpack_bits(packed["value_codes"], BITS)
     dequantised = {
@@ -176,6 +186,12 @@ def unpack(
         tensor[~quantised] = packed[name].reshape(-1, head_dim).to(dtype)
         out.append(tensor)
     return out[0], out[1]
+
+
+def gather_entries(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Entries (rows, m, d) of x (batch, kv_heads, n, d) that index (rows, m) picks."""
+    rows, n, head_dim = index.shape[0], x.shape[2], x.shape[3]
+    return x.reshape(rows, n, head_dim).gather(1, index.unsqueeze(-1).expand(-1, -1, head_dim))
 
 
 def received_attention(module, hidden_states, keys, attentions, key_positions, query_positions, kwargs):
@@ -274,8 +290,7 @@ class QEvictPress(BasePress):
         token_bytes = 2 * head_dim * 2
         local = int(state.budget / token_bytes * self.local_ratio)
         sinks = min(self.sinks, state.length)
-        to_window = lambda tokens: -(-max(0, tokens) // self.window) * self.window  # noqa: E731 - round up
-        aligned = sinks + to_window(state.length - local - sinks)
+        aligned = sinks - (-max(0, state.length - local - sinks) // self.window) * self.window  # rounded up
         last_whole = sinks + (state.length - sinks) // self.window * self.window
         local_start = max(state.local_start, min(aligned, last_whole))
         fixed = (sinks + state.length - local_start) * token_bytes
@@ -346,8 +361,7 @@ class QEvictPress(BasePress):
             dim=1,
         )
         state = state.gather(index)
-        flat = lambda x: x.reshape(rows, n, head_dim).gather(1, index.unsqueeze(-1).expand(-1, -1, head_dim))  # noqa: E731
-        keys, values = as_stored(flat(keys)), as_stored(flat(values))
+        keys, values = as_stored(gather_entries(keys, index)), as_stored(gather_entries(values, index))
 
         # Int4 windows: the ones already quantised keep their codes; the demoted (and the ones that left the
         # local zone straight for the int4 tier) are quantised from the values the 16-bit store holds.

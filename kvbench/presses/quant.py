@@ -82,8 +82,8 @@ def quant_bytes(length: int, head_dim: int, bits: int) -> int:
 
 
 def quantise_keys(keys: torch.Tensor, bits: int):
-    """Per channel over groups of GROUP tokens: codes (b, h, groups, GROUP, d), scale/zero (b, h, groups, d)."""
-
+    """Keys per channel over groups of GROUP tokens: codes (b, h, groups, GROUP, d), scale and zero-point
+    (b, h, groups, d)."""
     b, h, n, d = keys.shape
     grouped = keys.reshape(b, h, n // GROUP, GROUP, d)
     scale, zero = min_max_params(grouped.amin(3), grouped.amax(3), bits)
@@ -91,7 +91,8 @@ def quantise_keys(keys: torch.Tensor, bits: int):
 
 
 def quantise_values(values: torch.Tensor, bits: int):
-    """Per token over groups of channels: codes (b, h, n, groups, size), scale/zero (b, h, n, groups)."""
+    """Values per token over groups of channels: codes (b, h, n, groups, size), scale and zero-point
+    (b, h, n, groups)."""
     b, h, n, d = values.shape
     grouped = values.reshape(b, h, n, d // value_group(d), value_group(d))
     scale, zero = min_max_params(grouped.amin(-1), grouped.amax(-1), bits)
@@ -170,9 +171,9 @@ class QuantPress(BasePress):
             )
 
     def choose_bits(self, length: int, head_dim: int) -> int:
-        budget = self.memory * length * 2 * head_dim * 2
+        full = length * 2 * head_dim * 2
         for bits in [self.bits] if self.bits else BITS:
-            if quant_bytes(length, head_dim, bits) <= budget:
+            if quant_bytes(length, head_dim, bits) / full <= self.memory:  # as memory_ratio is compared
                 return bits
         bits = self.bits or BITS[-1]
         needed = quant_bytes(length, head_dim, bits) / (length * 2 * head_dim * 2)
