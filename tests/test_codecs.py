@@ -434,3 +434,25 @@ def test_qevict_compresses_a_prefill_keeping_16_bit_entries_exact(tiny_model_dir
     prefill(eager_model, eager_press, ids)
     for layer_idx, state in press.states.items():
         assert torch.allclose(state.scores, eager_press.states[layer_idx].scores, rtol=1e-3, atol=1e-4)
+
+
+@torch.no_grad()
+def test_qevict_scores_decoded_tokens_with_their_own_rope_positions(tiny_model_dir):
+    """At decode time a layer sees the last step's RoPE embeddings only; the press rebuilds those of the
+    buffered tokens from cache_position, and scores them as if it had been given them."""
+    model, _ = load_model(tiny_model_dir)
+    module = model.model.layers[0].self_attn
+    module.rotary_emb = model.model.rotary_emb
+    torch.manual_seed(0)
+    hidden = torch.randn(1, 8, model.config.hidden_size)
+    keys = torch.randn(1, 2, 40, 16)
+    positions = torch.arange(32, 40)
+    cos, sin = model.model.rotary_emb(hidden, positions.unsqueeze(0))
+    key_positions = torch.arange(40).expand(1, 2, -1)
+    given = dict(position_embeddings=(cos, sin), cache_position=positions)
+    last_step = dict(position_embeddings=(cos[:, -1:], sin[:, -1:]), cache_position=positions[-1:])
+    scores = qevict_module.received_attention(module, hidden, keys, None, key_positions, positions, given)
+    rebuilt = qevict_module.received_attention(
+        module, hidden, keys, None, key_positions, positions, last_step
+    )
+    assert torch.allclose(scores, rebuilt) and torch.allclose(scores.sum(-1), torch.full((1, 2), 8.0))

@@ -252,15 +252,16 @@ class QEvictPress(BasePress):
       query heads of a KV head (the authors' tally_prefill_scores over scores_for_cache, H2O-like); at each
       later call, that of the tokens since the last call, from the cache as it is (so int4 windows are
       scored with their dequantised keys, as the authors' joint softmax does). A window's score is the sum
-      of its entries' scores.
-    - The local zone starts at a window boundary, the latest one that leaves at least local_ratio x budget
-      tokens in it... rounded so that the zone never exceeds that share (the authors round the other way and
-      overshoot by up to window - 1 tokens, which a byte budget cannot absorb).
+      of its entries' scores; ties go to the earlier window.
+    - The local zone starts at the first window boundary that leaves at most local_ratio x budget tokens
+      after it (the authors' zone starts at the last boundary that leaves at least that many, overshooting
+      by up to window - 1 tokens, which a byte budget cannot absorb); it never moves back between calls.
     - Re-tiering happens on every call (the engine's interval; the authors' every `window` decoded tokens).
       A window demoted again after a promotion is requantised from its values by min-max, which gives back
       its earlier codes up to the fp16 rounding of the parameters (the authors reuse the retired ones).
-    Uses `attentions` when given; otherwise computes the scores from `hidden_states`, so it needs no eager
-    attention.
+    Entries kept at 16 bits are returned as a 16-bit store holds them (rounded through float16, bfloat16 for
+    bfloat16 models), so `unpack(pack(...))` gives back exactly what attention reads. Uses `attentions`
+    when given; otherwise computes the scores from `hidden_states`, so it needs no eager attention.
     """
 
     memory: float = 1.0

@@ -146,6 +146,8 @@ class QuantPress(BasePress):
     - residual: the tokens after the last whole key group (at most 31, the most recent) stay at 16 bits,
       keys and values both, as KIVI's full-precision residual; they are counted at 16 bits.
     - `memory`: the budget as a fraction of the 16-bit full cache, given by the registry.
+    The residual is returned as a 16-bit store holds it (rounded through float16, bfloat16 for bfloat16
+    models), so `unpack(pack(...))` gives back exactly what attention reads.
     A repeated call (decode-time, streaming) quantises the whole cache again: dequantised groups come back
     through min-max quantisation at the same codes, up to the fp16 rounding of their parameters.
     """
