@@ -346,7 +346,8 @@ class QEvictPress(BasePress):
         windows = int((state.positions[0] < local_start).sum() - sinks) // self.window
         span = windows * self.window
         window_scores = state.scores[:, sinks : sinks + span].view(rows, windows, self.window).sum(-1)
-        fp, int4 = min(most_fp, windows), min(most_int4, windows - min(most_fp, windows))
+        fp = min(most_fp, windows)
+        int4 = min(most_int4, windows - fp)
         ranked = window_scores.argsort(dim=1, descending=True, stable=True)
         tier = torch.full((rows, windows), 2, device=keys.device)  # 0: 16-bit, 1: int4, 2: deleted
         tier.scatter_(1, ranked[:, :fp], 0)
