@@ -208,7 +208,9 @@ def received_attention(module, hidden_states, keys, attentions, key_positions, q
     queries = get_prerope_query_states(module, hidden)
     cos, sin = kwargs["position_embeddings"]
     if cos.shape[-2] < count:  # decode-time: the layer was given the last step's embeddings only
-        last = int(kwargs["cache_position"][-1])
+        # The true position of the last token: position_ids (the cache's length is not one once compressed).
+        position_ids = kwargs.get("position_ids")
+        last = int(position_ids[0, -1] if position_ids is not None else kwargs["cache_position"][-1])
         ids = torch.arange(last - count + 1, last + 1, device=keys.device).unsqueeze(0)
         cos, sin = module.rotary_emb(hidden, ids)
     cos, sin = cos[:, -count:].unsqueeze(1), sin[:, -count:].unsqueeze(1)
