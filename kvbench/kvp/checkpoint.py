@@ -6,49 +6,36 @@ the feature and training config, a summary of the data and the validation reward
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from kvbench import models
 from kvbench.kvp.agent import POSITION_FEATURES, KVPAgents
+from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
+    CARD_FILE,
+    REPO_ROOT,
+    ModelShape,
+    TrainingFileError,
+    check_fits,
+    folder_name,
+    model_shape,
+)
 
 WEIGHTS_FILE = "agents.safetensors"
-CARD_FILE = "card.json"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+METHOD = "kvp"
 
 
-class KVPAgentsError(ValueError):
+class KVPAgentsError(TrainingFileError):
     """Agents that cannot be used: missing, or made for another model. The message is one line."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a set of agents must match: the model and the shape of its KV cache."""
-
-    name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-    @property
-    def num_heads(self) -> int:
-        return self.num_layers * self.num_kv_heads
-
-
-def model_shape(model) -> ModelShape:
-    shape = models.model_shape(model)
-    return ModelShape(models.model_name(model), shape["layers"], shape["kv_heads"], shape["head_dim"])
 
 
 def default_agents_dir(name: str) -> Path:
     """Where the shipped agents of model `name` live: presses/kvp/<name>/ at the repo root."""
-    return REPO_ROOT / "presses" / "kvp" / name.replace("/", "--")
+    return REPO_ROOT / "presses" / "kvp" / folder_name(name)
 
 
 def train_command_hint(name: str) -> str:
-    data = f"data/kvp/{name.replace('/', '--')}"
+    data = f"data/kvp/{folder_name(name)}"
     return (
         f"kvbench kvp datagen --model {name} --out {data} && "
         f"kvbench kvp train --data {data} --out {default_agents_dir(name).relative_to(REPO_ROOT)}"
@@ -59,7 +46,11 @@ def save_agents(directory: Path, agents: KVPAgents, card: dict) -> None:
     """Write weights and card atomically (tmp file + rename), weights first."""
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in agents.state_dict().items()}
-    card = {**card, "agent": {"hidden": agents.hidden, "features": ["key", "value", *POSITION_FEATURES]}}
+    card = {
+        "method": METHOD,
+        **card,
+        "agent": {"hidden": agents.hidden, "features": ["key", "value", *POSITION_FEATURES]},
+    }
     tmp = directory / (WEIGHTS_FILE + ".tmp")
     save_file(state, tmp)
     os.replace(tmp, directory / WEIGHTS_FILE)
@@ -87,12 +78,10 @@ def load_agents(directory: Path) -> tuple[KVPAgents, dict]:
 
 def check_agents_fit(card: dict, shape: ModelShape, directory: Path) -> None:
     """Refuse agents made for another model or covering only part of its heads."""
-    made_for = ModelShape(**card["model"])
-    if made_for != shape:
-        raise KVPAgentsError(
-            f"KVP agents at {directory} were made for {made_for}, not for {shape}; "
-            f"train agents for this model with: {train_command_hint(shape.name)}"
-        )
+    try:
+        check_fits(card, shape, directory, "KVP agents", train_command_hint(shape.name))
+    except TrainingFileError as error:
+        raise KVPAgentsError(str(error)) from None
     if sorted(card["heads"]) != list(range(shape.num_heads)):
         raise KVPAgentsError(
             f"KVP agents at {directory} cover {len(card['heads'])} of the model's {shape.num_heads} heads; "

@@ -15,7 +15,6 @@ each shard, so a rerun with the same settings continues where the last one stopp
 """
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,10 +24,10 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from kvbench.engine import tokenize_sample
-from kvbench.kvp.checkpoint import model_shape
 from kvbench.tasks import load_samples
+from kvbench.training import MANIFEST_FILE, manifest_method, model_shape, write_atomically
 
-MANIFEST_FILE = "manifest.json"
+METHOD = "kvp"
 
 
 @dataclass
@@ -99,21 +98,16 @@ def read_manifest(directory: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def write_atomically(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: bool = True) -> dict:
     """Write one shard per (task, sample) into `out` and return the manifest; resumes a stopped run."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
-    manifest = read_manifest(out) or {**head, "shards": []}
-    if {key: manifest[key] for key in head} != head:
+    manifest = read_manifest(out) or {"method": METHOD, **head, "shards": []}
+    if manifest_method(manifest) != METHOD or {key: manifest.get(key) for key in head} != head:
         raise ValueError(
-            f"{out} holds data made with other settings ({manifest['model']['name']}, {manifest['config']}); "
+            f"{out} holds {manifest_method(manifest)} data made with other settings "
+            f"({manifest.get('model')}, {manifest.get('config')}); "
             "use another --out folder"
         )
     done = {shard["file"] for shard in manifest["shards"]}

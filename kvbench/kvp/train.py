@@ -11,9 +11,7 @@ EMA weights by validation reward (heads are independent, so the per-head best is
 """
 
 import copy
-import json
 import math
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,8 +20,7 @@ import torch
 from safetensors import safe_open
 
 from kvbench.kvp.agent import KVPAgents, position_features
-from kvbench.kvp.checkpoint import REPO_ROOT, ModelShape, save_agents
-from kvbench.kvp.datagen import MANIFEST_FILE
+from kvbench.kvp.checkpoint import ModelShape, save_agents
 from kvbench.kvp.reward import (
     normalised_cost,
     plackett_luce_log_prob,
@@ -31,6 +28,7 @@ from kvbench.kvp.reward import (
     ranking_by_score,
     sample_rankings,
 )
+from kvbench.training import git_commit, read_manifest
 
 REFERENCES = ("oracle", "random", "knorm", "recency")
 
@@ -56,12 +54,7 @@ class KVPData:
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        path = self.directory / MANIFEST_FILE
-        if not path.is_file():
-            raise ValueError(
-                f"no KVP data at {directory} (missing {MANIFEST_FILE}); make it with kvbench kvp datagen"
-            )
-        self.manifest = json.loads(path.read_text())
+        self.manifest = read_manifest(self.directory, "kvp", "kvbench kvp datagen --out DIR")
         self.shape = ModelShape(**self.manifest["model"])
         self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
         self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
@@ -162,11 +155,6 @@ def learning_rate(step: int, config: TrainConfig) -> float:
     progress = (step - config.warmup) / max(1, config.steps - config.warmup)
     cosine = 0.5 * (1 + math.cos(math.pi * progress))
     return config.lr * (config.min_lr_fraction + (1 - config.min_lr_fraction) * cosine)
-
-
-def git_commit() -> str | None:
-    result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    return result.stdout.strip() or None
 
 
 def train(

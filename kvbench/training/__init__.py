@@ -1,0 +1,149 @@
+"""What every learned press's training shares: the model shape its files are made for, the data store's
+manifest, the checkpoint card, atomic writes, and one-line errors that name the file and the command that
+makes the right one.
+
+KVP (kvbench/kvp/) and DistillCache (kvbench/distillcache/) both build on it: a data store is a folder of
+shards plus `manifest.json` (the method that made it, the model's shape, the datagen config, the shards); a
+checkpoint is a folder with a safetensors file of weights plus `card.json` (the method, the model's shape,
+the training config, the data summary, validation).
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench import models
+
+MANIFEST_FILE = "manifest.json"
+CARD_FILE = "card.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class TrainingFileError(ValueError):
+    """A data store or checkpoint that cannot be used: missing, corrupt, made for another model or by another
+    method. The message is one line naming the file and the command that makes the right one."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a data store or checkpoint must match: the model and the shape of its KV cache."""
+
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_layers * self.num_kv_heads
+
+
+def model_shape(model) -> ModelShape:
+    shape = models.model_shape(model)
+    return ModelShape(models.model_name(model), shape["layers"], shape["kv_heads"], shape["head_dim"])
+
+
+def folder_name(name: str) -> str:
+    """A model name as one folder name (hub ids hold a slash)."""
+    return name.replace("/", "--")
+
+
+def write_atomically(path: Path, write) -> None:
+    """write(tmp_path), then rename over `path`: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, content: dict) -> None:
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(content, indent=1) + "\n"))
+
+
+def corrupt(path: Path, reason, hint: str) -> TrainingFileError:
+    if isinstance(reason, BaseException):
+        reason = models.first_line(reason)
+    return TrainingFileError(f"{path} is corrupt ({reason}); make it again with: {hint}")
+
+
+def read_json(path: Path, what: str, hint: str) -> dict:
+    """A JSON file as a dict, or a one-line error naming the file and `hint` (the command that makes it)."""
+    if not path.is_file():
+        raise TrainingFileError(f"no {what} at {path.parent} (missing {path.name}); make it with: {hint}")
+    try:
+        content = json.loads(path.read_text())
+        if not isinstance(content, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise corrupt(path, error, hint) from None
+    return content
+
+
+def manifest_method(manifest: dict) -> str:
+    """The method that made a data store; stores from before the field existed are KVP's."""
+    return manifest.get("method", "kvp")
+
+
+def read_manifest(directory: Path, method: str, hint: str) -> dict:
+    """A data store's manifest, refused when it is missing, corrupt or made by another method."""
+    path = Path(directory) / MANIFEST_FILE
+    manifest = read_json(path, f"{method} data", hint)
+    made_by = manifest_method(manifest)
+    if made_by != method:
+        raise TrainingFileError(
+            f"{path} is a {made_by} data store, not {method}'s; make {method} data with: {hint}"
+        )
+    try:
+        ModelShape(**manifest["model"])
+        manifest["shards"], manifest["config"]  # noqa: B018 (checks the keys exist)
+    except (KeyError, TypeError) as error:
+        raise corrupt(path, f"bad field {error}", hint) from None
+    return manifest
+
+
+def read_card(directory: Path, method: str, hint: str) -> dict:
+    """A checkpoint's card, refused when it is missing, corrupt or made by another method."""
+    path = Path(directory) / CARD_FILE
+    card = read_json(path, f"{method} weights", hint)
+    made_by = card.get("method", "kvp")
+    if made_by != method:
+        raise TrainingFileError(f"{path} holds {made_by} weights, not {method}'s; make them with: {hint}")
+    try:
+        ModelShape(**card["model"])
+    except (KeyError, TypeError) as error:
+        raise corrupt(path, f"bad field {error}", hint) from None
+    return card
+
+
+def check_fits(card: dict, shape: ModelShape, directory: Path, what: str, hint: str) -> None:
+    """Refuse weights (`what`, e.g. "KVP agents") made for another model (name or KV-cache shape)."""
+    made_for = ModelShape(**card["model"])
+    if made_for != shape:
+        raise TrainingFileError(
+            f"{what} at {directory} were made for {made_for}, not for {shape}; "
+            f"make weights for this model with: {hint}"
+        )
+
+
+def load_weights(path: Path, hint: str) -> dict:
+    """A safetensors file's tensors, or a one-line error naming the file and the command."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise TrainingFileError(f"missing {path}; make it with: {hint}")
+    try:
+        return load_file(path)
+    except Exception as error:  # safetensors raises its own error types for truncated or foreign files
+        raise corrupt(path, error, hint) from None
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        )
+        return result.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
