@@ -50,6 +50,12 @@ def build_kvp(ratio, **args):
     return KVPPress(compression_ratio=ratio, **args)
 
 
+def build_distillcache(ratio, **args):
+    from kvbench.presses.distillcache import DistillCachePress  # lazily, like kvp
+
+    return DistillCachePress(compression_ratio=ratio, **args)
+
+
 def build_random(ratio, seed=0, **args):
     return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
 
@@ -91,6 +97,7 @@ SPECS = [
         "h2o", "H2O: heavy hitters by accumulated attention + a recent window", scorer(H2OPress), ("eager",)
     ),
     PressSpec("kvp", "KVP: learned per-head eviction agents (presses/kvp/<model>/)", build_kvp),
+    PressSpec("distillcache", "DistillCache: learned KL-rewarded eviction policy", build_distillcache),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer(kvpress.KeyDiffPress)),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer(kvpress.LagKVPress)),
     PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer(kvpress.PyramidKVPress)),

@@ -1,0 +1,157 @@
+"""`kvbench distillcache`: make a DistillCache policy for a model (datagen, then train) and report on it.
+
+Same shape as `kvbench kvp`, on the same prompts (RULER's offline tasks, seeds 10000+).
+"""
+
+from pathlib import Path
+
+import click
+
+from kvbench.distillcache.train import TrainConfig
+from kvbench.kvp.cli import DEFAULT_TASKS, EVALUATION_SEEDS, task_list
+from kvbench.models import EMBEDDED
+
+DEFAULTS = TrainConfig()
+
+
+def ratio_list(ctx, param, value: str) -> list[float]:
+    try:
+        ratios = [float(item) for item in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated ratios, got {value!r}") from None
+    if not all(0 < ratio < 1 for ratio in ratios):
+        raise click.BadParameter(f"ratios must be in (0, 1), got {value}")
+    return ratios
+
+
+@click.group("distillcache")
+def distillcache():
+    """Make a DistillCache eviction policy for a model: datagen, then train; report shows how good it is.
+
+    \b
+    kvbench distillcache datagen --out data/distillcache/smollm2-135m
+    kvbench distillcache train --data data/distillcache/smollm2-135m --out presses/distillcache/smollm2-135m
+    kvbench distillcache report presses/distillcache/smollm2-135m
+    """
+
+
+@distillcache.command()
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Data folder.")
+@click.option("--model", default=EMBEDDED, show_default=True, help="Embedded alias, hub id or local folder.")
+@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
+@click.option("--tasks", default=DEFAULT_TASKS, show_default=True, callback=task_list, help="RULER tasks.")
+@click.option("--length", default=1024, show_default=True, type=click.IntRange(min=1), help="Prompt tokens.")
+@click.option("--samples", default=8, show_default=True, type=click.IntRange(min=1), help="Prompts per task.")
+@click.option(
+    "--seed",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(min=EVALUATION_SEEDS),
+    help="Sample seed; evaluation uses 0..999, so training data starts at 1000.",
+)
+@click.option(
+    "--gen-tokens",
+    default=32,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Teacher-forced continuation whose next-token distributions the reward compares.",
+)
+@click.option(
+    "--val-fraction",
+    default=0.1,
+    show_default=True,
+    type=click.FloatRange(0, 1, max_open=True),
+    help="Share of each task's prompts kept for validation.",
+)
+def datagen(out, model, device, tasks, length, samples, seed, gen_tokens, val_fraction):
+    """Store keys, values, features and full-cache next-token distributions on RULER training prompts.
+
+    Resumable: rerun the same command to continue a stopped run.
+    """
+    from kvbench.distillcache.datagen import DatagenConfig, generate_data
+    from kvbench.models import load_model
+
+    config = DatagenConfig(tasks, length, samples, seed, gen_tokens, val_fraction)
+    llm, tokenizer = load_model(model, device=device)
+    manifest = generate_data(llm, tokenizer, out, config)
+    click.echo(f"{len(manifest['shards'])} prompts in {out}")
+
+
+@distillcache.command()
+@click.option(
+    "--data", required=True, type=click.Path(file_okay=False, path_type=Path), help="Datagen folder."
+)
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Policy folder.")
+@click.option("--model", default=EMBEDDED, show_default=True, help="The model the data was made with.")
+@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
+@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--samples",
+    default=DEFAULTS.samples,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Keep-sets per ratio and step (K).",
+)
+@click.option(
+    "--ratios",
+    default=",".join(map(str, DEFAULTS.ratios)),
+    show_default=True,
+    callback=ratio_list,
+    help="Compression ratios drawn from.",
+)
+@click.option(
+    "--ratios-per-step", default=DEFAULTS.ratios_per_step, show_default=True, type=click.IntRange(min=1)
+)
+@click.option("--lr", default=DEFAULTS.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--entropy-bonus", default=DEFAULTS.entropy_bonus, show_default=True, type=click.FloatRange(0))
+@click.option(
+    "--hidden", default=DEFAULTS.hidden, show_default=True, type=click.IntRange(min=1), help="MLP width."
+)
+@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=DEFAULTS.seed, show_default=True)
+def train(
+    data, out, model, device, steps, samples, ratios, ratios_per_step, lr, entropy_bonus, hidden, **rest
+):
+    """Train the policy on datagen output with the model frozen; save the best (by validation) to --out."""
+    import sys
+
+    from kvbench.distillcache.train import DistillData
+    from kvbench.distillcache.train import train as train_policy
+    from kvbench.models import load_model
+
+    DistillData(data)  # refuse a bad data store before loading the model
+    config = TrainConfig(
+        steps=steps,
+        samples=samples,
+        ratios=ratios,
+        ratios_per_step=min(ratios_per_step, len(ratios)),
+        lr=lr,
+        entropy_bonus=entropy_bonus,
+        hidden=hidden,
+        **rest,
+    )
+    llm, _ = load_model(model, device=device)
+    command = "kvbench " + " ".join(sys.argv[1:])
+    train_policy(llm, data, out, config, command=command, log=click.echo)
+
+
+@distillcache.command()
+@click.argument("policy", type=click.Path(file_okay=False, path_type=Path))
+def report(policy):
+    """Validation KL of the policy in POLICY vs knorm, snapkv and random, per ratio (lower is better)."""
+    from kvbench.distillcache.checkpoint import METHOD, train_command_hint
+    from kvbench.training import read_card
+
+    card = read_card(policy, METHOD, train_command_hint("MODEL"))
+    table = card["validation"]["kl"]
+    ratios = list(next(iter(table.values())))
+    click.echo("mean KL per continuation step on held-out prompts (lower is better)")
+    click.echo(f"{'press':<14}" + "".join(f"{'ratio ' + r:>12}" for r in ratios) + f"{'mean':>10}")
+    for name, row in table.items():
+        mean = sum(row.values()) / len(row)
+        click.echo(f"{name:<14}" + "".join(f"{row[r]:>12.4f}" for r in ratios) + f"{mean:>10.4f}")
+    training = card["training"]
+    click.echo(
+        f"{training['steps']} steps (best {training['best_step']}), {training['seconds']:.0f} s; "
+        f"{card['data']['train_prompts']} train / {card['data']['val_prompts']} val prompts"
+    )

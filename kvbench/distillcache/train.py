@@ -1,0 +1,285 @@
+"""Train a DistillCache policy: REINFORCE on keep-sets, rewarded by how close the compressed cache's
+next-token distributions stay to the uncompressed model's (per-step KL), with the frozen model in the loop.
+
+Per step: one training prompt and a few compression ratios drawn from `ratios`. The policy scores every
+context entry of every (layer, KV head) from its stored features; for each ratio, K keep-sets per head are
+drawn with Gumbel-top-k (Plackett-Luce without replacement), the model runs the question and the stored
+continuation teacher-forced on each of the K compressed caches (one batch), and each keep-set's reward is
+R = sum_t r_t, r_t = -KL(p_full,t || p_evict,t). The advantage is leave-one-out (RLOO: the mean of the other
+K - 1 rewards is the baseline), divided by the group's std so that ratios and prompts weigh alike; the loss is
+-advantage x (Plackett-Luce log-probability of the keep order, per pick) - entropy_bonus x (first-pick
+entropy / log L). AdamW; an exponential moving average (EMA) of the weights is validated (deterministic
+top-k on held-out prompts, mean KL per continuation step at fixed ratios) and the best EMA weights are saved.
+"""
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from transformers import DynamicCache
+
+from kvbench.distillcache.checkpoint import save_policy
+from kvbench.distillcache.datagen import METHOD, datagen_hint
+from kvbench.distillcache.policy import (
+    WINDOW,
+    DistillCachePolicy,
+    first_pick_entropy,
+    keep_count,
+    keep_order_log_prob,
+)
+from kvbench.kvp.reward import sample_rankings
+from kvbench.training import ModelShape, TrainingFileError, git_commit, model_shape, read_manifest
+
+REFERENCES = ("knorm", "snapkv", "random")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    samples: int = 4  # K keep-sets per ratio and step
+    ratios: list[float] = field(default_factory=lambda: [0.5, 0.75, 0.9])
+    ratios_per_step: int = 2
+    lr: float = 1e-2
+    weight_decay: float = 0.01
+    entropy_bonus: float = 0.01
+    ema: float = 0.9
+    eval_every: int = 25
+    eval_ratios: list[float] = field(default_factory=lambda: [0.5, 0.75, 0.9])
+    hidden: int = 32
+    seed: int = 0
+
+
+class DistillData:
+    """The shards of a DistillCache datagen folder, read on demand."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory, METHOD, datagen_hint("MODEL", str(directory)))
+        self.shape = ModelShape(**self.manifest["model"])
+        self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
+        self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
+        if not self.train or not self.val:
+            raise TrainingFileError(
+                f"DistillCache data at {directory} needs train and val prompts; it has {len(self.train)} "
+                f"train and {len(self.val)} val; make more with: "
+                + datagen_hint(self.shape.name, str(directory))
+            )
+
+    def load(self, shard: dict, names=None) -> dict[str, torch.Tensor]:
+        path = self.directory / shard["file"]
+        try:
+            with safe_open(path, framework="pt") as f:
+                return {name: f.get_tensor(name) for name in (names or f.keys())}
+        except Exception as error:  # missing or truncated shard: safetensors raises its own types
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            hint = datagen_hint(self.shape.name, str(self.directory))
+            raise TrainingFileError(f"{path} is unreadable ({reason}); make it again with: {hint}") from None
+
+    def summary(self) -> dict:
+        return {
+            **self.manifest["config"],
+            "train_prompts": len(self.train),
+            "val_prompts": len(self.val),
+            "prompt_tokens": sum(s["prompt_tokens"] for s in self.manifest["shards"]),
+        }
+
+
+def feature_statistics(data: DistillData) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of each feature over every entry of the training prompts."""
+    sums, squares, count = torch.zeros(7, dtype=torch.float64), torch.zeros(7, dtype=torch.float64), 0
+    for shard in data.train:
+        features = data.load(shard, ["features"])["features"].flatten(0, 2).double()
+        sums += features.sum(0)
+        squares += features.square().sum(0)
+        count += features.shape[0]
+    mean = sums / count
+    return mean.float(), (squares / count - mean.square()).clamp_min(1e-8).sqrt().float()
+
+
+@torch.no_grad()
+def compressed_log_probs(model, prompt: dict, keep: torch.Tensor) -> torch.Tensor:
+    """Next-token log-probabilities (B, T + 1, vocab) of the model on B compressed caches, teacher-forced.
+
+    keep: (B, layers, kv_heads, k) indices of the context entries each cache keeps. The question and the
+    continuation are fed on top, at positions continuing from the uncompressed context's length (the
+    query-agnostic protocol); the distributions are read at the question's last token and at each
+    continuation token, where the stored p_full were read.
+    """
+    keys, values = prompt["keys"], prompt["values"]  # (layers, kv_heads, L, head_dim)
+    batch, _, _, kept = keep.shape
+    length, head_dim = keys.shape[2], keys.shape[3]
+    cache = DynamicCache()
+    for layer in range(keys.shape[0]):
+        index = keep[:, layer, :, :, None].expand(-1, -1, -1, head_dim)
+        for_layer = [
+            tensor[layer].unsqueeze(0).expand(batch, -1, -1, -1).gather(2, index).to(model.dtype)
+            for tensor in (keys, values)
+        ]
+        cache.update(*for_layer, layer)
+    fed = torch.cat([prompt["question_ids"], prompt["continuation_ids"]]).to(model.device)
+    n = fed.shape[0]
+    logits = model(
+        input_ids=fed.expand(batch, -1),
+        past_key_values=cache,
+        attention_mask=torch.ones(batch, kept + n, dtype=torch.long, device=model.device),
+        position_ids=torch.arange(length, length + n, device=model.device).expand(batch, -1),
+    ).logits
+    steps = prompt["log_probs"].shape[0]
+    return logits[:, n - steps :].float().log_softmax(-1)
+
+
+def kl_rewards(full_log_probs: torch.Tensor, evict_log_probs: torch.Tensor) -> torch.Tensor:
+    """r_t = -KL(p_full,t || p_evict,t) for each cache and step: (T, V) and (B, T, V) -> (B, T)."""
+    full = full_log_probs.float()
+    return -(full.exp() * (full - evict_log_probs)).sum(-1)
+
+
+def top_keep(scores: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Deterministic keep-set of scores (..., L): the top int(L (1 - ratio)), as the press keeps."""
+    return scores.topk(keep_count(scores.shape[-1], ratio), dim=-1).indices
+
+
+def reference_scores(features: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Scores (layers, kv_heads, L) of the reference presses from the stored features.
+
+    knorm: -||k|| (kvpress's KnormPress); snapkv: the window's mean attention pooled with kernel 5 and the
+    window itself kept (kvpress's SnapKVPress with window 32); random: uniform scores.
+    """
+    knorm = -features[..., 3]
+    attention = features[..., 0].exp()
+    pooled = F.avg_pool1d(attention.flatten(0, 1)[:, None], 5, stride=1, padding=2)[:, 0]
+    snapkv = pooled.reshape(attention.shape).clone()
+    snapkv[..., -WINDOW:] = snapkv.max() + 1
+    random = torch.rand(features.shape[:-1], generator=generator)
+    return {"knorm": knorm, "snapkv": snapkv, "random": random}
+
+
+@torch.no_grad()
+def validate(model, data: DistillData, scorers: dict, ratios: list[float]) -> dict[str, dict[str, float]]:
+    """Mean KL per continuation step over the validation prompts, per scorer and ratio.
+
+    scorers: name -> function(features, prompt index) -> scores (layers, kv_heads, L).
+    """
+    totals = {name: {str(r): 0.0 for r in ratios} for name in scorers}
+    for index, shard in enumerate(data.val):
+        prompt = data.load(shard)
+        all_scores = {name: scorer(prompt["features"], index) for name, scorer in scorers.items()}
+        for ratio in ratios:
+            keep = torch.stack([top_keep(scores, ratio) for scores in all_scores.values()])
+            kl = -kl_rewards(prompt["log_probs"], compressed_log_probs(model, prompt, keep)).mean(-1)
+            for name, value in zip(all_scores, kl.tolist(), strict=True):
+                totals[name][str(ratio)] += value / len(data.val)
+    return totals
+
+
+def mean_kl(table: dict[str, float]) -> float:
+    return sum(table.values()) / len(table)
+
+
+def train_step(model, policy, optimizer, prompt: dict, ratios: list[float], config, generator) -> dict:
+    """One REINFORCE step on one prompt; returns the loss and the mean reward per ratio."""
+    scores = policy(prompt["features"])  # (layers, kv_heads, L)
+    length = scores.shape[-1]
+    loss = -config.entropy_bonus * first_pick_entropy(scores).mean() / math.log(length)
+    rewards_by_ratio = {}
+    for ratio in ratios:
+        kept = keep_count(length, ratio)
+        rankings = sample_rankings(scores.detach(), config.samples, generator)  # (layers, heads, K, L)
+        keep = rankings[..., :kept].permute(2, 0, 1, 3)
+        rewards = kl_rewards(prompt["log_probs"], compressed_log_probs(model, prompt, keep)).sum(-1)
+        others = (rewards.sum() - rewards) / (len(rewards) - 1)  # leave-one-out baseline
+        advantage = (rewards - others) / (rewards.std() + 1e-6)
+        log_prob = keep_order_log_prob(scores, rankings, kept).sum((0, 1)) / (scores[..., 0].numel() * kept)
+        loss = loss - (advantage * log_prob).mean() / len(ratios)
+        rewards_by_ratio[ratio] = rewards.mean().item()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.item(), "rewards": rewards_by_ratio}
+
+
+def train(model, data_dir: Path, out_dir: Path, config: TrainConfig, command: str = "", log=print) -> dict:
+    """Train on the data in `data_dir` with `model` frozen; save the best EMA policy (validation) to out."""
+    started = time.perf_counter()
+    data = DistillData(data_dir)
+    shape = model_shape(model)
+    if shape != data.shape:
+        raise TrainingFileError(
+            f"DistillCache data at {data_dir} was made for {data.shape}, not for {shape}; make data for this "
+            f"model with: {datagen_hint(shape.name, str(data_dir))}"
+        )
+    model.requires_grad_(False).eval()
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    policy = DistillCachePolicy(config.hidden)
+    policy.feature_mean.copy_(feature_statistics(data)[0])
+    policy.feature_std.copy_(feature_statistics(data)[1])
+    ema = copy.deepcopy(policy).requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+    reference_generator = torch.Generator().manual_seed(config.seed)
+    fixed = [reference_scores(data.load(s, ["features"])["features"], reference_generator) for s in data.val]
+    references = validate(
+        model,
+        data,
+        {name: (lambda f, i, name=name: fixed[i][name]) for name in REFERENCES},
+        config.eval_ratios,
+    )
+    log("references " + " | ".join(f"{name} {mean_kl(kl):.4f}" for name, kl in references.items()))
+
+    def validate_ema() -> dict[str, float]:
+        return validate(model, data, {"policy": lambda f, i: ema(f)}, config.eval_ratios)["policy"]
+
+    best = validate_ema()
+    best_state, best_step = copy.deepcopy(ema.state_dict()), 0
+    history = [{"step": 0, "kl": mean_kl(best), "seconds": round(time.perf_counter() - started, 1)}]
+    log(f"step 0 policy kl {mean_kl(best):.4f} (uniform scores)")
+    step_seconds = []
+    for step in range(1, config.steps + 1):
+        tick = time.perf_counter()
+        shard = data.train[torch.randint(len(data.train), (1,), generator=generator).item()]
+        chosen = torch.randperm(len(config.ratios), generator=generator)[: config.ratios_per_step]
+        result = train_step(
+            model, policy, optimizer, data.load(shard), [config.ratios[i] for i in chosen], config, generator
+        )
+        with torch.no_grad():
+            for average, current in zip(ema.parameters(), policy.parameters(), strict=True):
+                average.lerp_(current, 1 - config.ema)
+        step_seconds.append(time.perf_counter() - tick)
+        if step % config.eval_every == 0 or step == config.steps:
+            kl = validate_ema()
+            seconds = round(time.perf_counter() - started, 1)
+            history.append({"step": step, "kl": mean_kl(kl), "seconds": seconds})
+            if mean_kl(kl) < mean_kl(best):
+                best, best_state, best_step = kl, copy.deepcopy(ema.state_dict()), step
+            rewards = " ".join(f"{r}:{v:.3f}" for r, v in result["rewards"].items())
+            log(
+                f"step {step} loss {result['loss']:.4f} train reward {rewards} | val kl {mean_kl(kl):.4f} "
+                f"(best {mean_kl(best):.4f} at {best_step}) | {seconds:.0f}s"
+            )
+    policy.load_state_dict(best_state)
+    card = {
+        "model": asdict(data.shape),
+        "training": {
+            **asdict(config),
+            "seconds": round(time.perf_counter() - started, 1),
+            "seconds_per_step": round(sum(step_seconds) / len(step_seconds), 2),
+            "best_step": best_step,
+            "command": command,
+        },
+        "data": data.summary(),
+        "validation": {
+            "metric": "mean KL(p_full || p_evict) per continuation step, held-out prompts, lower is better",
+            "kl": {"distillcache": best, **references},
+            "history": history,
+        },
+        "git_commit": git_commit(),
+    }
+    save_policy(Path(out_dir), policy, card)
+    log(f"saved the policy to {out_dir}: validation kl {mean_kl(best):.4f} (step {best_step})")
+    return card
