@@ -273,3 +273,44 @@ def test_cli_refuses_a_bad_store_with_exit_2_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
     result = CliRunner().invoke(main, ["distillcache", "report", str(tmp_path / "none")])
     assert result.exit_code == 2 and "no distillcache weights" in result.output
+
+
+def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch, tmp_path):
+    """Decode-time: the engine's batch wraps the press in kvpress's DecodingPress; the answer is the one
+    kvpress's pipeline gives with PrefillDecodingPress around the same policy."""
+    from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodingPress
+    from test_engine import decoded_token_ids, engine_token_ids, tiny_model, word_soup_sample
+
+    from kvbench.engine import Config, tokenize_sample
+    from kvbench.models import load_tokenizer
+    from kvbench.presses.distillcache import DistillCachePress
+
+    tokenizer = load_tokenizer()
+    model = tiny_model("llama", len(tokenizer))
+    random_policy(model, tmp_path)
+    sample = word_soup_sample(150, max_new_tokens=20)
+    weights = (("weights", str(tmp_path)),)
+    configs = [
+        Config("distillcache", 0.5, weights, protocol="decode-time", protocol_args=(("interval", 4),)),
+        Config("distillcache", 0.5, weights),
+    ]
+    engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+
+    target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * 0.5)
+    decoding = DecodingPress(
+        base_press=DistillCachePress(0.0, weights=str(tmp_path)), compression_interval=4, target_size=target
+    )
+    press = PrefillDecodingPress(
+        prefilling_press=DistillCachePress(0.5, weights=str(tmp_path)), decoding_press=decoding
+    )
+    pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    calls = decoded_token_ids(monkeypatch, tokenizer)
+    pipeline(
+        sample.context,
+        question=sample.question,
+        answer_prefix=sample.answer_prefix,
+        press=press,
+        max_new_tokens=20,
+    )
+    assert engine_ids[0] == calls[0]
+    assert results[0]["kv_kept"] <= results[1]["kv_kept"] + 4 * 2 * 2
