@@ -217,8 +217,9 @@ def train(model, data_dir: Path, out_dir: Path, config: TrainConfig, command: st
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     policy = DistillCachePolicy(config.hidden)
-    policy.feature_mean.copy_(feature_statistics(data)[0])
-    policy.feature_std.copy_(feature_statistics(data)[1])
+    mean, std = feature_statistics(data)
+    policy.feature_mean.copy_(mean)
+    policy.feature_std.copy_(std)
     ema = copy.deepcopy(policy).requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
