@@ -1,6 +1,7 @@
 """kvbench report on small synthetic results folders with known scores."""
 
 import base64
+import re
 from pathlib import Path
 
 import pytest
@@ -100,8 +101,10 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     assert board.rank.loc["knorm"].tolist() == [2, 1]
     assert board.mean_rank.tolist() == [1.5, 1.5]
     # knorm @ 0.5 keeps half: t1 2 x 500 entries, t2 4 x 1000 entries.
-    assert board.memory.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
-    assert board.memory.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
+    assert board.kept.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
+    assert board.kept.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
+    assert board.samples.loc["knorm"].tolist() == [6, 6]
+    assert not board.has_bytes and board.codecs == []  # no kv_bytes, no budgets: no memory leaderboard
     assert board.missing == {}
     # knorm @ 0.5: t1 [50, 70] has variance 200, t2 [80, 80, 40, 40] 1600 / 3; sqrt(200/2 + 400/3) / 2 tasks.
     assert board.stderr.loc["knorm", 0.5] == pytest.approx((200 / 2 + 1600 / 3 / 4) ** 0.5 / 2)
@@ -110,9 +113,12 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     readme = (out / "README.md").read_text()
     assert "mean of the per-task means" in readme
     assert "| press | 0.25 | 0.5 | mean rank |" in readme
-    assert "| snapkv | 85.0 | 55.0 | 1.50 |" in readme
+    # Intervals inline: snapkv @ 0.5 has t1 [100, 80] (variance 200) and t2 all 20: 1.96 x sqrt(200 / 2) / 2.
+    assert "| snapkv | 85.0 ± 0.0 | 55.0 ± 9.8 | 1.50 |" in readme
+    assert "| knorm | 75.0 ± 0.0 | 60.0 ± 15.0 | 1.50 |" in readme  # 1.96 x 7.64
+    assert "Each cell averages 6 samples" in readme and not re.search(r"\(n=\d", readme)  # all hold 6
     assert "| knorm | -15.0 | -30.0 |" in readme
-    assert "| knorm | ±0.0 | ±15.0 |" in readme  # 1.96 x 7.64; at 0.25 every knorm score is equal
+    assert "Leaderboard by memory" not in readme
     assert "No compression (`none`): 90.0" in readme
     assert "| t2 | 90.0 | 80.0 | 70.0 |" in readme  # ratio 0.25 breakdown: none, snapkv, knorm
     # 256 x 1250 B = 312.5 KiB and 256 x 5000 / 6 B = 208.3 KiB; the ratio 0 column is none's only.
@@ -161,10 +167,10 @@ def test_partial_sweep_says_what_is_missing(tmp_path):
     assert board.mean_rank.to_dict() == {"snapkv": 1.0, "knorm": 1.5}  # snapkv ranked at 0.5 only
 
     readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "snapkv @ 0.5: t1 1/2, t2 0/2" in readme
-    assert "tova @ 0.5: t1 0/2, t2 0/2" in readme
-    assert "| snapkv |  | 100.0* | 1.00 |" in readme
-    assert "| t1 | 90.0 | 100.0 | 60.0 |" in readme  # ratio 0.5 breakdown: none, snapkv, knorm
+    assert "snapkv @ ratio 0.5: t1 1/2, t2 0/2" in readme
+    assert "tova @ ratio 0.5: t1 0/2, t2 0/2" in readme
+    assert "| snapkv |  | 100.0* (n=1) | 1.00 |" in readme  # the other cells hold 4 samples
+    assert "| t1 | 90.0 | 100.0 (n=1) | 60.0 |" in readme  # ratio 0.5 breakdown: none, snapkv, knorm
 
 
 def test_requested_samples_above_what_any_config_has(tmp_path):
@@ -203,9 +209,9 @@ def test_corrupt_line_is_skipped_and_report_renders(tmp_path):
     assert board.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
     with pytest.warns(UserWarning, match="rows.jsonl"):
         readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "Skipped while reading" in readme and "rows.jsonl:31" in readme
-    assert "| snapkv | 85.0 | 55.0 | 1.50 |" in readme
-    assert "| tova |  | 40.0* |" in readme  # the row after the corrupt line counts
+    assert "Skipped while reading" in readme and "rows.jsonl: skipped 1 corrupt line (line 31: " in readme
+    assert "| snapkv | 85.0 ± 0.0 | 55.0 ± 9.8 | 1.50 |" in readme
+    assert "| tova |  | 40.0* (n=1) |" in readme  # the row after the corrupt line counts
 
 
 def test_cli_writes_report(tmp_path):
