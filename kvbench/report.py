@@ -289,7 +289,8 @@ def build_memory_view(
 
 def suite_of(rows: pd.DataFrame, runs: list[Run]) -> str:
     suites = sorted({run.config["suite"] for run in runs if run.config.get("suite")})
-    return ", ".join(suites) if suites else f"{rows['task'].nunique()} tasks"
+    tasks = rows["task"].nunique()
+    return ", ".join(suites) if suites else f"{tasks} task{'s' if tasks > 1 else ''}"
 
 
 def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
@@ -386,11 +387,12 @@ def with_report_columns(rows: pd.DataFrame) -> pd.DataFrame:
 
 # ---- plots ---------------------------------------------------------------------------------------------
 
-# Paul Tol's "muted" scheme, nine colours told apart under the common colour-vision deficiencies, then
-# Okabe and Ito's orange and blue. The no-compression reference is black and dashed: no press looks like it.
+# Okabe and Ito's colours (without black and the pale yellow), told apart under the common colour-vision
+# deficiencies, then Paul Tol's wine, olive and indigo; a marker per press on top. The no-compression
+# reference is black and dashed: no press looks like it.
 PALETTE = (
-    *("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99", "#999933", "#AA4499"),
-    *("#E69F00", "#0072B2"),
+    *("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"),
+    *("#882255", "#999933", "#332288"),
 )
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
 
@@ -512,6 +514,7 @@ def plot_heatmap(table: pd.DataFrame, title: str, path: Path) -> Path:
         ax=ax,
         cbar_kws={"label": "mean score (0-100)"},
     )
+    ax.tick_params(axis="y", labelrotation=0)  # task names read across, whatever the table's height
     ax.tick_params(axis="x", labelrotation=30)
     for label in ax.get_xticklabels():
         label.set_horizontalalignment("right")
@@ -898,18 +901,18 @@ def provenance_blocks(runs: list[Run]) -> list:
                 "requested sample counts are unknown."
             ),
         ]
-    blocks = [Heading("Provenance", 3), Paragraph("The commands that produced these results:")]
+    blocks = [Heading("Provenance", 3), Paragraph("The runs that produced these results:")]
     for run in runs:
         ended = (
             f"finished {fmt_time(run.finished)}"
             if run.finished
             else "unfinished (no end time recorded: still running, or interrupted)"
         )
-        blocks += [
-            Code(wrap_command(run.command) if run.command else "(command not recorded)"),
+        blocks += [  # when and where first, then the command it describes
             Paragraph(
-                f"`{run.results_dir}`, git `{run.git_commit}`, started {fmt_time(run.started)}, {ended}"
+                f"`{run.results_dir}`, git `{run.git_commit}`, started {fmt_time(run.started)}, {ended}:"
             ),
+            Code(wrap_command(run.command) if run.command else "(command not recorded)"),
         ]
     packages = sorted({name for run in runs for name in run.versions})
     versions = pd.DataFrame(
