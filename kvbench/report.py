@@ -825,7 +825,11 @@ def kept_blocks(board: Leaderboard) -> list:
             "Mean over samples of kv_kept / kv_total (entries kept)"
             + (", of kv_bytes / kv_bytes_full (memory fraction)" if board.has_bytes else "")
             + ", and mean KV bytes kept per sample"
-            + (" (kv_bytes: a 16-bit store)." if board.has_bytes else " (the tensors in the compute dtype).")
+            + (
+                " (kv_bytes, a 16-bit store, where rows record it; else the tensors in the compute dtype)."
+                if board.has_bytes
+                else " (the tensors in the compute dtype)."
+            )
         ),
         Table(ratio_columns(kept.fillna(""))),
         Heading("Samples per task", 3),
