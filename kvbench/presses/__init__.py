@@ -11,6 +11,7 @@ import kvpress
 import yaml
 
 from kvbench import models
+from kvbench.presses.andpro import andpro_press
 from kvbench.presses.h2o import H2OPress
 
 DEFAULT_INNER = "snapkv"
@@ -107,6 +108,11 @@ SPECS = [
         "adakv",
         "AdaKV head-wise budgets around `inner` (press-arg inner=snapkv)",
         wrapper(kvpress.AdaKVPress),
+    ),
+    PressSpec(
+        "andpro",
+        "AnDPro: chunks scored by projection on the window's anchor output, AdaKV head-wise budgets",
+        andpro_press,
     ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper(kvpress.CriticalKVPress)),
     PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper(kvpress.CriticalAdaKVPress)),
