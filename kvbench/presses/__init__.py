@@ -13,6 +13,7 @@ import yaml
 from kvbench import models
 from kvbench.presses.andpro import andpro_press
 from kvbench.presses.h2o import H2OPress
+from kvbench.presses.lowrank import LowRankPress, VarRatePress
 
 DEFAULT_INNER = "snapkv"
 
@@ -51,6 +52,10 @@ def build_kvp(ratio, **args):
 
 def build_random(ratio, seed=0, **args):
     return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
+
+
+def codec(cls) -> Callable:
+    return lambda ratio, **args: cls(**args)  # built from its memory budget; the ratio is 1 - memory
 
 
 def build_decoding(ratio, inner="knorm", **args):
@@ -113,6 +118,18 @@ SPECS = [
         "andpro",
         "AnDPro: chunks scored by projection on the window's anchor output, AdaKV head-wise budgets",
         andpro_press,
+    ),
+    PressSpec(
+        "varrate",
+        "VarRate: every token at a salience-driven rank of a per-head SVD basis",
+        codec(VarRatePress),
+        codec=True,
+    ),
+    PressSpec(
+        "lowrank",
+        "every token at one rank of a per-head SVD basis (VarRate's ablation)",
+        codec(LowRankPress),
+        codec=True,
     ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper(kvpress.CriticalKVPress)),
     PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper(kvpress.CriticalAdaKVPress)),
