@@ -5,6 +5,7 @@ per-head SVD basis. VarRate (Esmat, Shah, Jannesari, arXiv 2607.15498) gives sal
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import torch
 from kvpress import BasePress, SnapKVPress
 from torch import nn
@@ -78,9 +79,8 @@ class LowRankPress(BasePress):
 
     name: ClassVar[str] = "lowrank"
     indexed: ClassVar[bool] = False  # whether the store keeps a rank per token
-    shares_prefill: ClassVar[bool] = (
-        True  # replaces keys/values in BasePress.forward_hook, never writes in them
-    )
+    # Replaces keys/values inside BasePress.forward_hook and never writes into them: the prefill is shared.
+    shares_prefill: ClassVar[bool] = True
 
     memory: float = 0.5
     rank: int | None = None
@@ -180,11 +180,13 @@ class LowRankPress(BasePress):
 
 
 def top_right_singular_vectors(matrix: torch.Tensor, columns: int) -> torch.Tensor:
-    """(heads, tokens, dim) -> (heads, dim, columns): the top right singular vectors, as columns."""
-    if columns == 0:
-        return matrix.new_zeros(matrix.shape[0], matrix.shape[2], 0)
-    _, _, vh = torch.linalg.svd(matrix, full_matrices=False)
-    return vh[:, :columns].transpose(1, 2)
+    """(heads, tokens, dim) -> (heads, dim, columns): the top right singular vectors, as columns.
+
+    Computed as the top eigenvectors of the (dim x dim) Gram matrix in float64: the same vectors as an SVD of
+    the tall matrix, at a fraction of the cost (a CPU SVD of 2k x 64 took seconds on a loaded machine)."""
+    gram = matrix.double().transpose(1, 2) @ matrix.double()
+    _, vectors = torch.linalg.eigh(gram)  # ascending eigenvalues
+    return vectors.flip(-1)[..., :columns].to(matrix.dtype)
 
 
 @dataclass(frozen=True)
@@ -207,18 +209,19 @@ class Layout:
     def full(self) -> int:
         return self.heads * self.length * (self.key_dim + self.value_dim) * BYTES
 
-    def bytes(self, ranks: torch.Tensor) -> int:
+    def bytes(self, ranks: torch.Tensor | np.ndarray) -> int:
         """ranks (heads, middle): coefficients + bases (as wide as the largest rank) + rank indices + sinks
         and window."""
-        columns = int(ranks.max()) if ranks.numel() else 0
-        index = (1 if columns <= 255 else 2) * ranks.numel() if self.indexed else 0
+        count = self.heads * self.n_middle
+        columns = int(ranks.max()) if count else 0
+        index = (1 if columns <= 255 else 2) * count if self.indexed else 0
         coefficients = int(ranks.sum()) * 2 * BYTES  # r for the key, r for the value
         bases = self.heads * columns * (self.key_dim + self.value_dim) * BYTES
         protected = self.heads * (self.n_sinks + self.n_window) * (self.key_dim + self.value_dim) * BYTES
         return coefficients + bases + index + protected
 
     def bytes_uniform(self, rank: int) -> int:
-        return self.bytes(torch.full((self.heads, self.n_middle), rank))
+        return self.bytes(np.full((self.heads, self.n_middle), rank))
 
 
 @dataclass
@@ -270,9 +273,10 @@ class VarRatePress(LowRankPress):
 
     def allocate(self, salience, layout: Layout, max_rank: int, budget: int) -> torch.Tensor:
         floor = min(self.min_rank, max_rank)
+        salience = salience.numpy()  # numpy: a hundred small single-threaded evaluations, no thread wake-ups
 
-        def ranks(scale: float) -> torch.Tensor:
-            return (floor + scale * salience).floor().clamp(floor, max_rank).long()
+        def ranks(scale: float) -> np.ndarray:
+            return np.clip(np.floor(floor + scale * salience), floor, max_rank).astype(np.int64)
 
         if layout.bytes(ranks(0.0)) > budget:
             raise ValueError(
@@ -280,12 +284,10 @@ class VarRatePress(LowRankPress):
                 f"({layout.bytes(ranks(0.0)) / layout.full:.3f} of the cache at {layout.length} tokens)"
             )
         positive = salience[salience > 0]
-        if positive.numel() == 0:
-            return ranks(0.0)
-        low, high = 0.0, 2.0 * (max_rank - floor) / float(positive.min())  # at high every token is at R
-        if layout.bytes(ranks(high)) <= budget:
-            return ranks(high)
+        low, high = 0.0, 2.0 * (max_rank - floor) / float(positive.min()) if positive.size else 0.0
+        if layout.bytes(ranks(high)) <= budget:  # at `high` every token with some salience is at the top
+            return torch.from_numpy(ranks(high))
         for _ in range(100):
             middle = (low + high) / 2
             low, high = (middle, high) if layout.bytes(ranks(middle)) <= budget else (low, middle)
-        return ranks(low)
+        return torch.from_numpy(ranks(low))
