@@ -11,7 +11,9 @@ import kvpress
 import yaml
 
 from kvbench import models
+from kvbench.presses.andpro import andpro_press
 from kvbench.presses.h2o import H2OPress
+from kvbench.presses.lowrank import LowRankPress, VarRatePress
 from kvbench.presses.qevict import QEvictPress
 from kvbench.presses.quant import QuantPress
 
@@ -63,6 +65,7 @@ def build_random(ratio, seed=0, **args):
 def codec(cls) -> Callable:
     """A codec press is built from its memory budget alone (the registry passes memory=...)."""
     return lambda ratio, **args: cls(**args)
+    return lambda ratio, **args: cls(**args)  # built from its memory budget; the ratio is 1 - memory
 
 
 def build_decoding(ratio, inner="knorm", **args):
@@ -121,6 +124,23 @@ SPECS = [
         "adakv",
         "AdaKV head-wise budgets around `inner` (press-arg inner=snapkv)",
         wrapper(kvpress.AdaKVPress),
+    ),
+    PressSpec(
+        "andpro",
+        "AnDPro: chunks scored by projection on the window's anchor output, AdaKV head-wise budgets",
+        andpro_press,
+    ),
+    PressSpec(
+        "varrate",
+        "VarRate: every token at a salience-driven rank of a per-head SVD basis",
+        codec(VarRatePress),
+        codec=True,
+    ),
+    PressSpec(
+        "lowrank",
+        "every token at one rank of a per-head SVD basis (VarRate's ablation)",
+        codec(LowRankPress),
+        codec=True,
     ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper(kvpress.CriticalKVPress)),
     PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper(kvpress.CriticalAdaKVPress)),
