@@ -11,6 +11,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Confi
 
 from kvbench import adapter, decoder, engine
 from kvbench.decoder import BatchedDecoder
+from kvbench.distillcache.checkpoint import save_policy
+from kvbench.distillcache.policy import DistillCachePolicy
 from kvbench.engine import Config, evaluate_sample, tokenize_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
@@ -31,6 +33,7 @@ MUST_SHARE = {
     "expected_attention",
     "random",
     "kvp",
+    "distillcache",
 }
 
 
@@ -96,6 +99,14 @@ def save_random_kvp_agents(model, directory) -> str:
     return str(directory)
 
 
+def save_random_distillcache_policy(model, directory) -> str:
+    torch.manual_seed(1)
+    policy = DistillCachePolicy(hidden=8)
+    torch.nn.init.normal_(policy.net[2].weight)
+    save_policy(directory, policy, {"model": vars(model_shape(model))})
+    return str(directory)
+
+
 def registry_configs(model, tmp_path) -> list[Config]:
     """Every press of the registry that runs offline: shareable ones at several ratios, the others at one."""
     # pyramidkv, chunkkv: per-layer cache lengths, which kvpress's pipeline decodes only with flash attention;
@@ -106,6 +117,8 @@ def registry_configs(model, tmp_path) -> list[Config]:
     configs = [Config("none", 0.0)]
     for name in sorted(PRESSES.keys() - skipped):
         args = (("agents", save_random_kvp_agents(model, tmp_path / "kvp")),) if name == "kvp" else ()
+        if name == "distillcache":
+            args = (("weights", save_random_distillcache_policy(model, tmp_path / "distillcache")),)
         shareable = adapter.is_shareable(Config(name, 0.5, args).build_press())
         configs += [Config(name, ratio, args) for ratio in (RATIOS if shareable else (0.5,))]
     return configs
