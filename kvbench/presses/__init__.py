@@ -54,10 +54,6 @@ def build_random(ratio, seed=0, **args):
     return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
 
 
-def codec(cls) -> Callable:
-    return lambda ratio, **args: cls(**args)  # built from its memory budget; the ratio is 1 - memory
-
-
 def build_decoding(ratio, inner="knorm", **args):
     return kvpress.CompressionRatioDecodingPress(
         base_press=build_press(inner, 0.0), target_compression_ratio=ratio, **args
@@ -122,13 +118,13 @@ SPECS = [
     PressSpec(
         "varrate",
         "VarRate: every token at a salience-driven rank of a per-head SVD basis",
-        codec(VarRatePress),
+        lambda ratio, **args: VarRatePress(**args),  # built from its memory budget
         codec=True,
     ),
     PressSpec(
         "lowrank",
         "every token at one rank of a per-head SVD basis (VarRate's ablation)",
-        codec(LowRankPress),
+        lambda ratio, **args: LowRankPress(**args),
         codec=True,
     ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper(kvpress.CriticalKVPress)),
