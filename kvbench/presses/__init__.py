@@ -59,7 +59,6 @@ def build_random(ratio, seed=0, **args):
 def codec(cls) -> Callable:
     """A codec press is built from its memory budget alone (the registry passes memory=...)."""
     return lambda ratio, **args: cls(**args)
-    return lambda ratio, **args: cls(**args)  # built from its memory budget; the ratio is 1 - memory
 
 
 def build_decoding(ratio, inner="knorm", **args):
