@@ -21,8 +21,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench import models
+from kvbench.engine import REGIONS
 
-REGIONS = ("system", "user", "assistant", "tool", "scratchpad")  # kvbench.engine.REGIONS (INTERFACES.md)
 CALIBRATION_FILE = "calibration.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUERY_CHUNK = 512  # query rows whose attention is held at once: bounds memory on long prefills
@@ -119,19 +119,24 @@ def retention_scores(
 
 
 def select_pages(scores: torch.Tensor, n_kept: int, page_size: int) -> torch.Tensor:
-    """Indices (ascending) of the `n_kept` entries kept per head: pages of `page_size` consecutive entries
-    ranked by the mean score of their entries, whole pages first; the first page that does not fit keeps its
-    best entries. Ties go to the earlier page / entry. Equivalent to taking the first n_kept entries of the
-    order (page score desc, entry score desc, index asc)."""
+    """Indices (ascending) of the `n_kept` entries kept per head: pinned entries (score +inf) first, earliest
+    first if they overflow the budget; then pages of `page_size` consecutive entries ranked by the mean score
+    of their entries (ties: the earlier page), whole pages first; the first page that does not fit keeps its
+    best entries (ties: the earlier entry). That is, the first n_kept entries in the order (pinned first, page
+    score desc, page asc, entry score desc, entry asc); a pinned entry's page scores +inf, so the rest of it
+    comes right after the pinned entries."""
     length = scores.shape[-1]
-    page = torch.arange(length, device=scores.device) // page_size
-    pages = int(page[-1]) + 1
-    sums = scores.new_zeros(*scores.shape[:-1], pages).index_add_(-1, page, scores)
-    sizes = torch.bincount(page, minlength=pages).to(scores.dtype)
-    page_scores = (sums / sizes)[..., page]
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    by_page = torch.sort(page_scores.gather(-1, order), dim=-1, descending=True, stable=True).indices
-    return order.gather(-1, by_page)[..., :n_kept].sort(dim=-1).values
+    page = torch.arange(length, device=scores.device).expand_as(scores) // page_size
+    pages = length // page_size + 1
+    sums = scores.new_zeros(*scores.shape[:-1], pages).scatter_add_(-1, page, scores)
+    sizes = torch.bincount(page[(0,) * (scores.dim() - 1)], minlength=pages).clamp_min(1).to(scores.dtype)
+    page_scores = (sums / sizes).gather(-1, page)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices  # least significant key first
+    for key, descending in ((page, False), (page_scores, True), (scores == float("inf"), True)):
+        order = order.gather(
+            -1, torch.sort(key.gather(-1, order), dim=-1, descending=descending, stable=True)[1]
+        )
+    return order[..., :n_kept].sort(dim=-1).values
 
 
 @dataclass
@@ -158,8 +163,9 @@ class MemDecayPress(ScorerPress):
       its entries' scores (the page is worth what it holds on average; a max would let one sink token keep
       15 others). The budget int(L * (1 - ratio)) is exact: whole pages by score, then the best entries of
       the next page. Kept entries stay in position order.
-    - pin: comma-separated regions whose tokens are always kept (score +inf; their page goes first). If the
-      pinned tokens exceed the budget, the budget wins and the earliest pinned pages are kept.
+    - pin: comma-separated regions whose tokens are always kept: they go first, then the rest of their pages
+      (a page that holds a pinned token is open anyway), then the other pages. If the pinned tokens exceed
+      the budget, the budget wins and the earliest pinned tokens are kept.
     - Regions: the engine gives one per context token through `use_regions` (none given: the whole context
       is "user", the single user turn it is rendered in). Entries beyond those (question, generation) are
       "assistant" when they arrive while decoding (the forward that triggers compression is one token) and
@@ -221,6 +227,7 @@ class MemDecayPress(ScorerPress):
         regions[inside] = known[positions[inside]]
         return regions
 
+    @torch.no_grad()
     def observe(self, module, hidden_states, keys, kwargs) -> EntryState:
         """The state of every entry of `keys` after the queries of `hidden_states` (not stored)."""
         batch, kv_heads, length, _ = keys.shape

@@ -1,11 +1,11 @@
 """Calibrate MemDecay from measured attention lifetimes: how long each region's tokens keep being attended.
 
-The model (eager attention) reads chat-structured samples: the context's turns, then the question in a last
-user turn. At every layer and KV head (attention averaged over its query heads), each token j is seen by the
-later queries i; its age is i - j (tokens processed since it), and it counts as attended when it gets more
-than `threshold` times its uniform share, 1 / (i + 1). Per region and age we count the (query, token) pairs
-and the attended ones; their ratio, the fraction of the region's tokens still attended at that age, is what
-decays.
+The model (eager attention) reads chat-structured samples as the benchmark feeds them: the context's turns,
+then the question in a last user turn. At every layer and KV head (attention averaged over its query heads),
+each token j is seen by the later queries i; its age is i - j (tokens processed since it), and it counts as
+attended when it gets more than `threshold` times its uniform share, 1 / (i + 1). Per region and age we count
+the (query, token) pairs and the attended ones; their ratio, the fraction of the region's tokens still
+attended at that age, is what decays.
 
 - Half-life: a weighted least-squares fit of log2(fraction) = c - age / h over the ages with at least
   `MIN_PAIRS` pairs, weighted by the attended count (about the inverse variance of a log-frequency). A fit
@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from kvbench import models
-from kvbench.presses.memdecay import CALIBRATION_FILE, REGIONS
+from kvbench.engine import REGIONS, tokenize_sample
+from kvbench.presses.memdecay import CALIBRATION_FILE
 
 CARD_FILE = "card.json"
 PLOT_FILE = "attention_vs_age.png"
@@ -35,33 +36,16 @@ MIN_PAIRS = 50  # (query, token) pairs an age needs before its fraction enters t
 DEFAULT_THRESHOLD = 1.0
 
 
-def message_region(message: dict) -> int:
-    name = message.get("region", message["role"])
-    if name not in REGIONS:
-        raise ValueError(f"message region {name!r} is not one of {', '.join(REGIONS)}")
-    return REGIONS.index(name)
-
-
-def render_messages(tokenizer, messages: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids of the chat-templated `messages` and the region id of each token: a turn's template tokens
-    (header, end of turn) belong to it; text the template adds before the first turn goes with that turn."""
-    texts = [tokenizer.apply_chat_template(messages[: i + 1], tokenize=False) for i in range(len(messages))]
-    encoded = tokenizer(texts[-1], add_special_tokens=False, return_offsets_mapping=True)
-    ends = [len(text) for text in texts]
-    regions = []
-    for start, _ in encoded["offset_mapping"]:
-        turn = next((i for i, end in enumerate(ends) if start < end), len(ends) - 1)
-        regions.append(message_region(messages[turn]))
-    return torch.tensor(encoded["input_ids"]), torch.tensor(regions)
-
-
-def sample_messages(sample) -> list[dict]:
-    """The sample's turns, then its question as a last user turn (what the benchmark asks)."""
+def sample_tokens(tokenizer, sample) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sample as the benchmark feeds it (engine.tokenize_sample): its turns, then the question in a last
+    user turn and the answer prefix; token ids and the region id of each ("user" for the question)."""
     if not sample.messages:
         raise ValueError(
             f"sample {sample.task}/{sample.id} has no chat turns (Sample.messages) to calibrate on"
         )
-    return [*sample.messages, {"role": "user", "content": sample.question}]
+    prompt = tokenize_sample(tokenizer, sample)
+    question = torch.full((prompt.question_ids.shape[1],), REGIONS.index("user"))
+    return torch.cat([prompt.context_ids[0], prompt.question_ids[0]]), torch.cat([prompt.regions, question])
 
 
 @dataclass
@@ -142,7 +126,7 @@ def fit_calibration(stats: LifetimeStats) -> dict:
 @torch.no_grad()
 def measure(model, tokenizer, samples, threshold: float = DEFAULT_THRESHOLD, log=print) -> LifetimeStats:
     """Run the model over each sample's turns and count attention by region and age at every layer."""
-    encoded = [render_messages(tokenizer, sample_messages(sample)) for sample in samples]
+    encoded = [sample_tokens(tokenizer, sample) for sample in samples]
     stats = LifetimeStats(max_age=max(len(ids) for ids, _ in encoded) - 1, threshold=threshold)
     config = model.config.get_text_config()
     groups = config.num_attention_heads // config.num_key_value_heads
