@@ -9,7 +9,7 @@ import torch
 from kvpress import KnormPress, KVPressTextGenerationPipeline
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from kvbench import engine
+from kvbench import adapter, decoder, engine
 from kvbench.engine import Config, evaluate_sample, tokenize_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
@@ -105,7 +105,7 @@ def registry_configs(model, tmp_path) -> list[Config]:
     configs = [Config("none", 0.0)]
     for name in sorted(PRESSES.keys() - skipped):
         args = (("agents", save_random_kvp_agents(model, tmp_path / "kvp")),) if name == "kvp" else ()
-        shareable = engine.is_shareable(Config(name, 0.5, args).build_press())
+        shareable = adapter.is_shareable(Config(name, 0.5, args).build_press())
         configs += [Config(name, ratio, args) for ratio in (RATIOS if shareable else (0.5,))]
     return configs
 
@@ -128,7 +128,7 @@ def pipeline_token_ids(monkeypatch, model, tokenizer, sample: Sample, config: Co
     pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     calls = decoded_token_ids(monkeypatch, tokenizer)
     eager = needs_eager(config.press, dict(config.press_args))
-    with engine.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
+    with adapter.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
         pipeline(
             sample.context,
             question=sample.question,
@@ -155,7 +155,7 @@ def test_every_registry_press_answers_as_the_kvpress_pipeline(monkeypatch, token
     model = tiny_model(architecture, len(tokenizer))
     sample = word_soup_sample(260)
     configs = registry_configs(model, tmp_path)
-    shared = {c.press for c in configs if engine.is_shareable(c.build_press())}
+    shared = {c.press for c in configs if adapter.is_shareable(c.build_press())}
     assert MUST_SHARE <= shared
 
     # Chunks of 7 configs: several prefills, batches mixing presses and ratios, caches of different lengths.
@@ -218,7 +218,7 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
         Config("none", 0.0),
         Config("adakv", 0.75, adakv),
     ]
-    assert [engine.is_shareable(c.build_press()) for c in configs] == [False, True, True, False]
+    assert [adapter.is_shareable(c.build_press()) for c in configs] == [False, True, True, False]
     engine._logged_fallbacks.clear()
     with caplog.at_level(logging.INFO, logger="kvbench.engine"):
         engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
@@ -227,9 +227,9 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
     assert all(getattr(layer.self_attn, "masked_key_indices", None) is None for layer in model.model.layers)
     for config, ids in zip(configs, engine_ids, strict=True):
         assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config)
-    # AdaKV masks entries instead of removing them: fewer entries count, the bytes stay.
+    # AdaKV masks entries instead of removing them: they count as evicted, in entries and in bytes.
     assert results[0]["kv_kept"] == results[1]["kv_kept"] < results[2]["kv_kept"]
-    assert results[0]["kv_bytes_kept"] == results[2]["kv_bytes_kept"]
+    assert results[0]["kv_bytes"] == results[1]["kv_bytes"] < results[2]["kv_bytes"]
 
 
 def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
@@ -259,13 +259,13 @@ def test_a_scorer_at_several_ratios_scores_each_layer_once(monkeypatch, tokenize
 def test_compaction_keeps_groups_together_and_moves_as_few_rows_as_it_can():
     groups = [0, 0, 0, 1, 1, 1, 2, 2]
     running = [True, False, True, True, True, True, False, True]
-    order = engine.compaction_order(groups, running)
+    order = decoder.compaction_order(groups, running)
     # Every running row once; the groups in their order and contiguous.
     assert sorted(order) == [row for row, run in enumerate(running) if run]
     assert [groups[row] for row in order] == [0, 0, 1, 1, 1, 2]
     # Only the slots left empty in a group's range are refilled: rows 0, 3 and 4 stay where they are.
     assert [slot for slot, row in enumerate(order) if slot != row] == [1, 2, 5]
-    assert engine.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
+    assert decoder.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
 
 
 def test_a_tokenizer_without_chat_template_gets_the_pipelines_bos_fallback(monkeypatch, tokenizer):
@@ -301,7 +301,10 @@ def test_attention_weights_are_those_of_the_eager_attention(tokenizer, architect
     def compare(module, args, kwargs, output):
         keys = kwargs["past_key_values"].layers[module.layer_idx].keys
         torch.testing.assert_close(
-            engine.attention_weights(module, kwargs, keys), output[1], rtol=0, atol=1e-7
+            adapter.attention_weights(module, kwargs["hidden_states"], kwargs["position_embeddings"], keys),
+            output[1],
+            rtol=0,
+            atol=1e-7,
         )
         compared.append(module.layer_idx)
 
@@ -324,7 +327,11 @@ def test_kv_accounting_counts_entries_and_bytes_kept(tokenizer):
     assert none["context_tokens"] == knorm["context_tokens"] == n
     assert none["kv_total"] == knorm["kv_total"] == none["kv_kept"] == layers * kv_heads * n
     assert knorm["kv_kept"] == layers * kv_heads * int(n * 0.7)
-    assert knorm["kv_bytes_kept"] == knorm["kv_kept"] * head_dim * 2 * 4  # keys + values, fp32
+    # Counted as a 16-bit cache stores keys and values, though the model computes in fp32.
+    assert knorm["kv_bytes"] == knorm["kv_kept"] * head_dim * 2 * 2
+    assert (
+        none["kv_bytes"] == none["kv_bytes_full"] == knorm["kv_bytes_full"] == none["kv_total"] * head_dim * 4
+    )
     assert all(r["prefill_s"] > 0 and r["decode_s"] > 0 for r in (none, knorm))
 
 
