@@ -15,6 +15,7 @@ kvpress's attention patch, or compress while decoding fall back to a run of thei
 pipeline's flow for that single config.
 """
 
+import bisect
 import contextlib
 import itertools
 import logging
@@ -77,6 +78,7 @@ class Config:
 class Prompt:
     context_ids: torch.Tensor  # (1, n): prefilled and compressed
     question_ids: torch.Tensor  # (1, q): question + answer prefix, fed on top of the compressed cache
+    regions: torch.Tensor | None = None  # (n,): index in REGIONS of each context token
 
 
 @dataclass
@@ -124,37 +126,67 @@ def evaluate_sample(
     return [run.result for run in runs]
 
 
+# Region of each context token, from the chat template's spans (region-aware presses such as MemDecay).
+REGIONS = ("system", "user", "assistant", "tool", "scratchpad")
+
+
 def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
-    """Split the prompt as the kvpress pipeline's `preprocess` does.
+    """Split the prompt as the kvpress pipeline's `preprocess` does, and give each context token its region.
 
     A sample that turns the chat template off (LongBench's trec, triviaqa, ...) is the task's raw prompt,
-    tokenized as the task's official code does: the tokenizer's own special tokens, nothing appended.
+    tokenized as the task's official code does: the tokenizer's own special tokens, nothing appended. A
+    sample made of chat turns (`messages`) is rendered with the template, the question in a last user turn.
     """
-    context = sample.context
+    messages = sample.messages or [{"role": "user", "content": sample.context}]
     special_tokens = False
     if not sample.chat_template:
-        special_tokens, question_suffix = True, ""
+        context, special_tokens, question_suffix = sample.context, True, ""
     elif tokenizer.chat_template is not None:
-        # The text after the context in the user turn (end of turn, assistant header) goes with the question.
-        separator = "#" * (len(context) + 10)
+        # The text after the context (end of turn, assistant header) goes with the question.
+        separator = "#" * (max(len(message["content"]) for message in messages) + 10)
+        turns = [{"role": message["role"], "content": message["content"]} for message in messages]
+        if sample.messages:
+            turns.append({"role": "user", "content": separator})
+        else:
+            turns[-1]["content"] += separator
         templated = tokenizer.apply_chat_template(
-            [{"role": "user", "content": context + separator}],
-            add_generation_prompt=True,
-            tokenize=False,
-            enable_thinking=False,
+            turns, add_generation_prompt=True, tokenize=False, enable_thinking=False
         )
         context, question_suffix = templated.split(separator)
     else:  # a base model: the pipeline's fallback
-        context = (tokenizer.bos_token or "") + context
+        context = (tokenizer.bos_token or "") + "\n\n".join(message["content"] for message in messages)
         question_suffix = "\n"
     question = sample.question + question_suffix + sample.answer_prefix
-    context_ids = tokenizer.encode(context, return_tensors="pt", add_special_tokens=special_tokens)
+    encoded = tokenizer(context, add_special_tokens=special_tokens, return_offsets_mapping=True)
+    context_ids = torch.tensor([encoded["input_ids"]])
+    regions = token_regions(context, messages, [start for start, _ in encoded["offset_mapping"]])
     question_ids = tokenizer.encode(question, return_tensors="pt", add_special_tokens=False)
     max_length = min(tokenizer.model_max_length, int(1e10))
     if context_ids.shape[1] > max_length:
         logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
-        context_ids = context_ids[:, :max_length]
-    return Prompt(context_ids, question_ids)
+        context_ids, regions = context_ids[:, :max_length], regions[:max_length]
+    return Prompt(context_ids, question_ids, regions)
+
+
+def token_regions(context: str, messages: list[dict], token_starts: list[int]) -> torch.Tensor:
+    """The region id of each token: that of the message whose span holds the token's first character.
+
+    A message's span runs from its content to the next message's content, so the template's header of a
+    turn belongs to the previous one; text before the first message (a default system prompt) is "system".
+    """
+    starts, regions, cursor = [], [], 0
+    for message in messages:
+        found = context.find(message["content"], cursor)
+        if found < 0:  # not rendered verbatim (a template that rewrites turns): the region runs on
+            continue
+        starts.append(found)
+        regions.append(REGIONS.index(message.get("region", message["role"])))
+        cursor = found + len(message["content"])
+    ids = [
+        regions[index] if (index := bisect.bisect_right(starts, start) - 1) >= 0 else 0
+        for start in token_starts
+    ]
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def is_shareable(press: BasePress | None) -> bool:
@@ -170,6 +202,15 @@ def is_shareable(press: BasePress | None) -> bool:
         and type(press).__call__ is BasePress.__call__
         and all(is_shareable(inner) for inner in vars(press).values() if isinstance(inner, BasePress))
     )
+
+
+def prepare_press(press: BasePress | None, model, prompt: Prompt) -> None:
+    """What a press learns before the prefill: the model, and the context regions for those that ask."""
+    if press is None:
+        return
+    press.post_init_from_model(model)
+    if hasattr(press, "use_regions") and prompt.regions is not None:
+        press.use_regions(prompt.regions)
 
 
 def log_fallback(runs: list[Run]) -> None:
@@ -201,8 +242,7 @@ def language_model(model):
 def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> None:
     """One uncompressed prefill whose hooks fill every run's compressed cache, then one batched decoding."""
     for run in runs:
-        if run.press is not None:
-            run.press.post_init_from_model(model)
+        prepare_press(run.press, model, prompt)
     start = clock(model)
     with compress_for_each(model, runs):
         model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=DynamicCache())
@@ -540,6 +580,7 @@ def layer_pre_hooks(model, hook):
 def run_alone(model, prompt: Prompt, run: Run, max_new_tokens: int) -> None:
     """The pipeline's flow for one config whose press cannot share the prefill."""
     press = run.press
+    prepare_press(press, model, prompt)
     cache = DynamicCache()
     context_length = prompt.context_ids.shape[1]
     compresses_prefill = not isinstance(press, DecodingPress)

@@ -351,3 +351,39 @@ def test_embedded_model_matches_the_pipeline(monkeypatch):
     assert 250 < results[0]["context_tokens"] < 400
     for config, ids in zip(configs, engine_ids, strict=True):
         assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config), config
+
+
+def test_chat_turns_are_rendered_with_the_template_and_each_token_has_its_region(tokenizer):
+    messages = [
+        {"role": "system", "content": "The deploy region is eu-west-3."},
+        {"role": "user", "content": "Find the failing job."},
+        {"role": "assistant", "content": "call search(jobs)"},
+        {"role": "tool", "content": "job 17 failed at step compile"},
+        {"role": "assistant", "content": "Job 17 is the one to look at.", "region": "scratchpad"},
+    ]
+    question = "Which job failed?"
+    sample = Sample("t", "0", "", question, "Answer:", ["17"], 5, "string_match_all", messages=messages)
+    prompt = tokenize_sample(tokenizer, sample)
+    rendered = tokenizer.apply_chat_template(
+        [*messages, {"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    full = torch.cat([prompt.context_ids, prompt.question_ids], dim=1)[0].tolist()
+    assert full == tokenizer.encode(rendered + "Answer:", add_special_tokens=False)
+    assert prompt.regions.shape == (prompt.context_ids.shape[1],)
+    # Each message's content is tokenized within its own region.
+    for message in messages:
+        region = engine.REGIONS.index(message.get("region", message["role"]))
+        ids = tokenizer.encode(message["content"], add_special_tokens=False)
+        context = prompt.context_ids[0].tolist()
+        start = next(i for i in range(len(context)) if context[i : i + len(ids)] == ids)
+        assert set(prompt.regions[start : start + len(ids)].tolist()) == {region}, message
+    assert prompt.regions[-1] == engine.REGIONS.index("scratchpad")  # the last turn runs to the question
+
+
+def test_a_plain_context_is_user_after_the_templates_system_prompt(tokenizer):
+    sample = word_soup_sample(40)
+    prompt = tokenize_sample(tokenizer, sample)
+    regions = prompt.regions.tolist()
+    assert regions[0] == engine.REGIONS.index("system")
+    assert regions[-1] == engine.REGIONS.index("user")
+    assert regions == sorted(regions)  # one system span, then the user's
