@@ -384,3 +384,19 @@ def test_embedded_tokenizer_regions_cover_the_calibration_sample():
     assert len(ids) == len(regions)
     assert set(regions.tolist()) == set(range(len(REGIONS)))
     assert regions[-1] == USER  # the question's last user turn
+
+
+@pytest.mark.parametrize(
+    "protocol", [("query-agnostic", ()), ("decode-time", (("interval", 2),)), ("streaming", (("chunk", 48),))]
+)
+def test_engine_runs_the_press_under_every_protocol_within_budget(tiny, tmp_path, protocol):
+    """The engine gives the press the sample's regions and compresses with it under each protocol."""
+    from kvbench.engine import Config, evaluate_sample
+
+    model, tokenizer = tiny
+    calibration = write_test_calibration(tmp_path, model_name(model))
+    config = Config("memdecay", 0.5, (("calibration", calibration), ("pin", "system")), None, None, *protocol)
+    (result,) = evaluate_sample(model, tokenizer, chat_sample(3), [config])
+    assert isinstance(result["prediction"], str)
+    layers_heads = result["kv_total"] // result["context_tokens"]
+    assert result["kv_kept"] == int(result["context_tokens"] * 0.5) * layers_heads

@@ -159,10 +159,11 @@ class MemDecayPress(ScorerPress):
       region prior and its decay rank the tokens, as the paper's policy; accumulated attention breaks ties and
       keeps heavy hitters (a token with 10x the mean attention gains as much as a max-priority token just
       attended). beta=0 is the pure decay policy.
-    - Pages: `page_size` (16, the paper's) consecutive entries of the current cache; page score = the mean of
-      its entries' scores (the page is worth what it holds on average; a max would let one sink token keep
-      15 others). The budget int(L * (1 - ratio)) is exact: whole pages by score, then the best entries of
-      the next page. Kept entries stay in position order.
+    - Pages: `page_size` (16, a common KV-cache page size; the paper evicts pages but its abstract gives no
+      size) consecutive entries of the current cache; page score = the mean of its entries' scores (the page
+      is worth what it holds on average; a max would let one sink token keep 15 others). The budget
+      int(L * (1 - ratio)) is exact: whole pages by score, then the best entries of the next page. Kept
+      entries stay in position order.
     - pin: comma-separated regions whose tokens are always kept: they go first, then the rest of their pages
       (a page that holds a pinned token is open anyway), then the other pages. If the pinned tokens exceed
       the budget, the budget wins and the earliest pinned tokens are kept.

@@ -8,10 +8,16 @@ the (query, token) pairs and the attended ones; their ratio, the fraction of the
 attended at that age, is what decays.
 
 - Half-life: a weighted least-squares fit of log2(fraction) = c - age / h over the ages with at least
-  `MIN_PAIRS` pairs, weighted by the attended count (about the inverse variance of a log-frequency). A fit
-  is robust to the noise of single ages where "the age at which the fraction halves" is not, and it uses the
-  whole curve. Half-lives are clipped to [1, 10 x the longest age measured]: a flat curve says "longer than
-  we could see", not infinity.
+  `MIN_PAIRS` pairs, from age 1 to the first age where the fraction is down to a quarter of age 1's, weighted
+  by the attended count (about the inverse variance of a log-frequency). Measured curves drop fast (local
+  attention) to a long, low plateau of occasional re-reads; the press models the plateau by refreshing a
+  token's age whenever it is attended again, and decays it in between: the half-life it needs is the early
+  drop's, so the fit stops at two half-lives. A fit is steadier than reading off the single age where the
+  fraction halves. Half-lives are clipped to [1, 10 x the longest age measured]: a flat curve says "longer
+  than we could see", not infinity. Ages count from the token's own processing (its creation).
+- Attention sinks: the first `SINKS` tokens are attended at every age whatever their region; counted, they
+  would give the system region (which comes first) the sink's lifetime. They are left out; the press keeps
+  them by their accumulated attention.
 - Base priority: the region's attended fraction over all its pairs (how often it is attended at all),
   divided by the highest region's, so priorities are in (0, 1]. A fraction, not the mean attention: the
   attention sink (the first token, a system token) would otherwise make system the only region that counts.
@@ -32,6 +38,7 @@ from kvbench.presses.memdecay import CALIBRATION_FILE
 
 CARD_FILE = "card.json"
 PLOT_FILE = "attention_vs_age.png"
+SINKS = 4  # the first tokens, attended at every age whatever their region (StreamingLLM's sinks)
 MIN_PAIRS = 50  # (query, token) pairs an age needs before its fraction enters the fit
 DEFAULT_THRESHOLD = 1.0
 
@@ -72,7 +79,8 @@ class LifetimeStats:
         heads, length, _ = weights.shape
         query = torch.arange(length).unsqueeze(1)
         age = query - torch.arange(length).unsqueeze(0)
-        counted = (age >= 1) & (age <= self.max_age)  # later queries only: a token's own query is not reuse
+        # Later queries only (a token's own query is not reuse), and no attention sink (see the module doc).
+        counted = (age >= 1) & (age <= self.max_age) & (torch.arange(length) >= SINKS).unsqueeze(0)
         index = (regions.unsqueeze(0) * (self.max_age + 1) + age)[counted]
         seen = (query + 1).to(weights.dtype)
         attended = (weights > self.threshold / seen).sum(dim=0)[counted].double()
@@ -96,6 +104,10 @@ def fit_half_life(attended: torch.Tensor, pairs: torch.Tensor) -> float:
         return longest
     x, weight = ages[use], attended[use]
     y = torch.log2(attended[use] / pairs[use])
+    below = (y <= y[0] - 2).nonzero()  # the first age at a quarter of the first fraction or less
+    if len(below):
+        end = max(int(below[0]) + 1, 2)
+        x, weight, y = x[:end], weight[:end], y[:end]
     x_mean, y_mean = (weight * x).sum() / weight.sum(), (weight * y).sum() / weight.sum()
     slope = (weight * (x - x_mean) * (y - y_mean)).sum() / (weight * (x - x_mean) ** 2).sum()
     if slope >= 0:
