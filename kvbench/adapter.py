@@ -10,6 +10,7 @@ would see a single sequence.
 
 import contextlib
 import time
+from collections import defaultdict
 from dataclasses import fields
 
 import torch
@@ -42,7 +43,7 @@ from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench.presses.kvp import KVPPress
 
-__all__ = ["DecodingPress", "DynamicCache", "PrefillDecodingPress"]
+__all__ = ["DynamicCache"]
 
 
 def language_model(model):
@@ -101,15 +102,29 @@ def moves_positions(press: BasePress | None) -> bool:
     )
 
 
+class CodecDecodingPress(DecodingPress):
+    """kvpress's DecodingPress around a codec press that recompresses its whole store at each call (QEvict
+    re-tiers): the same buffering and schedule; only DecodingPress's check that it wraps a scorer is left
+    out. Its target ratio (`compression_ratio`) tells the codec its budget in 16-bit entries."""
+
+    def __post_init__(self):
+        self.hidden_states_buffer = defaultdict(list)
+        self.layer_step_counts = defaultdict(int)
+
+
 def decoding_press(
     press: BasePress, interval: int, target_size: int, buffer_size: int = 256
 ) -> DecodingPress:
-    """kvpress's DecodingPress around `press`: compress every `interval` steps back to `target_size`."""
-    if not isinstance(press, ScorerPress):
+    """kvpress's DecodingPress around `press`: compress every `interval` steps back to `target_size`.
+    The DecodingPress sets the press's ratio at each compression."""
+    codec = getattr(press, "shares_prefill", False)
+    if not isinstance(press, ScorerPress) and not codec:
         raise ValueError(
             f"{type(press).__name__} cannot compress during decoding: kvpress's DecodingPress takes scorers"
         )
-    return DecodingPress(
+    if not codec:
+        press.compression_ratio = 0.0  # (DecodingPress warns of a ratio it will override)
+    return (CodecDecodingPress if codec else DecodingPress)(
         base_press=press,
         compression_interval=interval,
         target_size=target_size,
@@ -447,6 +462,11 @@ def compress_rows(presses: dict, needs_attentions: set, active, masks_of):
                 **kwargs,
                 "hidden_states": kwargs["hidden_states"][row : row + 1],
                 "position_embeddings": (cos[row : row + 1], sin[row : row + 1]),
+                **(
+                    {"position_ids": kwargs["position_ids"][row : row + 1]}
+                    if "position_ids" in kwargs
+                    else {}
+                ),
                 "past_key_values": row_cache,
                 "attention_mask": None,
             }

@@ -29,7 +29,6 @@ from kvpress.utils import compute_n_kept
 
 from kvbench.adapter import (
     DynamicCache,
-    PrefillDecodingPress,
     attention_implementation,
     clear_head_masks,
     clock,
@@ -44,7 +43,7 @@ from kvbench.adapter import (
     pad_caches,
 )
 from kvbench.decoder import BatchedDecoder
-from kvbench.presses import build_press, needs_eager
+from kvbench.presses import PRESSES, build_press, needs_eager
 from kvbench.tasks.base import Sample
 
 logger = logging.getLogger(__name__)
@@ -235,14 +234,21 @@ def log_fallback(runs: list[Run]) -> None:
 _logged_fallbacks: set[str] = set()
 
 
-def decode_time_press(run: Run, model, prompt: Prompt, target_size: int):
-    """The DecodingPress of a decode-time run (None for other protocols): a fresh instance of the run's
-    press, compressing every `interval` steps back to `target_size` entries."""
+def budget_entries(config: Config, context_length: int) -> int:
+    """The entries per head a config's budget allows of the whole context: int(L x (1 - ratio)) for an
+    evictor; for a codec, its memory in 16-bit entries (which a codec given a target ratio reads so)."""
+    codec = config.press in PRESSES and PRESSES[config.press].codec
+    memory = config.memory if config.memory is not None else 1 - config.ratio
+    return compute_n_kept(context_length, 1 - memory if codec else config.ratio)
+
+
+def decode_time_press(run: Run, context_length: int):
+    """The DecodingPress of a decode-time run (None for other protocols): the run's own press (its state
+    from the prefill goes on), compressing every `interval` steps back to the budget."""
     if run.config.protocol != "decode-time" or run.press is None:
         return None
-    press = decoding_press(run.config.build_press(), dict(run.config.protocol_args)["interval"], target_size)
-    prepare_press(press.base_press, model, prompt)
-    return press
+    interval = dict(run.config.protocol_args)["interval"]
+    return decoding_press(run.press, interval, budget_entries(run.config, context_length))
 
 
 def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> None:
@@ -261,10 +267,7 @@ def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> N
     # Longest caches first, so that the attention can skip the padding of rows of equal length together.
     runs = sorted(runs, key=lambda run: -max(layer.keys.shape[2] for layer in run.cache.layers))
     room = prompt.question_ids.shape[1] + max_new_tokens
-    presses = {
-        row: decode_time_press(run, model, prompt, compute_n_kept(context_length, run.config.ratio))
-        for row, run in enumerate(runs)
-    }
+    presses = {row: decode_time_press(run, context_length) for row, run in enumerate(runs)}
     cache, padding = pad_caches([run.cache for run in runs], room)
     for run in runs:
         run.cache = None  # the batch holds a copy; free the per-config caches
@@ -295,7 +298,7 @@ def run_streaming(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -
     for row, run in enumerate(runs):
         prepare_press(run.press, model, prompt)
         if run.press is not None:
-            target = compute_n_kept(context_length, run.config.ratio)
+            target = budget_entries(run.config, context_length)
             presses[row] = decoding_press(run.press, interval=1, target_size=target, buffer_size=1)
     room = context_length + prompt.question_ids.shape[1] + max_new_tokens
     decoder = BatchedDecoder(
@@ -317,13 +320,11 @@ def run_streaming(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -
 
 
 def run_alone(model, prompt: Prompt, run: Run, max_new_tokens: int) -> None:
-    """The pipeline's flow for one config whose press cannot share the prefill."""
+    """The pipeline's flow for one config whose press cannot share the prefill (query-agnostic only:
+    `check_protocol` keeps such presses out of the other protocols)."""
     press = run.press
     prepare_press(press, model, prompt)
     context_length = prompt.context_ids.shape[1]
-    decoding = decode_time_press(run, model, prompt, compute_n_kept(context_length, run.config.ratio))
-    if decoding is not None:
-        press = PrefillDecodingPress(prefilling_press=press, decoding_press=decoding)
     cache = DynamicCache()
     try:
         start = clock(model)

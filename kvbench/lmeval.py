@@ -66,9 +66,9 @@ class KVBenchLM(HFLM):
         self.press_name = press
         self.compression_ratio = float(compression_ratio)
         self.press_args = dict(press_args or {})
-        probe = self.new_run().press  # unknown press or bad arguments fail before the model loads
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
         self.eager = needs_eager(press, self.press_args)
+        probe = self.new_run().press  # unknown press or bad arguments fail before the model loads
         model, tokenizer = load_model(
             pretrained, device=device, dtype=dtype, attn_implementation="eager" if self.eager else None
         )

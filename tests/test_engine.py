@@ -6,10 +6,11 @@ import random
 
 import pytest
 import torch
-from kvpress import KnormPress, KVPressTextGenerationPipeline
+from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, PrefillDecodingPress
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench import adapter, decoder, engine
+from kvbench.decoder import BatchedDecoder
 from kvbench.engine import Config, evaluate_sample, tokenize_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
@@ -394,3 +395,144 @@ def test_a_plain_context_is_user_after_the_templates_system_prompt(tokenizer):
     assert regions[0] == engine.REGIONS.index("system")
     assert regions[-1] == engine.REGIONS.index("user")
     assert regions == sorted(regions)  # one system span, then the user's
+
+
+DECODE_STEPS = 24
+
+
+def decode_time_reference(monkeypatch, model, tokenizer, sample, config: Config) -> list[int]:
+    """kvpress's pipeline with the equivalent PrefillDecodingPress: the press at the ratio on the prefill,
+    and a DecodingPress of the same press back to the prefill's size every `interval` steps."""
+    prefill = config.build_press()
+    target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * (1 - config.ratio))
+    interval = dict(config.protocol_args)["interval"]
+    decoding = DecodingPress(
+        base_press=Config(config.press, 0.0).build_press(), compression_interval=interval, target_size=target
+    )
+    pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    calls = decoded_token_ids(monkeypatch, tokenizer)
+    eager = needs_eager(config.press)
+    with adapter.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
+        pipeline(
+            sample.context,
+            question=sample.question,
+            answer_prefix=sample.answer_prefix,
+            press=PrefillDecodingPress(prefilling_press=prefill, decoding_press=decoding),
+            max_new_tokens=sample.max_new_tokens,
+        )
+    monkeypatch.undo()
+    (ids,) = calls
+    return ids
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_decode_time_compression_in_the_batch_answers_as_kvpress_decoding_press(
+    monkeypatch, tokenizer, architecture
+):
+    model = tiny_model(architecture, len(tokenizer))
+    sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
+    configs = [Config("none", 0.0)] + [
+        Config(press, ratio, protocol="decode-time", protocol_args=(("interval", interval),))
+        for press, ratio, interval in [
+            ("knorm", 0.5, 3),
+            ("knorm", 0.5, 7),
+            ("tova", 0.75, 4),
+            ("streaming_llm", 0.5, 5),
+            ("h2o", 0.5, 3),  # scores with the attention weights of the decoding steps
+            ("keydiff", 0.25, 2),
+        ]
+    ]
+    # Query-agnostic configs of the same presses share the batch; their answers must differ.
+    configs += [Config("knorm", 0.5), Config("tova", 0.75)]
+    engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    assert engine_ids[0] == pipeline_token_ids(monkeypatch, model, tokenizer, sample, configs[0])
+    for config, ids in zip(configs[1:-2], engine_ids[1:-2], strict=True):
+        reference = decode_time_reference(monkeypatch, model, tokenizer, sample, config)
+        assert len(reference) == DECODE_STEPS
+        assert ids == reference, config
+    assert engine_ids[1] != engine_ids[-2] or engine_ids[3] != engine_ids[-1]
+    assert all(result["kv_kept"] < results[0]["kv_kept"] for result in results[1:])
+
+
+def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, tokenizer):
+    """QEvict's recoverable tier during decoding: in the engine's batch, each row answers as the press does
+    alone under kvpress's hooks on a plain cache: the prefill, then the same instance (its tiers and
+    scores go on) every 8 decoding steps (its window) on the growing cache."""
+    model = tiny_model("llama", len(tokenizer))
+    sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
+    decode_time = {"protocol": "decode-time", "protocol_args": (("interval", 8),)}
+    configs = [Config("qevict", 0.0, memory=m, **decode_time) for m in (0.5, 0.25)] + [Config("knorm", 0.5)]
+    _, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    prompt = tokenize_sample(tokenizer, sample)
+    n = prompt.context_ids.shape[1]
+    answers = []
+    for config, result in zip(configs[:2], results, strict=False):
+        press, cache = config.build_press(), DynamicCache()
+        decoding = adapter.decoding_press(press, 8, engine.budget_entries(config, n))
+        with torch.no_grad():
+            with press(model):
+                model.model(input_ids=prompt.context_ids, past_key_values=cache)
+            # kvpress's __call__ would reset the press's state first; hook it as it is instead.
+            with adapter.attention_hooks(model, decoding.forward_hook):
+                decoder = BatchedDecoder(model, cache, attention=None)
+                (tokens,) = decoder.decode(prompt.question_ids, n, sample.max_new_tokens)
+        assert result["prediction"] == tokenizer.decode(tokens, skip_special_tokens=True), config
+        answers.append(tokens)
+    assert answers[0] != answers[1]
+    assert results[1]["kv_bytes"] <= 0.25 * results[1]["kv_bytes_full"] < results[0]["kv_bytes"]
+
+
+def streaming_reference(model, tokenizer, sample, config: Config) -> tuple[list[int], int]:
+    """One config alone: the context fed chunk by chunk under kvpress's own DecodingPress (a step per
+    chunk, back to the budget), then the question and greedy decoding on that cache, no press."""
+    prompt = tokenize_sample(tokenizer, sample)
+    n = prompt.context_ids.shape[1]
+    chunk = dict(config.protocol_args)["chunk"]
+    cache = DynamicCache()
+    base = config.build_press()
+    base.post_init_from_model(model)
+    press = adapter.decoding_press(base, 1, engine.budget_entries(config, n), buffer_size=1)
+    with torch.no_grad():
+        with press(model):
+            for start in range(0, n, chunk):
+                ids = prompt.context_ids[:, start : start + chunk]
+                positions = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+                model(input_ids=ids, past_key_values=cache, position_ids=positions)
+        held = cache.get_seq_length()
+        ids = prompt.question_ids
+        position, tokens = n, []
+        for _ in range(sample.max_new_tokens):
+            positions = torch.arange(position, position + ids.shape[1]).unsqueeze(0)
+            logits = model(input_ids=ids, past_key_values=cache, position_ids=positions).logits
+            position += ids.shape[1]
+            tokens.append(int(logits[0, -1].argmax()))
+            ids = torch.tensor([[tokens[-1]]])
+    return tokens, held
+
+
+def test_streaming_feeds_chunks_as_one_batch_and_answers_as_each_config_alone(monkeypatch, tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    sample = word_soup_sample(200)
+    streaming = (("chunk", 64),)
+    configs = [
+        Config(press, ratio, protocol="streaming", protocol_args=streaming)
+        for press, ratio in [("knorm", 0.5), ("knorm", 0.75), ("tova", 0.5), ("streaming_llm", 0.75)]
+    ]
+    # QEvict re-tiers its windows after every chunk within a memory budget.
+    qevict = Config("qevict", 0.0, memory=0.3, protocol="streaming", protocol_args=streaming)
+    configs += [qevict, Config("none", 0.0, protocol="streaming", protocol_args=streaming)]
+    engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    n = tokenize_sample(tokenizer, sample).context_ids.shape[1]
+    assert n > 3 * 64  # several chunks, several compressions
+    for config, ids, result in zip(configs[:-1], engine_ids[:-1], results[:-1], strict=True):
+        reference, held = streaming_reference(model, tokenizer, sample, config)
+        assert ids == reference, config
+        assert result["kv_kept"] == held * 2 * 2
+        if config.press != "qevict":
+            assert held == int(n * (1 - config.ratio))
+    assert results[-2]["kv_bytes"] <= 0.3 * results[-2]["kv_bytes_full"]
+    # Without a press, streaming is a chunked prefill: the same answer as the whole context at once.
+    assert engine_ids[-1] == pipeline_token_ids(monkeypatch, model, tokenizer, sample, Config("none", 0.0))
+    # Streaming compresses before the model has read the rest: answers differ from query-agnostic ones.
+    agnostic, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, [Config("knorm", 0.75)])
+    assert agnostic[0] != engine_ids[1]

@@ -12,6 +12,8 @@ import yaml
 
 from kvbench import models
 from kvbench.presses.h2o import H2OPress
+from kvbench.presses.qevict import QEvictPress
+from kvbench.presses.quant import QuantPress
 
 DEFAULT_INNER = "snapkv"
 
@@ -56,6 +58,11 @@ def build_memdecay(ratio, **args):
 
 def build_random(ratio, seed=0, **args):
     return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
+
+
+def codec(cls) -> Callable:
+    """A codec press is built from its memory budget alone (the registry passes memory=...)."""
+    return lambda ratio, **args: cls(**args)
 
 
 def build_decoding(ratio, inner="knorm", **args):
@@ -132,6 +139,18 @@ SPECS = [
     PressSpec("merging", "`inner`, merging evicted entries into kept ones", wrapper(kvpress.MergingPress)),
     PressSpec(
         "decoding", "compress during decoding to the ratio with `inner` (default knorm)", build_decoding
+    ),
+    PressSpec(
+        "quant",
+        "KIVI-style uniform quantisation at 8/4/2 bits (press-arg bits; default: the widest that fits)",
+        codec(QuantPress),
+        codec=True,
+    ),
+    PressSpec(
+        "qevict",
+        "QEvict: attention-scored windows kept at 16 bits, int4, or evicted; recoverable on re-compression",
+        codec(QEvictPress),
+        codec=True,
     ),
     PressSpec("qfilter", "Q-Filters (filters downloaded per model)", scorer(kvpress.QFilterPress), ("hub",)),
     PressSpec("kvzap", "KVzap (scorer weights downloaded per model)", scorer(kvpress.KVzapPress), ("hub",)),
