@@ -194,21 +194,27 @@ def plot_lifetimes(stats: LifetimeStats, calibration: dict, path: Path) -> None:
 
     figure, (fraction_axis, attention_axis) = plt.subplots(1, 2, figsize=(11, 4))
     ages = torch.arange(stats.max_age + 1)
+    lowest = 1.0
     for g, name in enumerate(REGIONS):
         use = (stats.pairs[g] >= MIN_PAIRS) & (ages >= 1)
         if not use.any():
             continue
         fraction = stats.attended[g][use] / stats.pairs[g][use]
+        lowest = min(lowest, float(fraction[fraction > 0].min()))
         (line,) = fraction_axis.plot(ages[use], fraction, label=name, lw=1)
-        region = calibration["regions"][name]
-        fit = fraction[0] * 2.0 ** (-(ages[use] - ages[use][0]) / region["half_life"])
-        fraction_axis.plot(ages[use], fit, ls="--", color=line.get_color(), lw=1)
+        half_life = calibration["regions"][name]["half_life"]
+        fitted = ages[use][ages[use] <= 4 * half_life]  # the fit's range and a little beyond
+        decay = fraction[0] * 2.0 ** (-(fitted - fitted[0]) / half_life)
+        fraction_axis.plot(fitted, decay, ls="--", color=line.get_color(), lw=1.5)
         attention_axis.plot(ages[use], stats.attention[g][use] / stats.pairs[g][use], label=name, lw=1)
-    fraction_axis.set(yscale="log", xlabel="age (tokens since the token)", ylabel="fraction attended")
+    fraction_axis.set_ylim(bottom=lowest / 2)
+    fraction_axis.set(
+        xscale="log", yscale="log", xlabel="age (tokens since the token)", ylabel="fraction attended"
+    )
     fraction_axis.set_title(
         f"above {stats.threshold:g}x uniform share (dashed: fitted half-life)", fontsize=9
     )
-    attention_axis.set(yscale="log", xlabel="age", ylabel="mean attention / uniform share")
+    attention_axis.set(xscale="log", yscale="log", xlabel="age", ylabel="mean attention / uniform share")
     fraction_axis.legend()
     figure.suptitle(f"MemDecay calibration: {calibration['model']}")
     figure.tight_layout()
