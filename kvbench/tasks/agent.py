@@ -52,7 +52,6 @@ REGIONS = [
     "eu-central-1", "eu-south-1", "ap-south-1", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1",
     "ap-southeast-2", "ca-central-1", "sa-east-1", "me-south-1", "af-south-1",
 ]  # fmt: skip
-WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"]
 PROBLEMS = [
     "returning errors for some customers",
@@ -84,16 +83,15 @@ LOG_MESSAGES = [
 
 @dataclass(frozen=True)
 class Fact:
-    name: str  # as the system prompt lists it
     question: str
-    answer_prefix: str
+    answer_prefix: str  # also how the system prompt states the fact, so the answer can be read off
 
 
 FACTS = {
-    "account": Fact("Account id", "What is the user's account id?", "The user's account id is"),
-    "region": Fact("Deployment region", "What is the deployment region?", "The deployment region is"),
-    "deadline": Fact("Deadline", "What is the deadline?", "The deadline is"),
-    "code_name": Fact("Project code name", "What is the project code name?", "The project code name is"),
+    "account": Fact("What is the user's account id?", "The user's account id is"),
+    "region": Fact("What is the deployment region?", "The deployment region is"),
+    "deadline": Fact("What is the deadline?", "The deadline is"),
+    "code_name": Fact("What is the project code name?", "The project code name is"),
 }
 
 
@@ -208,12 +206,6 @@ def log_needle(rng: random.Random) -> Needle:
     )
 
 
-def log_or_error_row(rng: random.Random) -> str:
-    if rng.random() < 0.25:  # distractor errors: other jobs, other codes
-        return error_row(rng, f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}")
-    return log_row(rng)
-
-
 def file_row(rng: random.Random, name: str | None = None, size: str | None = None) -> str:
     name = name or f"{noun(rng)}_{noun(rng)}.{rng.choice(EXTENSIONS)}"
     size = size or str(rng.randint(1000, 999999))
@@ -272,6 +264,7 @@ def config_needle(rng: random.Random) -> Needle:
     )
 
 
+NEEDLE_TOOLS = ["read_logs", "read_file"]
 TOOLS = {
     "query_db": Tool(
         lambda rng: {
@@ -285,7 +278,7 @@ TOOLS = {
     "read_logs": Tool(
         lambda rng: {"service": rng.choice(SERVICES), "since": timestamp(rng), "limit": 50},
         None,
-        log_or_error_row,
+        log_row,
         log_needle,
     ),
     "list_files": Tool(
@@ -368,7 +361,7 @@ def fact_values(rng: random.Random) -> dict[str, str]:
     return {
         "account": f"ACC-{rng.randint(1000000, 9999999)}",
         "region": rng.choice(REGIONS),
-        "deadline": f"{rng.choice(WEEKDAYS)} {rng.randint(1, 28)} {rng.choice(MONTHS)}",
+        "deadline": f"{rng.randint(1, 28)} {rng.choice(MONTHS)}",
         "code_name": f"{adjective(rng)}-{noun(rng)}",
     }
 
@@ -379,13 +372,12 @@ def setting(task: str, rng: random.Random) -> Setting:
     if task == "agent_system_fact":
         name = rng.choice(list(FACTS))
         fact = FACTS[name]
-        needle = Needle(
-            "system", name, facts[name], f"- {fact.name}: {facts[name]}", fact.question, fact.answer_prefix
-        )
+        line = f"{fact.answer_prefix} {facts[name]}."
+        needle = Needle("system", name, facts[name], line, fact.question, fact.answer_prefix)
     elif task == "agent_scratchpad":
         needle = scratchpad_needle(rng)
     else:
-        tool = TOOLS[rng.choice(list(TOOLS))]
+        tool = TOOLS[rng.choice(NEEDLE_TOOLS)]
         needle = tool.needle(rng)
     if task != "agent_system_fact":
         make = scratchpad_needle if task == "agent_scratchpad" else tool.needle
@@ -423,12 +415,12 @@ def free_of(reserved: list[str], draw: Callable[[], str]) -> str:
 def system_prompt(the: Setting, rng: random.Random) -> str:
     names = list(FACTS)
     rng.shuffle(names)
-    facts = [f"- {FACTS[name].name}: {the.facts[name]}" for name in names]
+    facts = " ".join(f"{FACTS[name].answer_prefix} {the.facts[name]}." for name in names)
     rules = rng.sample(RULES, 3)
     return "\n".join(
         [
-            "You are an operations agent with access to tools. Session facts:",
-            *facts,
+            "You are an operations agent with access to tools.",
+            facts,
             "Rules:",
             *(f"- {rule}" for rule in rules),
         ]
@@ -518,14 +510,27 @@ def transcript(messages: list[dict]) -> str:
 
 
 def count_tokens(tokenizer, draft: Draft) -> int:
-    """Tokens of the whole input: the turns and the question turn as the chat template renders them, then the
-    answer prefix (a transcript when the tokenizer has no template)."""
-    turns = [*draft.messages, {"role": "user", "content": draft.needle.question}]
-    if tokenizer.chat_template is None:
-        text = transcript(turns) + "\n"
-    else:
-        text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-    return ruler.count_tokens(tokenizer, text + draft.needle.answer_prefix)
+    """Tokens of the whole input as the engine builds it: the turns rendered with the chat template, the
+    question in a last user turn, the answer prefix."""
+    from kvbench.engine import tokenize_sample  # the engine imports the tasks package
+
+    prompt = tokenize_sample(tokenizer, as_sample("", draft, 0))
+    return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
+
+
+def as_sample(task: str, draft: Draft, length: int, sample_id: str = "") -> Sample:
+    return Sample(
+        task=task,
+        id=sample_id,
+        context=transcript(draft.messages),
+        question=draft.needle.question,
+        answer_prefix=draft.needle.answer_prefix,
+        references=[draft.needle.value],
+        max_new_tokens=MAX_NEW_TOKENS,
+        metric="string_match_all",
+        meta={"length": length, "answer_turn": draft.turn},
+        messages=draft.messages,
+    )
 
 
 def make_samples(
@@ -541,28 +546,12 @@ def make_samples(
         sample_seed = f"{task}/{seed}/{i}"
         draft_at = functools.cache(functools.partial(trace, task, sample_seed))
         tokens_at = functools.cache(lambda n, draft_at=draft_at: count_tokens(tokenizer, draft_at(n)))
-        try:
-            # Samples differ little, so the previous sample's size is a good first guess.
-            rows = ruler.largest_fitting(
-                tokens_at, length - MAX_NEW_TOKENS, min_rows(sample_seed), 10**6, rows
-            )
-        except ValueError:
+        low, budget = min_rows(sample_seed), length - MAX_NEW_TOKENS
+        if tokens_at(low) > budget:
             raise ValueError(
                 f"{task} does not fit in {length} tokens with this tokenizer: use a larger length"
-            ) from None
-        draft = draft_at(rows)
-        result.append(
-            Sample(
-                task=task,
-                id=f"{seed}-{i}",
-                context=transcript(draft.messages),
-                question=draft.needle.question,
-                answer_prefix=draft.needle.answer_prefix,
-                references=[draft.needle.value],
-                max_new_tokens=MAX_NEW_TOKENS,
-                metric="string_match_all",
-                meta={"length": length, "answer_turn": draft.turn},
-                messages=draft.messages,
             )
-        )
+        # Samples differ little, so the previous sample's size is a good first guess.
+        rows = ruler.largest_fitting(tokens_at, budget, low, 10**6, rows)
+        result.append(as_sample(task, draft_at(rows), length, f"{seed}-{i}"))
     return result
