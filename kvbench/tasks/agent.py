@@ -1,23 +1,30 @@
 """Agent traces generated offline: multi-turn tool-use transcripts as chat turns, with one fact to recall.
 
-A sample is a conversation (`Sample.messages`): a system prompt holding the session's facts (account id,
+A sample is a conversation (`Sample.messages`): a system prompt stating the session's facts (account id,
 deployment region, deadline, project code name) and rules, a user request, then rounds of agent work until
 the requested length is filled. A round is an optional scratchpad turn (the assistant thinking, region
 "scratchpad"), an assistant tool call (JSON) and the tool's output: table rows, log lines, a file listing,
 search hits or a config file, made from word lists (wonderwords) and the stdlib's prose
 (`pydoc_data.topics`). The question, asked in a last user turn, targets one value that appears exactly once
-in the whole conversation, in one chosen turn, so it can only be answered from the context:
+in the whole conversation, in one chosen turn, under a key that appears nowhere else, so it can only be
+answered from the context:
 
 - agent_system_fact: one of the system prompt's facts, the farthest turn from the question;
-- agent_tool_value: a value from one tool output after the first (any depth), among rows of the same shape;
-- agent_early_tool_value: a value from the first tool output, the farthest tool output from the question;
-- agent_scratchpad: a number the assistant wrote in one of its own scratchpad notes, among other notes.
+- agent_tool_value: an error code in a log output or a setting in a config file, in a tool output after
+  the first (any depth);
+- agent_early_tool_value: the same in the first tool output, the farthest tool output from the question;
+- agent_scratchpad: a number the assistant noted in one of its scratchpad turns, among other such notes.
 
-As in RULER (kvbench.tasks.ruler), the trace is the longest that fits: tokens(rendered turns + question
-turn + answer prefix) + max_new_tokens <= length, counted with the model's own chat template, found by
-search on the number of rounds. Each round draws from its own `random.Random` seeded by (task, seed, index,
-round), and the needle from one seeded by (task, seed, index), so a longer trace only adds rounds. Scores are
-RULER's `string_match_all` on the single reference.
+The answer prefix repeats the words that introduce the value in the context ("Job X failed with error
+code", "The deadline is"), as RULER's prefixes repeat its needles: with facts listed as "- Deadline: 4 July"
+and the prefix "The deadline is", the embedded 135M model found 1 of 8 system facts.
+
+As in RULER (kvbench.tasks.ruler), the trace is the longest that fits: the input as the engine builds it
+(turns rendered with the chat template, question turn, answer prefix) + max_new_tokens <= length, found by
+search on the number of tool-output rows (a round cut short keeps its first rows). Each round draws from its
+own `random.Random` seeded by (task, seed, index, round), the facts and the needle from one seeded by (task,
+seed, index), so a longer trace only adds rounds. Scores are RULER's `string_match_all` on the single
+reference.
 """
 
 import functools
@@ -38,7 +45,6 @@ TASKS = {
     "agent_scratchpad": "agent trace: a number the assistant noted in one of its scratchpad turns",
 }
 METRICS = {"string_match_all": ruler.string_match_all}
-ROLES = ("system", "user", "assistant", "tool")
 MAX_NEW_TOKENS = 32
 # Three rounds at least (a first tool output, a later one, room for notes): ~600 tokens with SmolLM2's
 # template; the margin is for less efficient tokenizers.
@@ -148,35 +154,21 @@ def timestamp(rng: random.Random) -> str:
     return f"2026-{month:02d}-{day:02d}T{hour - 1:02d}:{minute - 1:02d}:{second - 1:02d}Z"
 
 
-# ---- Tools: a call, rows of output, and a needle row of the same shape ----
+# ---- Tools: a call and rows of output; two of them can hold the needle ----
 
 
 @dataclass(frozen=True)
 class Tool:
-    """One tool: its call and header from a round's rng, one output row, and the needle (key, value, row)."""
+    """One tool: its call and header from a round's rng, and one output row."""
 
     call: Callable[[random.Random], dict]
     header: Callable[[random.Random], str] | None  # a first line (column names, a total), if the tool has one
     row: Callable[[random.Random], str]
-    needle: Callable[[random.Random], Needle]
 
 
-def order_row(rng: random.Random, key: str | None = None, total: str | None = None) -> str:
-    key = key or f"A-{rng.randint(10000, 99999)}"
-    total = total or f"{rng.randint(10, 9999)}.{rng.randint(0, 99):02d}"
+def order_row(rng: random.Random) -> str:
+    key, total = f"A-{rng.randint(10000, 99999)}", f"{rng.randint(10, 9999)}.{rng.randint(0, 99):02d}"
     return f"{key} | {adjective(rng)} {noun(rng)} | {rng.randint(1, 9)} | {total}"
-
-
-def order_needle(rng: random.Random) -> Needle:
-    key, value = f"A-{rng.randint(10000, 99999)}", f"{rng.randint(10, 9999)}.{rng.randint(0, 99):02d}"
-    return Needle(
-        "query_db",
-        key,
-        value,
-        order_row(rng, key, value),
-        f"In the orders table, what is the total of order {key}?",
-        f"The total of order {key} is",
-    )
 
 
 def log_row(rng: random.Random) -> str:
@@ -190,59 +182,17 @@ def log_row(rng: random.Random) -> str:
     return f"{timestamp(rng)} {rng.choice(['INFO', 'INFO', 'WARN', 'DEBUG'])} {message}"
 
 
-def error_row(rng: random.Random, job: str, code: str) -> str:
-    return f"{timestamp(rng)} ERROR job {job} failed with error code {code}"
-
-
-def log_needle(rng: random.Random) -> Needle:
-    job, code = f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}"
-    return Needle(
-        "read_logs",
-        job,
-        code,
-        error_row(rng, job, code),
-        f"In the logs, which error code did job {job} fail with?",
-        f"Job {job} failed with error code",
-    )
-
-
-def file_row(rng: random.Random, name: str | None = None, size: str | None = None) -> str:
-    name = name or f"{noun(rng)}_{noun(rng)}.{rng.choice(EXTENSIONS)}"
-    size = size or str(rng.randint(1000, 999999))
+def file_row(rng: random.Random) -> str:
+    name, size = f"{noun(rng)}_{noun(rng)}.{rng.choice(EXTENSIONS)}", str(rng.randint(1000, 999999))
     return f"-rw-r--r--  deploy  {size:>7}  {timestamp(rng)[:10]}  {name}"
 
 
-def file_needle(rng: random.Random) -> Needle:
-    name, size = f"{noun(rng)}_{noun(rng)}.{rng.choice(EXTENSIONS)}", str(rng.randint(1000, 999999))
-    return Needle(
-        "list_files",
-        name,
-        size,
-        file_row(rng, name, size),
-        f"In the file listing, what is the size in bytes of {name}?",
-        f"The size of {name} is",
-    )
-
-
-def search_row(rng: random.Random, title: str | None = None, article: str | None = None) -> str:
-    title = title or f"{adjective(rng).capitalize()} {noun(rng)} {noun(rng)}"
-    article = article or f"KB-{rng.randint(10000, 99999)}"
-    return f"{article}: {title} - {rng.choice(prose_sentences())}"
-
-
-def search_needle(rng: random.Random) -> Needle:
+def search_row(rng: random.Random) -> str:
     title, article = (
         f"{adjective(rng).capitalize()} {noun(rng)} {noun(rng)}",
         f"KB-{rng.randint(10000, 99999)}",
     )
-    return Needle(
-        "search_docs",
-        title,
-        article,
-        search_row(rng, title, article),
-        f"In the search results, what is the article id of '{title}'?",
-        f"The article id of '{title}' is",
-    )
+    return f"{article}: {title} - {rng.choice(prose_sentences())}"
 
 
 def config_row(rng: random.Random, key: str | None = None, value: str | None = None) -> str:
@@ -252,7 +202,51 @@ def config_row(rng: random.Random, key: str | None = None, value: str | None = N
     return f"{key}: {value}"
 
 
+TOOLS = {
+    "query_db": Tool(
+        lambda rng: {
+            "sql": f"SELECT order_id, item, quantity, total FROM orders WHERE status = "
+            f"'{rng.choice(['pending', 'failed', 'refunded', 'held'])}' LIMIT 20"
+        },
+        lambda rng: "order_id | item | quantity | total",
+        order_row,
+    ),
+    "read_logs": Tool(
+        lambda rng: {"service": rng.choice(SERVICES), "since": timestamp(rng), "limit": 50}, None, log_row
+    ),
+    "list_files": Tool(
+        lambda rng: {"path": f"/srv/{rng.choice(SERVICES)}/{noun(rng)}"},
+        lambda rng: f"total {rng.randint(8, 400)}",
+        file_row,
+    ),
+    "search_docs": Tool(
+        lambda rng: {"query": f"{rng.choice(SERVICES)} {noun(rng)} {rng.choice(PROBLEMS).split()[0]}"},
+        None,
+        search_row,
+    ),
+    "read_file": Tool(
+        lambda rng: {"path": f"deploy/{rng.choice(SERVICES)}/{noun(rng)}.yaml"},
+        lambda rng: f"# {noun(rng)} settings",
+        config_row,
+    ),
+}
+
+
+def log_needle(rng: random.Random) -> Needle:
+    """An error line: no other log line reports an error code, so the line is unique in its shape."""
+    job, code = f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}"
+    return Needle(
+        "read_logs",
+        job,
+        code,
+        f"{timestamp(rng)} ERROR job {job} failed with error code {code}",
+        f"In the logs, which error code did job {job} fail with?",
+        f"Job {job} failed with error code",
+    )
+
+
 def config_needle(rng: random.Random) -> Needle:
+    """A setting among other settings: its key is unique, its value a 6-digit number."""
     key, value = f"{noun(rng)}_{noun(rng)}", str(rng.randint(100000, 999999))
     return Needle(
         "read_file",
@@ -264,42 +258,9 @@ def config_needle(rng: random.Random) -> Needle:
     )
 
 
-NEEDLE_TOOLS = ["read_logs", "read_file"]
-TOOLS = {
-    "query_db": Tool(
-        lambda rng: {
-            "sql": f"SELECT order_id, item, quantity, total FROM orders WHERE status = "
-            f"'{rng.choice(['pending', 'failed', 'refunded', 'held'])}' LIMIT 20"
-        },
-        lambda rng: "order_id | item | quantity | total",
-        order_row,
-        order_needle,
-    ),
-    "read_logs": Tool(
-        lambda rng: {"service": rng.choice(SERVICES), "since": timestamp(rng), "limit": 50},
-        None,
-        log_row,
-        log_needle,
-    ),
-    "list_files": Tool(
-        lambda rng: {"path": f"/srv/{rng.choice(SERVICES)}/{noun(rng)}"},
-        lambda rng: f"total {rng.randint(8, 400)}",
-        file_row,
-        file_needle,
-    ),
-    "search_docs": Tool(
-        lambda rng: {"query": f"{rng.choice(SERVICES)} {noun(rng)} {rng.choice(PROBLEMS).split()[0]}"},
-        None,
-        search_row,
-        search_needle,
-    ),
-    "read_file": Tool(
-        lambda rng: {"path": f"deploy/{rng.choice(SERVICES)}/{noun(rng)}.yaml"},
-        lambda rng: f"# {noun(rng)} settings",
-        config_row,
-        config_needle,
-    ),
-}
+# The tool outputs a needle can sit in, chosen so that the embedded model can read its value off by the key
+# (tables, listings and search hits, where the value is not next to its key, stay filler).
+TOOL_NEEDLES = {"read_logs": log_needle, "read_file": config_needle}
 
 
 # ---- Scratchpad notes ----
@@ -374,15 +335,13 @@ def setting(task: str, rng: random.Random) -> Setting:
         fact = FACTS[name]
         line = f"{fact.answer_prefix} {facts[name]}."
         needle = Needle("system", name, facts[name], line, fact.question, fact.answer_prefix)
-    elif task == "agent_scratchpad":
-        needle = scratchpad_needle(rng)
     else:
-        tool = TOOLS[rng.choice(NEEDLE_TOOLS)]
-        needle = tool.needle(rng)
-    if task != "agent_system_fact":
-        make = scratchpad_needle if task == "agent_scratchpad" else tool.needle
+        make = (
+            scratchpad_needle if task == "agent_scratchpad" else TOOL_NEEDLES[rng.choice(list(TOOL_NEEDLES))]
+        )
+        needle = make(rng)
         while any(
-            part.lower() in value.lower() for part in (needle.key, needle.value) for value in facts.values()
+            part.lower() in fact.lower() for part in (needle.key, needle.value) for fact in facts.values()
         ):
             needle = make(rng)
     return Setting(facts, service, problem, needle, rng.random())
