@@ -1,23 +1,30 @@
 """Agent traces generated offline: multi-turn tool-use transcripts as chat turns, with one fact to recall.
 
-A sample is a conversation (`Sample.messages`): a system prompt holding the session's facts (account id,
+A sample is a conversation (`Sample.messages`): a system prompt stating the session's facts (account id,
 deployment region, deadline, project code name) and rules, a user request, then rounds of agent work until
 the requested length is filled. A round is an optional scratchpad turn (the assistant thinking, region
 "scratchpad"), an assistant tool call (JSON) and the tool's output: table rows, log lines, a file listing,
 search hits or a config file, made from word lists (wonderwords) and the stdlib's prose
 (`pydoc_data.topics`). The question, asked in a last user turn, targets one value that appears exactly once
-in the whole conversation, in one chosen turn, so it can only be answered from the context:
+in the whole conversation, in one chosen turn, under a key that appears nowhere else, so it can only be
+answered from the context:
 
 - agent_system_fact: one of the system prompt's facts, the farthest turn from the question;
-- agent_tool_value: a value from one tool output after the first (any depth), among rows of the same shape;
-- agent_early_tool_value: a value from the first tool output, the farthest tool output from the question;
-- agent_scratchpad: a number the assistant wrote in one of its own scratchpad notes, among other notes.
+- agent_tool_value: an error code in a log output or a setting in a config file, in a tool output after
+  the first (any depth);
+- agent_early_tool_value: the same in the first tool output, the farthest tool output from the question;
+- agent_scratchpad: a number the assistant noted in one of its scratchpad turns, among other such notes.
 
-As in RULER (kvbench.tasks.ruler), the trace is the longest that fits: tokens(rendered turns + question
-turn + answer prefix) + max_new_tokens <= length, counted with the model's own chat template, found by
-search on the number of rounds. Each round draws from its own `random.Random` seeded by (task, seed, index,
-round), and the needle from one seeded by (task, seed, index), so a longer trace only adds rounds. Scores are
-RULER's `string_match_all` on the single reference.
+The answer prefix repeats the words that introduce the value in the context ("Job X failed with error
+code", "The deadline is"), as RULER's prefixes repeat its needles: with facts listed as "- Deadline: 4 July"
+and the prefix "The deadline is", the embedded 135M model found 1 of 8 system facts.
+
+As in RULER (kvbench.tasks.ruler), the trace is the longest that fits: the input as the engine builds it
+(turns rendered with the chat template, question turn, answer prefix) + max_new_tokens <= length, found by
+search on the number of tool-output rows (a round cut short keeps its first rows). Each round draws from its
+own `random.Random` seeded by (task, seed, index, round), the facts and the needle from one seeded by (task,
+seed, index), so a longer trace only adds rounds. Scores are RULER's `string_match_all` on the single
+reference.
 """
 
 import functools
@@ -38,7 +45,6 @@ TASKS = {
     "agent_scratchpad": "agent trace: a number the assistant noted in one of its scratchpad turns",
 }
 METRICS = {"string_match_all": ruler.string_match_all}
-ROLES = ("system", "user", "assistant", "tool")
 MAX_NEW_TOKENS = 32
 # Three rounds at least (a first tool output, a later one, room for notes): ~600 tokens with SmolLM2's
 # template; the margin is for less efficient tokenizers.
@@ -52,7 +58,6 @@ REGIONS = [
     "eu-central-1", "eu-south-1", "ap-south-1", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1",
     "ap-southeast-2", "ca-central-1", "sa-east-1", "me-south-1", "af-south-1",
 ]  # fmt: skip
-WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"]
 PROBLEMS = [
     "returning errors for some customers",
@@ -84,16 +89,15 @@ LOG_MESSAGES = [
 
 @dataclass(frozen=True)
 class Fact:
-    name: str  # as the system prompt lists it
     question: str
-    answer_prefix: str
+    answer_prefix: str  # also how the system prompt states the fact, so the answer can be read off
 
 
 FACTS = {
-    "account": Fact("Account id", "What is the user's account id?", "The user's account id is"),
-    "region": Fact("Deployment region", "What is the deployment region?", "The deployment region is"),
-    "deadline": Fact("Deadline", "What is the deadline?", "The deadline is"),
-    "code_name": Fact("Project code name", "What is the project code name?", "The project code name is"),
+    "account": Fact("What is the user's account id?", "The user's account id is"),
+    "region": Fact("What is the deployment region?", "The deployment region is"),
+    "deadline": Fact("What is the deadline?", "The deadline is"),
+    "code_name": Fact("What is the project code name?", "The project code name is"),
 }
 
 
@@ -150,35 +154,21 @@ def timestamp(rng: random.Random) -> str:
     return f"2026-{month:02d}-{day:02d}T{hour - 1:02d}:{minute - 1:02d}:{second - 1:02d}Z"
 
 
-# ---- Tools: a call, rows of output, and a needle row of the same shape ----
+# ---- Tools: a call and rows of output; two of them can hold the needle ----
 
 
 @dataclass(frozen=True)
 class Tool:
-    """One tool: its call and header from a round's rng, one output row, and the needle (key, value, row)."""
+    """One tool: its call and header from a round's rng, and one output row."""
 
     call: Callable[[random.Random], dict]
     header: Callable[[random.Random], str] | None  # a first line (column names, a total), if the tool has one
     row: Callable[[random.Random], str]
-    needle: Callable[[random.Random], Needle]
 
 
-def order_row(rng: random.Random, key: str | None = None, total: str | None = None) -> str:
-    key = key or f"A-{rng.randint(10000, 99999)}"
-    total = total or f"{rng.randint(10, 9999)}.{rng.randint(0, 99):02d}"
+def order_row(rng: random.Random) -> str:
+    key, total = f"A-{rng.randint(10000, 99999)}", f"{rng.randint(10, 9999)}.{rng.randint(0, 99):02d}"
     return f"{key} | {adjective(rng)} {noun(rng)} | {rng.randint(1, 9)} | {total}"
-
-
-def order_needle(rng: random.Random) -> Needle:
-    key, value = f"A-{rng.randint(10000, 99999)}", f"{rng.randint(10, 9999)}.{rng.randint(0, 99):02d}"
-    return Needle(
-        "query_db",
-        key,
-        value,
-        order_row(rng, key, value),
-        f"In the orders table, what is the total of order {key}?",
-        f"The total of order {key} is",
-    )
 
 
 def log_row(rng: random.Random) -> str:
@@ -192,65 +182,17 @@ def log_row(rng: random.Random) -> str:
     return f"{timestamp(rng)} {rng.choice(['INFO', 'INFO', 'WARN', 'DEBUG'])} {message}"
 
 
-def error_row(rng: random.Random, job: str, code: str) -> str:
-    return f"{timestamp(rng)} ERROR job {job} failed with error code {code}"
-
-
-def log_needle(rng: random.Random) -> Needle:
-    job, code = f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}"
-    return Needle(
-        "read_logs",
-        job,
-        code,
-        error_row(rng, job, code),
-        f"In the logs, which error code did job {job} fail with?",
-        f"Job {job} failed with error code",
-    )
-
-
-def log_or_error_row(rng: random.Random) -> str:
-    if rng.random() < 0.25:  # distractor errors: other jobs, other codes
-        return error_row(rng, f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}")
-    return log_row(rng)
-
-
-def file_row(rng: random.Random, name: str | None = None, size: str | None = None) -> str:
-    name = name or f"{noun(rng)}_{noun(rng)}.{rng.choice(EXTENSIONS)}"
-    size = size or str(rng.randint(1000, 999999))
+def file_row(rng: random.Random) -> str:
+    name, size = f"{noun(rng)}_{noun(rng)}.{rng.choice(EXTENSIONS)}", str(rng.randint(1000, 999999))
     return f"-rw-r--r--  deploy  {size:>7}  {timestamp(rng)[:10]}  {name}"
 
 
-def file_needle(rng: random.Random) -> Needle:
-    name, size = f"{noun(rng)}_{noun(rng)}.{rng.choice(EXTENSIONS)}", str(rng.randint(1000, 999999))
-    return Needle(
-        "list_files",
-        name,
-        size,
-        file_row(rng, name, size),
-        f"In the file listing, what is the size in bytes of {name}?",
-        f"The size of {name} is",
-    )
-
-
-def search_row(rng: random.Random, title: str | None = None, article: str | None = None) -> str:
-    title = title or f"{adjective(rng).capitalize()} {noun(rng)} {noun(rng)}"
-    article = article or f"KB-{rng.randint(10000, 99999)}"
-    return f"{article}: {title} - {rng.choice(prose_sentences())}"
-
-
-def search_needle(rng: random.Random) -> Needle:
+def search_row(rng: random.Random) -> str:
     title, article = (
         f"{adjective(rng).capitalize()} {noun(rng)} {noun(rng)}",
         f"KB-{rng.randint(10000, 99999)}",
     )
-    return Needle(
-        "search_docs",
-        title,
-        article,
-        search_row(rng, title, article),
-        f"In the search results, what is the article id of '{title}'?",
-        f"The article id of '{title}' is",
-    )
+    return f"{article}: {title} - {rng.choice(prose_sentences())}"
 
 
 def config_row(rng: random.Random, key: str | None = None, value: str | None = None) -> str:
@@ -260,7 +202,51 @@ def config_row(rng: random.Random, key: str | None = None, value: str | None = N
     return f"{key}: {value}"
 
 
+TOOLS = {
+    "query_db": Tool(
+        lambda rng: {
+            "sql": f"SELECT order_id, item, quantity, total FROM orders WHERE status = "
+            f"'{rng.choice(['pending', 'failed', 'refunded', 'held'])}' LIMIT 20"
+        },
+        lambda rng: "order_id | item | quantity | total",
+        order_row,
+    ),
+    "read_logs": Tool(
+        lambda rng: {"service": rng.choice(SERVICES), "since": timestamp(rng), "limit": 50}, None, log_row
+    ),
+    "list_files": Tool(
+        lambda rng: {"path": f"/srv/{rng.choice(SERVICES)}/{noun(rng)}"},
+        lambda rng: f"total {rng.randint(8, 400)}",
+        file_row,
+    ),
+    "search_docs": Tool(
+        lambda rng: {"query": f"{rng.choice(SERVICES)} {noun(rng)} {rng.choice(PROBLEMS).split()[0]}"},
+        None,
+        search_row,
+    ),
+    "read_file": Tool(
+        lambda rng: {"path": f"deploy/{rng.choice(SERVICES)}/{noun(rng)}.yaml"},
+        lambda rng: f"# {noun(rng)} settings",
+        config_row,
+    ),
+}
+
+
+def log_needle(rng: random.Random) -> Needle:
+    """An error line: no other log line reports an error code, so the line is unique in its shape."""
+    job, code = f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}"
+    return Needle(
+        "read_logs",
+        job,
+        code,
+        f"{timestamp(rng)} ERROR job {job} failed with error code {code}",
+        f"In the logs, which error code did job {job} fail with?",
+        f"Job {job} failed with error code",
+    )
+
+
 def config_needle(rng: random.Random) -> Needle:
+    """A setting among other settings: its key is unique, its value a 6-digit number."""
     key, value = f"{noun(rng)}_{noun(rng)}", str(rng.randint(100000, 999999))
     return Needle(
         "read_file",
@@ -272,41 +258,9 @@ def config_needle(rng: random.Random) -> Needle:
     )
 
 
-TOOLS = {
-    "query_db": Tool(
-        lambda rng: {
-            "sql": f"SELECT order_id, item, quantity, total FROM orders WHERE status = "
-            f"'{rng.choice(['pending', 'failed', 'refunded', 'held'])}' LIMIT 20"
-        },
-        lambda rng: "order_id | item | quantity | total",
-        order_row,
-        order_needle,
-    ),
-    "read_logs": Tool(
-        lambda rng: {"service": rng.choice(SERVICES), "since": timestamp(rng), "limit": 50},
-        None,
-        log_or_error_row,
-        log_needle,
-    ),
-    "list_files": Tool(
-        lambda rng: {"path": f"/srv/{rng.choice(SERVICES)}/{noun(rng)}"},
-        lambda rng: f"total {rng.randint(8, 400)}",
-        file_row,
-        file_needle,
-    ),
-    "search_docs": Tool(
-        lambda rng: {"query": f"{rng.choice(SERVICES)} {noun(rng)} {rng.choice(PROBLEMS).split()[0]}"},
-        None,
-        search_row,
-        search_needle,
-    ),
-    "read_file": Tool(
-        lambda rng: {"path": f"deploy/{rng.choice(SERVICES)}/{noun(rng)}.yaml"},
-        lambda rng: f"# {noun(rng)} settings",
-        config_row,
-        config_needle,
-    ),
-}
+# The tool outputs a needle can sit in, chosen so that the embedded model can read its value off by the key
+# (tables, listings and search hits, where the value is not next to its key, stay filler).
+TOOL_NEEDLES = {"read_logs": log_needle, "read_file": config_needle}
 
 
 # ---- Scratchpad notes ----
@@ -368,7 +322,7 @@ def fact_values(rng: random.Random) -> dict[str, str]:
     return {
         "account": f"ACC-{rng.randint(1000000, 9999999)}",
         "region": rng.choice(REGIONS),
-        "deadline": f"{rng.choice(WEEKDAYS)} {rng.randint(1, 28)} {rng.choice(MONTHS)}",
+        "deadline": f"{rng.randint(1, 28)} {rng.choice(MONTHS)}",
         "code_name": f"{adjective(rng)}-{noun(rng)}",
     }
 
@@ -379,18 +333,15 @@ def setting(task: str, rng: random.Random) -> Setting:
     if task == "agent_system_fact":
         name = rng.choice(list(FACTS))
         fact = FACTS[name]
-        needle = Needle(
-            "system", name, facts[name], f"- {fact.name}: {facts[name]}", fact.question, fact.answer_prefix
-        )
-    elif task == "agent_scratchpad":
-        needle = scratchpad_needle(rng)
+        line = f"{fact.answer_prefix} {facts[name]}."
+        needle = Needle("system", name, facts[name], line, fact.question, fact.answer_prefix)
     else:
-        tool = TOOLS[rng.choice(list(TOOLS))]
-        needle = tool.needle(rng)
-    if task != "agent_system_fact":
-        make = scratchpad_needle if task == "agent_scratchpad" else tool.needle
+        make = (
+            scratchpad_needle if task == "agent_scratchpad" else TOOL_NEEDLES[rng.choice(list(TOOL_NEEDLES))]
+        )
+        needle = make(rng)
         while any(
-            part.lower() in value.lower() for part in (needle.key, needle.value) for value in facts.values()
+            part.lower() in fact.lower() for part in (needle.key, needle.value) for fact in facts.values()
         ):
             needle = make(rng)
     return Setting(facts, service, problem, needle, rng.random())
@@ -423,12 +374,12 @@ def free_of(reserved: list[str], draw: Callable[[], str]) -> str:
 def system_prompt(the: Setting, rng: random.Random) -> str:
     names = list(FACTS)
     rng.shuffle(names)
-    facts = [f"- {FACTS[name].name}: {the.facts[name]}" for name in names]
+    facts = " ".join(f"{FACTS[name].answer_prefix} {the.facts[name]}." for name in names)
     rules = rng.sample(RULES, 3)
     return "\n".join(
         [
-            "You are an operations agent with access to tools. Session facts:",
-            *facts,
+            "You are an operations agent with access to tools.",
+            facts,
             "Rules:",
             *(f"- {rule}" for rule in rules),
         ]
@@ -518,14 +469,27 @@ def transcript(messages: list[dict]) -> str:
 
 
 def count_tokens(tokenizer, draft: Draft) -> int:
-    """Tokens of the whole input: the turns and the question turn as the chat template renders them, then the
-    answer prefix (a transcript when the tokenizer has no template)."""
-    turns = [*draft.messages, {"role": "user", "content": draft.needle.question}]
-    if tokenizer.chat_template is None:
-        text = transcript(turns) + "\n"
-    else:
-        text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-    return ruler.count_tokens(tokenizer, text + draft.needle.answer_prefix)
+    """Tokens of the whole input as the engine builds it: the turns rendered with the chat template, the
+    question in a last user turn, the answer prefix."""
+    from kvbench.engine import tokenize_sample  # the engine imports the tasks package
+
+    prompt = tokenize_sample(tokenizer, as_sample("", draft, 0))
+    return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
+
+
+def as_sample(task: str, draft: Draft, length: int, sample_id: str = "") -> Sample:
+    return Sample(
+        task=task,
+        id=sample_id,
+        context=transcript(draft.messages),
+        question=draft.needle.question,
+        answer_prefix=draft.needle.answer_prefix,
+        references=[draft.needle.value],
+        max_new_tokens=MAX_NEW_TOKENS,
+        metric="string_match_all",
+        meta={"length": length, "answer_turn": draft.turn},
+        messages=draft.messages,
+    )
 
 
 def make_samples(
@@ -541,28 +505,12 @@ def make_samples(
         sample_seed = f"{task}/{seed}/{i}"
         draft_at = functools.cache(functools.partial(trace, task, sample_seed))
         tokens_at = functools.cache(lambda n, draft_at=draft_at: count_tokens(tokenizer, draft_at(n)))
-        try:
-            # Samples differ little, so the previous sample's size is a good first guess.
-            rows = ruler.largest_fitting(
-                tokens_at, length - MAX_NEW_TOKENS, min_rows(sample_seed), 10**6, rows
-            )
-        except ValueError:
+        low, budget = min_rows(sample_seed), length - MAX_NEW_TOKENS
+        if tokens_at(low) > budget:
             raise ValueError(
                 f"{task} does not fit in {length} tokens with this tokenizer: use a larger length"
-            ) from None
-        draft = draft_at(rows)
-        result.append(
-            Sample(
-                task=task,
-                id=f"{seed}-{i}",
-                context=transcript(draft.messages),
-                question=draft.needle.question,
-                answer_prefix=draft.needle.answer_prefix,
-                references=[draft.needle.value],
-                max_new_tokens=MAX_NEW_TOKENS,
-                metric="string_match_all",
-                meta={"length": length, "answer_turn": draft.turn},
-                messages=draft.messages,
             )
-        )
+        # Samples differ little, so the previous sample's size is a good first guess.
+        rows = ruler.largest_fitting(tokens_at, budget, low, 10**6, rows)
+        result.append(as_sample(task, draft_at(rows), length, f"{seed}-{i}"))
     return result
