@@ -7,7 +7,7 @@ import click
 from kvbench.models import EMBEDDED
 
 CALIBRATION_SEED = 10_000  # evaluation draws its samples with seeds 0..999: calibration never sees them
-DEFAULT_TASKS = ("agent_system_fact", "agent_tool_value", "agent_early_tool_value", "agent_scratchpad")
+DEFAULT_SUITE = "agent-trace"  # chat turns with every region: system, user, assistant, tool, scratchpad
 
 
 @click.group("memdecay")
@@ -23,18 +23,20 @@ def memdecay():
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
 @click.option("--model", default=EMBEDDED, show_default=True, help="Embedded alias, hub id or local folder.")
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
-@click.option("--suite", default=None, help="Suite from tasks/*.yaml whose tasks have chat turns.")
 @click.option(
-    "--task", "task_list", multiple=True, help="Task name (repeatable; default: the four agent-trace tasks)."
+    "--suite",
+    default=None,
+    help=f"Suite from tasks/*.yaml whose tasks have chat turns [default: {DEFAULT_SUITE}].",
 )
 @click.option(
-    "--length", type=int, default=None, help="Context length in tokens (default: the suite's, else 1024)."
+    "--task", "task_list", multiple=True, help="Task name (repeatable); overrides the suite's tasks."
 )
+@click.option("--length", type=int, default=None, help="Context length in tokens (default: the suite's).")
 @click.option(
     "--samples",
     type=click.IntRange(min=1),
     default=None,
-    help="Samples per task (default: the suite's, else 5).",
+    help="Samples per task (default: the suite's).",
 )
 @click.option("--seed", default=CALIBRATION_SEED, show_default=True, type=click.IntRange(min=1000))
 @click.option(
@@ -52,8 +54,7 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
     from kvbench.models import load_model
     from kvbench.presses.memdecay_calibration import measure, write_calibration
 
-    if not suite and not task_list:
-        task_list = DEFAULT_TASKS  # the agent traces: every region, chat turns
+    suite = suite or (None if task_list else DEFAULT_SUITE)
     suite_name, names, length, samples = plan_tasks(suite, task_list, length, samples)
     llm, tokenizer = load_model(model, device=device)
     chosen = [
