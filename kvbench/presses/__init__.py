@@ -52,6 +52,12 @@ def build_kvp(ratio, **args):
     return KVPPress(compression_ratio=ratio, **args)
 
 
+def build_memdecay(ratio, **args):
+    from kvbench.presses.memdecay import MemDecayPress  # imported lazily, as kvp
+
+    return MemDecayPress(compression_ratio=ratio, **args)
+
+
 def build_random(ratio, seed=0, **args):
     return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
 
@@ -93,6 +99,11 @@ SPECS = [
         "h2o", "H2O: heavy hitters by accumulated attention + a recent window", scorer(H2OPress), ("eager",)
     ),
     PressSpec("kvp", "KVP: learned per-head eviction agents (presses/kvp/<model>/)", build_kvp),
+    PressSpec(
+        "memdecay",
+        "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
+        build_memdecay,
+    ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer(kvpress.KeyDiffPress)),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer(kvpress.LagKVPress)),
     PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer(kvpress.PyramidKVPress)),
