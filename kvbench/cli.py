@@ -31,6 +31,7 @@ LAZY_COMMANDS = {
     "report": "kvbench.report:report",
     "kvp": "kvbench.kvp.cli:kvp",
     "distillcache": "kvbench.distillcache.cli:distillcache",
+    "memdecay": "kvbench.memdecay_cli:memdecay",
     "lm-eval": "kvbench.lmeval:lm_eval_command",
 }
 

@@ -58,6 +58,12 @@ def build_distillcache(ratio, **args):
     return DistillCachePress(compression_ratio=ratio, **args)
 
 
+def build_memdecay(ratio, **args):
+    from kvbench.presses.memdecay import MemDecayPress  # imported lazily, as kvp
+
+    return MemDecayPress(compression_ratio=ratio, **args)
+
+
 def build_random(ratio, seed=0, **args):
     return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
 
@@ -65,7 +71,6 @@ def build_random(ratio, seed=0, **args):
 def codec(cls) -> Callable:
     """A codec press is built from its memory budget alone (the registry passes memory=...)."""
     return lambda ratio, **args: cls(**args)
-    return lambda ratio, **args: cls(**args)  # built from its memory budget; the ratio is 1 - memory
 
 
 def build_decoding(ratio, inner="knorm", **args):
@@ -101,6 +106,11 @@ SPECS = [
     ),
     PressSpec("kvp", "KVP: learned per-head eviction agents (presses/kvp/<model>/)", build_kvp),
     PressSpec("distillcache", "DistillCache: learned KL-rewarded eviction policy", build_distillcache),
+    PressSpec(
+        "memdecay",
+        "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
+        build_memdecay,
+    ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer(kvpress.KeyDiffPress)),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer(kvpress.LagKVPress)),
     PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer(kvpress.PyramidKVPress)),
