@@ -13,7 +13,8 @@ import time
 import torch
 from kvpress import KVPressTextGenerationPipeline
 
-from kvbench.engine import Config, attention_implementation, evaluate_sample
+from kvbench.adapter import attention_implementation
+from kvbench.engine import Config, evaluate_sample
 from kvbench.models import load_model
 from kvbench.presses import needs_eager
 from kvbench.tasks import load_samples

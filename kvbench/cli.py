@@ -30,6 +30,7 @@ class UserError(click.ClickException):
 LAZY_COMMANDS = {
     "report": "kvbench.report:report",
     "kvp": "kvbench.kvp.cli:kvp",
+    "memdecay": "kvbench.memdecay_cli:memdecay",
     "lm-eval": "kvbench.lmeval:lm_eval_command",
 }
 
@@ -49,6 +50,8 @@ class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as error:  # click's own: one line too, without the usage block
+            raise UserError(error.format_message()) from None
         except USER_ERRORS as error:
             message = error.args[0] if isinstance(error, KeyError) and error.args else error
             raise UserError(str(message)) from None
@@ -131,6 +134,75 @@ def task_options(command):
     return command
 
 
+def protocol_options(command):
+    options = [
+        click.option(
+            "--protocol",
+            type=click.Choice(list(PROTOCOL_NAMES)),
+            default="query-agnostic",
+            show_default=True,
+            help="query-agnostic: compress the context once, then ask. decode-time: also compress every "
+            "--interval decoding steps back to the budget. streaming: feed the context --chunk tokens at a "
+            "time, compressing back under the budget after each, then ask.",
+        ),
+        click.option(
+            "--interval",
+            type=int,
+            default=None,
+            help="decode-time: decoding steps between compressions [16].",
+        ),
+        click.option("--chunk", type=int, default=None, help="streaming: context tokens per chunk [256]."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+PROTOCOL_NAMES = {"query-agnostic": None, "decode-time": ("interval", 16), "streaming": ("chunk", 256)}
+
+
+def protocol_of(protocol: str, interval: int | None, chunk: int | None) -> tuple[str, tuple]:
+    """(protocol, protocol_args) after validation: each argument belongs to its protocol."""
+    given = {name: value for name, value in (("interval", interval), ("chunk", chunk)) if value is not None}
+    wanted = PROTOCOL_NAMES[protocol]
+    for name in given:
+        if wanted is None or wanted[0] != name:
+            owner = next(key for key, arg in PROTOCOL_NAMES.items() if arg and arg[0] == name)
+            raise UserError(f"--{name} applies to --protocol {owner}, not {protocol}")
+    if wanted is None:
+        return protocol, ()
+    name, default = wanted
+    value = given.get(name, default)
+    if value < 1:
+        raise UserError(f"--{name} must be at least 1, got {value}")
+    return protocol, ((name, value),)
+
+
+def parse_memory(value) -> float:
+    try:
+        memory = float(value)
+    except ValueError:
+        raise UserError(f"memory must be a number in (0, 1], got {value!r}") from None
+    if not 0 < memory <= 1:
+        raise UserError(f"memory must be in (0, 1] (a fraction of the 16-bit full cache), got {value}")
+    return memory
+
+
+def budget_configs(press: str, ratios, memories, protocol: tuple[str, tuple], press_args=()) -> list:
+    """The configs of one press: one per ratio, or one per memory budget (evictors at ratio 1 - memory,
+    codecs solving their own knobs for it)."""
+    from kvbench.engine import Config
+
+    name, protocol_args = protocol
+    if memories:
+        codec = PRESSES[press].codec if press in PRESSES else False
+        return [
+            Config(press, 0.0 if codec else round(1 - m, 10), press_args, None, m, name, protocol_args)
+            for m in memories
+        ]
+    return [Config(press, r, press_args, protocol=name, protocol_args=protocol_args) for r in ratios]
+
+
 DEFAULT_SUITE = "ruler-smoke"
 
 
@@ -158,10 +230,13 @@ def plan_tasks(suite, task_list, length, samples):
 
 
 def parse_ratio(value) -> float:
-    ratio = float(value)
+    try:
+        ratio = float(value)
+    except ValueError:
+        raise UserError(f"ratio must be a number in [0, 1), got {value!r}") from None
     if not 0 <= ratio < 1:
         raise UserError(f"ratio must be in [0, 1), got {value}")
-    return ratio
+    return ratio + 0.0  # -0.0 is 0.0
 
 
 def execute(
@@ -180,6 +255,7 @@ def execute(
     dtype,
 ):
     """Shared body of `run` and `sweep`: validate everything, load the model, run, print the table."""
+    from kvbench.engine import check_protocol
     from kvbench.models import load_model, resolve
     from kvbench.results import ResultsStore
     from kvbench.runner import Plan, run_plan, summarize
@@ -187,6 +263,7 @@ def execute(
     suite_name, names, length, samples = plan_tasks(suite, task_list, length, samples)
     for config in configs:
         check_press_runnable(config.press)
+        check_protocol(config)
     check_writable(out)
     resolve(model)
     presses = [config.build_press() for config in configs]  # bad press arguments fail here
@@ -219,7 +296,12 @@ def execute(
 
 @main.command()
 @click.option("--press", required=True, help="Press name (see `kvbench presses`).")
-@click.option("--ratio", required=True, type=float, help="Fraction of KV entries removed, in [0, 1).")
+@click.option("--ratio", default=None, help="Fraction of KV entries removed, in [0, 1).")
+@click.option(
+    "--memory",
+    default=None,
+    help="Instead of --ratio: the fraction of the 16-bit full cache the press may store, in (0, 1].",
+)
 @click.option(
     "--press-arg",
     "press_args",
@@ -227,50 +309,88 @@ def execute(
     metavar="KEY=VALUE",
     help="Press parameter (repeatable), e.g. window_size=32 or inner=tova.",
 )
+@protocol_options
 @task_options
 @model_options
-def run(press, ratio, press_args, **options):
-    """Score one press at one compression ratio on a suite or tasks.
+def run(press, ratio, memory, press_args, protocol, interval, chunk, **options):
+    """Score one press at one compression ratio (or memory budget) on a suite or tasks.
 
     The context is prefilled and compressed, then the question is answered greedily on top of the
-    compressed cache (kvpress's protocol). Writes one row per sample to OUT/rows.jsonl and a run record
-    (config, versions, git commit, scores) to OUT/runs/.
+    compressed cache (kvpress's protocol; see --protocol for the others). Writes one row per sample to
+    OUT/rows.jsonl and a run record (config, versions, git commit, scores) to OUT/runs/.
 
     \b
-    Example: kvbench run --press snapkv --ratio 0.5 --task niah_single_1 --samples 4
+    Examples:
+      kvbench run --press snapkv --ratio 0.5 --task niah_single_1 --samples 4
+      kvbench run --press quant --memory 0.25                 # a codec at a quarter of the cache's bytes
+      kvbench run --press knorm --ratio 0.75 --protocol streaming --chunk 128
     """
-    from kvbench.engine import Config
-
-    ratio = parse_ratio(ratio)
+    if (ratio is None) == (memory is None):
+        raise UserError("give one of --ratio or --memory")
     args = tuple(sorted(parse_press_args(press_args).items()))
-    execute([Config(press, ratio, args)], **options)
+    ratios, memories = ([parse_ratio(ratio)], []) if memory is None else ([], [parse_memory(memory)])
+    configs = budget_configs(press, ratios, memories, protocol_of(protocol, interval, chunk), args)
+    execute(configs, **options)
 
 
 @main.command()
 @click.option("--presses", required=True, help="Comma-separated press names, e.g. kvp,snapkv,h2o,tova.")
-@click.option("--ratios", required=True, help="Comma-separated ratios in [0, 1), e.g. 0.25,0.5,0.75,0.9.")
+@click.option("--ratios", default=None, help="Comma-separated ratios in [0, 1), e.g. 0.25,0.5,0.75,0.9.")
+@click.option(
+    "--memory",
+    default=None,
+    help="Instead of --ratios: comma-separated memory budgets in (0, 1] (fractions of the 16-bit full "
+    "cache), e.g. 0.5,0.25,0.1. Evictors run at ratio 1 - memory, codecs solve their own knobs.",
+)
+@protocol_options
 @task_options
 @model_options
-def sweep(presses, ratios, **options):
-    """Score every press at every ratio (plus no compression) on a suite or tasks.
+def sweep(presses, ratios, memory, protocol, interval, chunk, **options):
+    """Score every press at every ratio or memory budget (plus no compression) on a suite or tasks.
 
     One uncompressed prefill per sample serves every config that compresses inside kvpress's hook;
     decoding runs for all of them as one batch. Resumable: rerun the same command after an interruption
     and only the missing rows are computed.
 
     \b
-    Example: kvbench sweep --presses kvp,snapkv,h2o,tova --ratios 0.25,0.5,0.75,0.9 --suite ruler-1k
+    Examples:
+      kvbench sweep --presses kvp,snapkv,h2o,tova --ratios 0.25,0.5,0.75,0.9 --suite ruler-1k
+      kvbench sweep --presses kvp,snapkv,quant,varrate --memory 0.5,0.25,0.1 --suite ruler-1k
     """
     from kvbench.engine import Config
 
+    if (ratios is None) == (memory is None):
+        raise UserError("give one of --ratios or --memory")
     press_names = [name.strip() for name in presses.split(",") if name.strip()]
-    ratio_values = [parse_ratio(value) for value in ratios.split(",") if value.strip()]
-    if not press_names or not ratio_values:
-        raise UserError("--presses and --ratios must each name at least one value")
-    configs = [Config("none", 0.0)] + [Config(p, r) for p in press_names if p != "none" for r in ratio_values]
+    ratio_values = [parse_ratio(value) for value in (ratios or "").split(",") if value.strip()]
+    memory_values = [parse_memory(value) for value in (memory or "").split(",") if value.strip()]
+    if not press_names or not (ratio_values or memory_values):
+        raise UserError("--presses and --ratios (or --memory) must each name at least one value")
+    protocol = protocol_of(protocol, interval, chunk)
+    configs = [Config("none", 0.0, protocol=protocol[0], protocol_args=protocol[1])] + [
+        config
+        for name in press_names
+        if name != "none"
+        for config in budget_configs(name, ratio_values, memory_values, protocol)
+    ]
     if len(set(configs)) != len(configs):
         raise UserError("duplicate configs: each press and ratio may appear once")
-    execute(configs, **options)
+    execute(drop_unreachable_budgets(configs), **options)
+
+
+def drop_unreachable_budgets(configs: list) -> list:
+    """A sweep's grid may ask a codec for a memory it cannot reach (2-bit codes still cost more than 10 %):
+    those cells are left out with a note on stderr, the rest runs. (`run` refuses such a budget.)"""
+    kept = []
+    for config in configs:
+        if config.press in PRESSES and PRESSES[config.press].codec:
+            try:
+                config.build_press()
+            except ValueError as error:
+                click.echo(f"skipped {config.press} at memory {config.memory}: {error}", err=True)
+                continue
+        kept.append(config)
+    return kept
 
 
 @main.command(name="presses")

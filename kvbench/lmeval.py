@@ -25,30 +25,22 @@ from pathlib import Path
 import click
 import torch
 import torch.nn.functional as F
-from kvpress import DecodingPress, FinchPress, KeyRerotationPress, RestoreKVPress
+from kvpress import DecodingPress
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from kvbench.engine import (
-    Prompt,
-    Run,
-    is_shareable,
-    kv_counts,
-    language_model,
-    masked_entries,
-    run_alone,
-    run_shared,
-)
+from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, moves_positions
+from kvbench.engine import Config, Prompt, Run, cache_entries, kv_counts, run_alone, run_shared
 from kvbench.models import EMBEDDED, cache_dir, load_model, model_name
-from kvbench.presses import build_press, check_press_runnable, needs_eager, parse_press_args, press_state
+from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state
 from kvbench.results import ResultsStore, check_writable, config_id
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
 TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks" / "lm_eval"
-ROW_STATS = ("context_tokens", "kv_kept", "kv_total", "kv_bytes_kept", "prefill_s", "decode_s")
+ROW_STATS = ("context_tokens", "kv_kept", "kv_total", "kv_bytes", "kv_bytes_full", "prefill_s", "decode_s")
 
 
 @register_model("kvbench")
@@ -74,9 +66,9 @@ class KVBenchLM(HFLM):
         self.press_name = press
         self.compression_ratio = float(compression_ratio)
         self.press_args = dict(press_args or {})
-        probe = self.new_press()  # unknown press or bad arguments fail before the model loads
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
         self.eager = needs_eager(press, self.press_args)
+        probe = self.new_run().press  # unknown press or bad arguments fail before the model loads
         model, tokenizer = load_model(
             pretrained, device=device, dtype=dtype, attn_implementation="eager" if self.eager else None
         )
@@ -86,9 +78,10 @@ class KVBenchLM(HFLM):
         self.press_state = press_state(probe)
         self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
 
-    def new_press(self):
+    def new_run(self) -> Run:
         """A fresh press per request, as `kvbench run` builds one per sample (stateful presses start over)."""
-        return build_press(self.press_name, self.compression_ratio, **self.press_args)
+        config = Config(self.press_name, self.compression_ratio, tuple(sorted(self.press_args.items())))
+        return Run(config, config.build_press(), self.eager)
 
     @property
     def run_config(self) -> dict:
@@ -143,7 +136,7 @@ class KVBenchLM(HFLM):
                     "the kvbench model decodes greedily; this task asks for sampling (do_sample)"
                 )
             prompt = self.split_prompt(text, request.doc)
-            result = generate(self.model, Run(self.new_press(), self.eager), prompt, kwargs["max_gen_toks"])
+            result = generate(self.model, self.new_run(), prompt, kwargs["max_gen_toks"])
             # The engine stops at EOS only; other stop strings cut the text afterwards.
             answer = self.tok_decode(result.pop("tokens"))
             answers.append(
@@ -171,7 +164,7 @@ class KVBenchLM(HFLM):
             if state is None or state.context_ids != context_ids:
                 if state is not None:
                     state.close()
-                state = CompressedContext(self.model, self.new_press(), context_ids)
+                state = CompressedContext(self.model, self.new_run().press, context_ids)
             start = time.perf_counter()
             results.append(state.score(continuation_ids))
             self.record(request, {**state.measurements, "decode_s": time.perf_counter() - start})
@@ -214,14 +207,12 @@ class CompressedContext:
                 model.model(input_ids=prefix, past_key_values=self.cache)
         self.measurements = {
             "prefill_s": time.perf_counter() - start,
-            **kv_counts(model, Prompt(prefix, None), self.cache, masked=masked_entries(model)),
+            **kv_counts(model, Prompt(prefix, None), cache_entries(self.cache, masked_entries(model)), press),
         }
         self.layer_lengths = [layer.keys.shape[2] for layer in self.cache.layers]
         self.position = prefix.shape[1]
         # Presses that move kept keys to new positions continue from the compressed length (as run_alone).
-        if isinstance(press, (RestoreKVPress, KeyRerotationPress)) or (
-            isinstance(press, FinchPress) and press.rerotate_keys
-        ):
+        if moves_positions(press):
             self.position = self.cache.get_seq_length()
 
     def score(self, continuation_ids: list[int]) -> tuple[float, bool]:
@@ -242,10 +233,7 @@ class CompressedContext:
         return logprobs.gather(1, targets[:, None]).sum().item(), bool((logprobs.argmax(-1) == targets).all())
 
     def close(self) -> None:
-        # Head-wise presses leave masks on the attention modules; never let them leak into other requests.
-        for layer in language_model(self.model).layers:
-            if hasattr(layer.self_attn, "masked_key_indices"):
-                layer.self_attn.masked_key_indices = None
+        clear_head_masks(self.model)
 
 
 # ---- lm-eval runs into the results store ----

@@ -19,10 +19,24 @@ RUNS_DIR = "runs"
 KEY_FIELDS = ("config_id", "task", "length", "seed", "sample_id")
 
 
-def config_id(model: str, press: str, ratio: float, press_args: dict, press_state: str | None = None) -> str:
+def config_id(
+    model: str,
+    press: str,
+    ratio: float,
+    press_args: dict,
+    press_state: str | None = None,
+    memory: float | None = None,
+    protocol: str = "query-agnostic",
+    protocol_args: dict | None = None,
+) -> str:
     """A short stable id of (model, press, ratio, press arguments) and, for presses that load learned state
-    (KVP's agents), that state's digest: rows scored with other agents are other results."""
+    (KVP's agents), that state's digest: rows scored with other agents are other results. A memory budget
+    and a protocol other than the default enter the id only when given, so older rows keep their ids."""
     spec = [model, press, float(ratio), press_args] + ([press_state] if press_state else [])
+    if memory is not None:
+        spec.append({"memory": float(memory)})
+    if protocol != "query-agnostic":
+        spec.append({"protocol": protocol, **(protocol_args or {})})
     spec = json.dumps(spec, sort_keys=True, default=str)
     return hashlib.sha1(spec.encode()).hexdigest()[:12]
 
@@ -110,14 +124,17 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def results_files(paths) -> list[Path]:
-    """Every rows.jsonl in or under the given folders (or the files themselves)."""
+def results_files(paths, recursive: bool = True) -> list[Path]:
+    """Every rows.jsonl in the given folders (or the files themselves), and with `recursive` in every folder
+    below them too: a report on `results/` must not pull in `results/reference/` unless asked."""
     files = []
     for path in map(Path, paths):
         if path.is_file():
             files.append(path)
-        else:
+        elif recursive:
             files.extend(sorted(path.rglob(ROWS_FILE)))
+        elif (path / ROWS_FILE).is_file():
+            files.append(path / ROWS_FILE)
     return files
 
 

@@ -63,12 +63,16 @@ def git_commit() -> str | None:
 
 def base_row(model, config: Config, sample: tasks.Sample, plan: Plan) -> dict:
     name = model_name(model)
-    press_args = dict(config.press_args)
+    press_args, protocol_args = dict(config.press_args), dict(config.protocol_args)
+    identity = (config.press_state, config.memory, config.protocol, protocol_args)
     return {
-        "config_id": config_id(name, config.press, config.ratio, press_args, config.press_state),
+        "config_id": config_id(name, config.press, config.ratio, press_args, *identity),
         "model": name,
         "press": config.press,
         "ratio": config.ratio,
+        "memory": config.memory,
+        "protocol": config.protocol,
+        "protocol_args": protocol_args,
         "press_args": press_args,
         "press_state": config.press_state,
         "task": sample.task,
@@ -121,10 +125,16 @@ def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool =
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
-    """Score per task (columns) for each (press, ratio), plus the average over tasks."""
+    """Score per task (columns) for each (press, budget), plus the average over tasks; the budget is the
+    ratio, or `memory=M` for configs given a memory budget."""
     if frame.empty:
         return pd.DataFrame()
-    table = frame.pivot_table(index=["press", "ratio"], columns="task", values="score", aggfunc="mean")
+    memory = frame["memory"] if "memory" in frame else pd.Series(None, index=frame.index, dtype=object)
+    budget = [
+        str(ratio) if pd.isna(m) else f"memory={m}" for ratio, m in zip(frame["ratio"], memory, strict=True)
+    ]
+    frame = frame.assign(budget=budget)
+    table = frame.pivot_table(index=["press", "budget"], columns="task", values="score", aggfunc="mean")
     table["average"] = table.mean(axis=1)
     return table
 
@@ -146,8 +156,8 @@ def run_record(model, plan: Plan, frame: pd.DataFrame | None, started: str) -> d
             **plan.extra,
         },
         "summary": {
-            f"{press}@{ratio}": {task: round(score, 2) for task, score in scores.items()}
-            for (press, ratio), scores in table.iterrows()
+            f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
+            for (press, budget), scores in table.iterrows()
         },
         "versions": package_versions(),
         "git_commit": git_commit(),

@@ -33,6 +33,45 @@ def invoke(*args):
         (["sweep", "--presses", "snapkv,snapkv", "--ratios", "0.5"], "duplicate configs"),
         (["sweep", "--presses", "snapkv", "--ratios", "0.5,0.5"], "duplicate configs"),
         (["sweep", "--presses", "snapkv", "--ratios", "0.5,1.5"], "ratio must be in [0, 1)"),
+        (["run", "--press", "snapkv", "--ratio", "half"], "ratio must be a number"),
+        (["run", "--press", "snapkv"], "give one of --ratio or --memory"),
+        (
+            ["run", "--press", "snapkv", "--ratio", "0.5", "--memory", "0.5"],
+            "give one of --ratio or --memory",
+        ),
+        (["run", "--press", "snapkv", "--memory", "0"], "memory must be in (0, 1]"),
+        (["run", "--press", "snapkv", "--memory", "1.5"], "memory must be in (0, 1]"),
+        (["run", "--press", "snapkv", "--memory", "-0.1"], "memory must be in (0, 1]"),
+        (["run", "--press", "snapkv", "--memory", "lots"], "memory must be a number"),
+        (["sweep", "--presses", "snapkv", "--memory", "0.5,2"], "memory must be in (0, 1]"),
+        (["sweep", "--presses", "snapkv", "--ratios", "0.5", "--memory", "0.5"], "give one of --ratios"),
+        (["sweep", "--presses", "snapkv", "--memory", "0.5,0.5"], "duplicate configs"),
+        (
+            ["run", "--press", "knorm", "--ratio", "0.5", "--interval", "4"],
+            "--interval applies to --protocol",
+        ),
+        (
+            ["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "streaming", "--interval", "4"],
+            "--interval applies to --protocol decode-time, not streaming",
+        ),
+        (["run", "--press", "knorm", "--ratio", "0.5", "--chunk", "64"], "--chunk applies to --protocol"),
+        (
+            ["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "decode-time", "--interval", "0"],
+            "--interval must be at least 1",
+        ),
+        (
+            ["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "streaming", "--chunk", "-3"],
+            "--chunk must be at least 1",
+        ),
+        (["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "sideways"], "Invalid value"),
+        (
+            ["run", "--press", "adakv", "--ratio", "0.5", "--protocol", "streaming"],
+            "cannot run under the streaming protocol",
+        ),
+        (
+            ["sweep", "--presses", "knorm,think", "--ratios", "0.5", "--protocol", "decode-time"],
+            "press 'think' cannot run under the decode-time protocol",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path):
@@ -99,3 +138,59 @@ def test_run_scores_the_embedded_model_and_resumes(tmp_path):
     again = invoke(*args)  # resumed: nothing left to compute, the row is not duplicated
     assert again.exit_code == 0
     assert (out / "rows.jsonl").read_text().count("\n") == 1
+
+
+def test_a_memory_budget_runs_evictors_at_one_minus_memory_and_rows_record_it(tmp_path, tiny_model_dir):
+    out = tmp_path / "results"
+    common = ["--task", "niah_single_1", "--length", "512", "--samples", "1", "--model", tiny_model_dir]
+    result = invoke("sweep", "--presses", "knorm", "--memory", "0.5,0.25", *common, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    rows = load_rows(out).set_index("memory", drop=False)
+    assert rows.loc[0.25, "ratio"] == 0.75 and rows.loc[0.5, "ratio"] == 0.5
+    none = rows[rows.press == "none"].iloc[0]
+    assert none.kv_bytes == none.kv_bytes_full and none.protocol == "query-agnostic"
+    for memory in (0.5, 0.25):
+        assert rows.loc[memory, "kv_bytes"] <= memory * rows.loc[memory, "kv_bytes_full"]
+    # The same press by ratio is another config: a memory budget is part of what identifies a row.
+    again = invoke("run", "--press", "knorm", "--ratio", "0.5", *common, "--out", str(out))
+    assert again.exit_code == 0 and len(load_rows(out)) == 4
+
+
+def test_streaming_rows_record_the_protocol_and_its_chunk(tmp_path, tiny_model_dir):
+    out = tmp_path / "results"
+    args = ["--task", "niah_single_1", "--length", "512", "--samples", "1", "--model", tiny_model_dir]
+    result = invoke(
+        "run",
+        "--press",
+        "tova",
+        "--ratio",
+        "0.5",
+        "--protocol",
+        "streaming",
+        "--chunk",
+        "64",
+        *args,
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    row = load_rows(out).iloc[0]
+    assert row.protocol == "streaming" and row.protocol_args == {"chunk": 64}
+    assert row.kv_kept == int(row.context_tokens * 0.5) * 2 * 2
+
+
+def test_a_codec_budget_it_cannot_reach_is_refused_by_run_and_skipped_by_sweep(tmp_path, tiny_model_dir):
+    out = tmp_path / "results"
+    common = ["--task", "niah_single_1", "--length", "512", "--samples", "1", "--model", tiny_model_dir]
+    refused = invoke("run", "--press", "quant", "--memory", "0.1", *common, "--out", str(out))
+    assert refused.exit_code == 2 and "quant" in refused.output and not out.exists()
+    swept = CliRunner().invoke(
+        main, ["sweep", "--presses", "quant", "--memory", "0.5,0.1", *common, "--out", str(out)]
+    )
+    assert swept.exit_code == 0, swept.output
+    assert "skipped quant at memory 0.1" in swept.output
+    rows = load_rows(out)
+    assert sorted(rows.press) == ["none", "quant"] and rows[rows.press == "quant"].memory.tolist() == [0.5]
+    quant = rows[rows.press == "quant"].iloc[0]
+    # A codec keeps every entry, in fewer bytes.
+    assert quant.kv_kept == quant.kv_total and quant.kv_bytes <= 0.5 * quant.kv_bytes_full

@@ -6,10 +6,11 @@ import random
 
 import pytest
 import torch
-from kvpress import KnormPress, KVPressTextGenerationPipeline
+from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, PrefillDecodingPress
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from kvbench import engine
+from kvbench import adapter, decoder, engine
+from kvbench.decoder import BatchedDecoder
 from kvbench.engine import Config, evaluate_sample, tokenize_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
@@ -105,8 +106,10 @@ def registry_configs(model, tmp_path) -> list[Config]:
     configs = [Config("none", 0.0)]
     for name in sorted(PRESSES.keys() - skipped):
         args = (("agents", save_random_kvp_agents(model, tmp_path / "kvp")),) if name == "kvp" else ()
-        shareable = engine.is_shareable(Config(name, 0.5, args).build_press())
-        configs += [Config(name, ratio, args) for ratio in (RATIOS if shareable else (0.5,))]
+        shareable = adapter.is_shareable(Config(name, 0.5, args).build_press())
+        # Codecs store every entry in fewer bits: the highest ratios ask for less memory than 2 bits take.
+        ratios = RATIOS if shareable else (0.5,)
+        configs += [Config(name, r, args) for r in ratios if not (PRESSES[name].codec and r > 0.5)]
     return configs
 
 
@@ -128,7 +131,7 @@ def pipeline_token_ids(monkeypatch, model, tokenizer, sample: Sample, config: Co
     pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     calls = decoded_token_ids(monkeypatch, tokenizer)
     eager = needs_eager(config.press, dict(config.press_args))
-    with engine.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
+    with adapter.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
         pipeline(
             sample.context,
             question=sample.question,
@@ -155,7 +158,7 @@ def test_every_registry_press_answers_as_the_kvpress_pipeline(monkeypatch, token
     model = tiny_model(architecture, len(tokenizer))
     sample = word_soup_sample(260)
     configs = registry_configs(model, tmp_path)
-    shared = {c.press for c in configs if engine.is_shareable(c.build_press())}
+    shared = {c.press for c in configs if adapter.is_shareable(c.build_press())}
     assert MUST_SHARE <= shared
 
     # Chunks of 7 configs: several prefills, batches mixing presses and ratios, caches of different lengths.
@@ -218,7 +221,7 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
         Config("none", 0.0),
         Config("adakv", 0.75, adakv),
     ]
-    assert [engine.is_shareable(c.build_press()) for c in configs] == [False, True, True, False]
+    assert [adapter.is_shareable(c.build_press()) for c in configs] == [False, True, True, False]
     engine._logged_fallbacks.clear()
     with caplog.at_level(logging.INFO, logger="kvbench.engine"):
         engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
@@ -227,9 +230,9 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
     assert all(getattr(layer.self_attn, "masked_key_indices", None) is None for layer in model.model.layers)
     for config, ids in zip(configs, engine_ids, strict=True):
         assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config)
-    # AdaKV masks entries instead of removing them: fewer entries count, the bytes stay.
+    # AdaKV masks entries instead of removing them: they count as evicted, in entries and in bytes.
     assert results[0]["kv_kept"] == results[1]["kv_kept"] < results[2]["kv_kept"]
-    assert results[0]["kv_bytes_kept"] == results[2]["kv_bytes_kept"]
+    assert results[0]["kv_bytes"] == results[1]["kv_bytes"] < results[2]["kv_bytes"]
 
 
 def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
@@ -259,13 +262,13 @@ def test_a_scorer_at_several_ratios_scores_each_layer_once(monkeypatch, tokenize
 def test_compaction_keeps_groups_together_and_moves_as_few_rows_as_it_can():
     groups = [0, 0, 0, 1, 1, 1, 2, 2]
     running = [True, False, True, True, True, True, False, True]
-    order = engine.compaction_order(groups, running)
+    order = decoder.compaction_order(groups, running)
     # Every running row once; the groups in their order and contiguous.
     assert sorted(order) == [row for row, run in enumerate(running) if run]
     assert [groups[row] for row in order] == [0, 0, 1, 1, 1, 2]
     # Only the slots left empty in a group's range are refilled: rows 0, 3 and 4 stay where they are.
     assert [slot for slot, row in enumerate(order) if slot != row] == [1, 2, 5]
-    assert engine.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
+    assert decoder.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
 
 
 def test_a_tokenizer_without_chat_template_gets_the_pipelines_bos_fallback(monkeypatch, tokenizer):
@@ -301,7 +304,10 @@ def test_attention_weights_are_those_of_the_eager_attention(tokenizer, architect
     def compare(module, args, kwargs, output):
         keys = kwargs["past_key_values"].layers[module.layer_idx].keys
         torch.testing.assert_close(
-            engine.attention_weights(module, kwargs, keys), output[1], rtol=0, atol=1e-7
+            adapter.attention_weights(module, kwargs["hidden_states"], kwargs["position_embeddings"], keys),
+            output[1],
+            rtol=0,
+            atol=1e-7,
         )
         compared.append(module.layer_idx)
 
@@ -324,7 +330,11 @@ def test_kv_accounting_counts_entries_and_bytes_kept(tokenizer):
     assert none["context_tokens"] == knorm["context_tokens"] == n
     assert none["kv_total"] == knorm["kv_total"] == none["kv_kept"] == layers * kv_heads * n
     assert knorm["kv_kept"] == layers * kv_heads * int(n * 0.7)
-    assert knorm["kv_bytes_kept"] == knorm["kv_kept"] * head_dim * 2 * 4  # keys + values, fp32
+    # Counted as a 16-bit cache stores keys and values, though the model computes in fp32.
+    assert knorm["kv_bytes"] == knorm["kv_kept"] * head_dim * 2 * 2
+    assert (
+        none["kv_bytes"] == none["kv_bytes_full"] == knorm["kv_bytes_full"] == none["kv_total"] * head_dim * 4
+    )
     assert all(r["prefill_s"] > 0 and r["decode_s"] > 0 for r in (none, knorm))
 
 
@@ -387,3 +397,144 @@ def test_a_plain_context_is_user_after_the_templates_system_prompt(tokenizer):
     assert regions[0] == engine.REGIONS.index("system")
     assert regions[-1] == engine.REGIONS.index("user")
     assert regions == sorted(regions)  # one system span, then the user's
+
+
+DECODE_STEPS = 24
+
+
+def decode_time_reference(monkeypatch, model, tokenizer, sample, config: Config) -> list[int]:
+    """kvpress's pipeline with the equivalent PrefillDecodingPress: the press at the ratio on the prefill,
+    and a DecodingPress of the same press back to the prefill's size every `interval` steps."""
+    prefill = config.build_press()
+    target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * (1 - config.ratio))
+    interval = dict(config.protocol_args)["interval"]
+    decoding = DecodingPress(
+        base_press=Config(config.press, 0.0).build_press(), compression_interval=interval, target_size=target
+    )
+    pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    calls = decoded_token_ids(monkeypatch, tokenizer)
+    eager = needs_eager(config.press)
+    with adapter.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
+        pipeline(
+            sample.context,
+            question=sample.question,
+            answer_prefix=sample.answer_prefix,
+            press=PrefillDecodingPress(prefilling_press=prefill, decoding_press=decoding),
+            max_new_tokens=sample.max_new_tokens,
+        )
+    monkeypatch.undo()
+    (ids,) = calls
+    return ids
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_decode_time_compression_in_the_batch_answers_as_kvpress_decoding_press(
+    monkeypatch, tokenizer, architecture
+):
+    model = tiny_model(architecture, len(tokenizer))
+    sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
+    configs = [Config("none", 0.0)] + [
+        Config(press, ratio, protocol="decode-time", protocol_args=(("interval", interval),))
+        for press, ratio, interval in [
+            ("knorm", 0.5, 3),
+            ("knorm", 0.5, 7),
+            ("tova", 0.75, 4),
+            ("streaming_llm", 0.5, 5),
+            ("h2o", 0.5, 3),  # scores with the attention weights of the decoding steps
+            ("keydiff", 0.25, 2),
+        ]
+    ]
+    # Query-agnostic configs of the same presses share the batch; their answers must differ.
+    configs += [Config("knorm", 0.5), Config("tova", 0.75)]
+    engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    assert engine_ids[0] == pipeline_token_ids(monkeypatch, model, tokenizer, sample, configs[0])
+    for config, ids in zip(configs[1:-2], engine_ids[1:-2], strict=True):
+        reference = decode_time_reference(monkeypatch, model, tokenizer, sample, config)
+        assert len(reference) == DECODE_STEPS
+        assert ids == reference, config
+    assert engine_ids[1] != engine_ids[-2] or engine_ids[3] != engine_ids[-1]
+    assert all(result["kv_kept"] < results[0]["kv_kept"] for result in results[1:])
+
+
+def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, tokenizer):
+    """QEvict's recoverable tier during decoding: in the engine's batch, each row answers as the press does
+    alone under kvpress's hooks on a plain cache: the prefill, then the same instance (its tiers and
+    scores go on) every 8 decoding steps (its window) on the growing cache."""
+    model = tiny_model("llama", len(tokenizer))
+    sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
+    decode_time = {"protocol": "decode-time", "protocol_args": (("interval", 8),)}
+    configs = [Config("qevict", 0.0, memory=m, **decode_time) for m in (0.5, 0.25)] + [Config("knorm", 0.5)]
+    _, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    prompt = tokenize_sample(tokenizer, sample)
+    n = prompt.context_ids.shape[1]
+    answers = []
+    for config, result in zip(configs[:2], results, strict=False):
+        press, cache = config.build_press(), DynamicCache()
+        decoding = adapter.decoding_press(press, 8, engine.budget_entries(config, n))
+        with torch.no_grad():
+            with press(model):
+                model.model(input_ids=prompt.context_ids, past_key_values=cache)
+            # kvpress's __call__ would reset the press's state first; hook it as it is instead.
+            with adapter.attention_hooks(model, decoding.forward_hook):
+                decoder = BatchedDecoder(model, cache, attention=None)
+                (tokens,) = decoder.decode(prompt.question_ids, n, sample.max_new_tokens)
+        assert result["prediction"] == tokenizer.decode(tokens, skip_special_tokens=True), config
+        answers.append(tokens)
+    assert answers[0] != answers[1]
+    assert results[1]["kv_bytes"] <= 0.25 * results[1]["kv_bytes_full"] < results[0]["kv_bytes"]
+
+
+def streaming_reference(model, tokenizer, sample, config: Config) -> tuple[list[int], int]:
+    """One config alone: the context fed chunk by chunk under kvpress's own DecodingPress (a step per
+    chunk, back to the budget), then the question and greedy decoding on that cache, no press."""
+    prompt = tokenize_sample(tokenizer, sample)
+    n = prompt.context_ids.shape[1]
+    chunk = dict(config.protocol_args)["chunk"]
+    cache = DynamicCache()
+    base = config.build_press()
+    base.post_init_from_model(model)
+    press = adapter.decoding_press(base, 1, engine.budget_entries(config, n), buffer_size=1)
+    with torch.no_grad():
+        with press(model):
+            for start in range(0, n, chunk):
+                ids = prompt.context_ids[:, start : start + chunk]
+                positions = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+                model(input_ids=ids, past_key_values=cache, position_ids=positions)
+        held = cache.get_seq_length()
+        ids = prompt.question_ids
+        position, tokens = n, []
+        for _ in range(sample.max_new_tokens):
+            positions = torch.arange(position, position + ids.shape[1]).unsqueeze(0)
+            logits = model(input_ids=ids, past_key_values=cache, position_ids=positions).logits
+            position += ids.shape[1]
+            tokens.append(int(logits[0, -1].argmax()))
+            ids = torch.tensor([[tokens[-1]]])
+    return tokens, held
+
+
+def test_streaming_feeds_chunks_as_one_batch_and_answers_as_each_config_alone(monkeypatch, tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    sample = word_soup_sample(200)
+    streaming = (("chunk", 64),)
+    configs = [
+        Config(press, ratio, protocol="streaming", protocol_args=streaming)
+        for press, ratio in [("knorm", 0.5), ("knorm", 0.75), ("tova", 0.5), ("streaming_llm", 0.75)]
+    ]
+    # QEvict re-tiers its windows after every chunk within a memory budget.
+    qevict = Config("qevict", 0.0, memory=0.3, protocol="streaming", protocol_args=streaming)
+    configs += [qevict, Config("none", 0.0, protocol="streaming", protocol_args=streaming)]
+    engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
+    n = tokenize_sample(tokenizer, sample).context_ids.shape[1]
+    assert n > 3 * 64  # several chunks, several compressions
+    for config, ids, result in zip(configs[:-1], engine_ids[:-1], results[:-1], strict=True):
+        reference, held = streaming_reference(model, tokenizer, sample, config)
+        assert ids == reference, config
+        assert result["kv_kept"] == held * 2 * 2
+        if config.press != "qevict":
+            assert held == int(n * (1 - config.ratio))
+    assert results[-2]["kv_bytes"] <= 0.3 * results[-2]["kv_bytes_full"]
+    # Without a press, streaming is a chunked prefill: the same answer as the whole context at once.
+    assert engine_ids[-1] == pipeline_token_ids(monkeypatch, model, tokenizer, sample, Config("none", 0.0))
+    # Streaming compresses before the model has read the rest: answers differ from query-agnostic ones.
+    agnostic, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, [Config("knorm", 0.75)])
+    assert agnostic[0] != engine_ids[1]

@@ -11,7 +11,11 @@ import kvpress
 import yaml
 
 from kvbench import models
+from kvbench.presses.andpro import andpro_press
 from kvbench.presses.h2o import H2OPress
+from kvbench.presses.lowrank import LowRankPress, VarRatePress
+from kvbench.presses.qevict import QEvictPress
+from kvbench.presses.quant import QuantPress
 
 DEFAULT_INNER = "snapkv"
 
@@ -48,8 +52,19 @@ def build_kvp(ratio, **args):
     return KVPPress(compression_ratio=ratio, **args)
 
 
+def build_memdecay(ratio, **args):
+    from kvbench.presses.memdecay import MemDecayPress  # imported lazily, as kvp
+
+    return MemDecayPress(compression_ratio=ratio, **args)
+
+
 def build_random(ratio, seed=0, **args):
     return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
+
+
+def codec(cls) -> Callable:
+    """A codec press is built from its memory budget alone (the registry passes memory=...)."""
+    return lambda ratio, **args: cls(**args)
 
 
 def build_decoding(ratio, inner="knorm", **args):
@@ -84,6 +99,11 @@ SPECS = [
         "h2o", "H2O: heavy hitters by accumulated attention + a recent window", scorer(H2OPress), ("eager",)
     ),
     PressSpec("kvp", "KVP: learned per-head eviction agents (presses/kvp/<model>/)", build_kvp),
+    PressSpec(
+        "memdecay",
+        "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
+        build_memdecay,
+    ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer(kvpress.KeyDiffPress)),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer(kvpress.LagKVPress)),
     PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer(kvpress.PyramidKVPress)),
@@ -108,6 +128,23 @@ SPECS = [
         "AdaKV head-wise budgets around `inner` (press-arg inner=snapkv)",
         wrapper(kvpress.AdaKVPress),
     ),
+    PressSpec(
+        "andpro",
+        "AnDPro: chunks scored by projection on the window's anchor output, AdaKV head-wise budgets",
+        andpro_press,
+    ),
+    PressSpec(
+        "varrate",
+        "VarRate: every token at a salience-driven rank of a per-head SVD basis",
+        codec(VarRatePress),
+        codec=True,
+    ),
+    PressSpec(
+        "lowrank",
+        "every token at one rank of a per-head SVD basis (VarRate's ablation)",
+        codec(LowRankPress),
+        codec=True,
+    ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper(kvpress.CriticalKVPress)),
     PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper(kvpress.CriticalAdaKVPress)),
     PressSpec("chunkkv", "keep whole chunks, scored by `inner`", wrapper(kvpress.ChunkKVPress)),
@@ -121,6 +158,18 @@ SPECS = [
     PressSpec("merging", "`inner`, merging evicted entries into kept ones", wrapper(kvpress.MergingPress)),
     PressSpec(
         "decoding", "compress during decoding to the ratio with `inner` (default knorm)", build_decoding
+    ),
+    PressSpec(
+        "quant",
+        "KIVI-style uniform quantisation at 8/4/2 bits (press-arg bits; default: the widest that fits)",
+        codec(QuantPress),
+        codec=True,
+    ),
+    PressSpec(
+        "qevict",
+        "QEvict: attention-scored windows kept at 16 bits, int4, or evicted; recoverable on re-compression",
+        codec(QEvictPress),
+        codec=True,
     ),
     PressSpec("qfilter", "Q-Filters (filters downloaded per model)", scorer(kvpress.QFilterPress), ("hub",)),
     PressSpec("kvzap", "KVzap (scorer weights downloaded per model)", scorer(kvpress.KVzapPress), ("hub",)),
