@@ -61,10 +61,15 @@ class KVPData:
             raise ValueError(
                 f"no KVP data at {directory} (missing {MANIFEST_FILE}); make it with kvbench kvp datagen"
             )
-        self.manifest = json.loads(path.read_text())
-        self.shape = ModelShape(**self.manifest["model"])
-        self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
-        self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
+        try:
+            self.manifest = json.loads(path.read_text())
+            self.shape = ModelShape(**self.manifest["model"])
+            self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
+            self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as error:
+            raise ValueError(
+                f"{path}: not a KVP datagen manifest ({type(error).__name__}: {error})"
+            ) from None
         if not self.train or not self.val:
             raise ValueError(
                 f"KVP data at {directory} needs train and val shards; "
