@@ -433,7 +433,22 @@ def sweep(presses, ratios, memory, protocol, interval, chunk, **options):
     ]
     if len(set(configs)) != len(configs):
         raise UserError("duplicate configs: each press and ratio may appear once")
-    execute(configs, **options)
+    execute(drop_unreachable_budgets(configs), **options)
+
+
+def drop_unreachable_budgets(configs: list) -> list:
+    """A sweep's grid may ask a codec for a memory it cannot reach (2-bit codes still cost more than 10 %):
+    those cells are left out with a note on stderr, the rest runs. (`run` refuses such a budget.)"""
+    kept = []
+    for config in configs:
+        if config.press in PRESSES and PRESSES[config.press].codec:
+            try:
+                config.build_press()
+            except ValueError as error:
+                click.echo(f"skipped {config.press} at memory {config.memory}: {error}", err=True)
+                continue
+        kept.append(config)
+    return kept
 
 
 @main.command(name="presses")

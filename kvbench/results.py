@@ -156,14 +156,17 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def results_files(paths) -> list[Path]:
-    """Every rows.jsonl in or under the given folders (or the files themselves)."""
+def results_files(paths, recursive: bool = True) -> list[Path]:
+    """Every rows.jsonl in the given folders (or the files themselves), and with `recursive` in every folder
+    below them too: a report on `results/` must not pull in `results/reference/` unless asked."""
     files = []
     for path in map(Path, paths):
         if path.is_file():
             files.append(path)
-        else:
+        elif recursive:
             files.extend(sorted(path.rglob(ROWS_FILE)))
+        elif (path / ROWS_FILE).is_file():
+            files.append(path / ROWS_FILE)
     return files
 
 

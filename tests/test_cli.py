@@ -99,3 +99,20 @@ def test_streaming_rows_record_the_protocol_and_its_chunk(tmp_path, tiny_model_d
     row = load_rows(out).iloc[0]
     assert row.protocol == "streaming" and row.protocol_args == {"chunk": 64}
     assert row.kv_kept == int(row.context_tokens * 0.5) * 2 * 2
+
+
+def test_a_codec_budget_it_cannot_reach_is_refused_by_run_and_skipped_by_sweep(tmp_path, tiny_model_dir):
+    out = tmp_path / "results"
+    common = ["--task", "niah_single_1", "--length", "512", "--samples", "1", "--model", tiny_model_dir]
+    refused = invoke("run", "--press", "quant", "--memory", "0.1", *common, "--out", str(out))
+    assert refused.exit_code == 2 and "quant" in refused.output and not out.exists()
+    swept = CliRunner().invoke(
+        main, ["sweep", "--presses", "quant", "--memory", "0.5,0.1", *common, "--out", str(out)]
+    )
+    assert swept.exit_code == 0, swept.output
+    assert "skipped quant at memory 0.1" in swept.output
+    rows = load_rows(out)
+    assert sorted(rows.press) == ["none", "quant"] and rows[rows.press == "quant"].memory.tolist() == [0.5]
+    quant = rows[rows.press == "quant"].iloc[0]
+    # A codec keeps every entry, in fewer bytes.
+    assert quant.kv_kept == quant.kv_total and quant.kv_bytes <= 0.5 * quant.kv_bytes_full

@@ -1,12 +1,14 @@
 """kvbench report on small synthetic results folders with known scores."""
 
 import base64
+import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvbench.report import build_leaderboards, collect, render_report, report
+from kvbench.report import build_leaderboards, collect, press_styles, render_report, report
 from kvbench.results import ResultsStore, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -100,8 +102,10 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     assert board.rank.loc["knorm"].tolist() == [2, 1]
     assert board.mean_rank.tolist() == [1.5, 1.5]
     # knorm @ 0.5 keeps half: t1 2 x 500 entries, t2 4 x 1000 entries.
-    assert board.memory.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
-    assert board.memory.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
+    assert board.kept.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
+    assert board.kept.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
+    assert board.samples.loc["knorm"].tolist() == [6, 6]
+    assert not board.has_bytes and board.codecs == []  # no kv_bytes, no budgets: no memory leaderboard
     assert board.missing == {}
     # knorm @ 0.5: t1 [50, 70] has variance 200, t2 [80, 80, 40, 40] 1600 / 3; sqrt(200/2 + 400/3) / 2 tasks.
     assert board.stderr.loc["knorm", 0.5] == pytest.approx((200 / 2 + 1600 / 3 / 4) ** 0.5 / 2)
@@ -110,9 +114,12 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     readme = (out / "README.md").read_text()
     assert "mean of the per-task means" in readme
     assert "| press | 0.25 | 0.5 | mean rank |" in readme
-    assert "| snapkv | 85.0 | 55.0 | 1.50 |" in readme
+    # Intervals inline: snapkv @ 0.5 has t1 [100, 80] (variance 200) and t2 all 20: 1.96 x sqrt(200 / 2) / 2.
+    assert "| snapkv | 85.0 ± 0.0 | 55.0 ± 9.8 | 1.50 |" in readme
+    assert "| knorm | 75.0 ± 0.0 | 60.0 ± 15.0 | 1.50 |" in readme  # 1.96 x 7.64
+    assert "Each cell averages 6 samples" in readme and not re.search(r"\(n=\d", readme)  # all hold 6
     assert "| knorm | -15.0 | -30.0 |" in readme
-    assert "| knorm | ±0.0 | ±15.0 |" in readme  # 1.96 x 7.64; at 0.25 every knorm score is equal
+    assert "Leaderboard by memory" not in readme
     assert "No compression (`none`): 90.0" in readme
     assert "| t2 | 90.0 | 80.0 | 70.0 |" in readme  # ratio 0.25 breakdown: none, snapkv, knorm
     # 256 x 1250 B = 312.5 KiB and 256 x 5000 / 6 B = 208.3 KiB; the ratio 0 column is none's only.
@@ -161,10 +168,10 @@ def test_partial_sweep_says_what_is_missing(tmp_path):
     assert board.mean_rank.to_dict() == {"snapkv": 1.0, "knorm": 1.5}  # snapkv ranked at 0.5 only
 
     readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "snapkv @ 0.5: t1 1/2, t2 0/2" in readme
-    assert "tova @ 0.5: t1 0/2, t2 0/2" in readme
-    assert "| snapkv |  | 100.0* | 1.00 |" in readme
-    assert "| t1 | 90.0 | 100.0 | 60.0 |" in readme  # ratio 0.5 breakdown: none, snapkv, knorm
+    assert "snapkv @ ratio 0.5: t1 1/2, t2 0/2" in readme
+    assert "tova @ ratio 0.5: t1 0/2, t2 0/2" in readme
+    assert "| snapkv |  | 100.0* (n=1) | 1.00 |" in readme  # the other cells hold 4 samples
+    assert "| t1 | 90.0 | 100.0 (n=1) | 60.0 |" in readme  # ratio 0.5 breakdown: none, snapkv, knorm
 
 
 def test_requested_samples_above_what_any_config_has(tmp_path):
@@ -203,9 +210,9 @@ def test_corrupt_line_is_skipped_and_report_renders(tmp_path):
     assert board.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
     with pytest.warns(UserWarning, match="rows.jsonl"):
         readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "Skipped while reading" in readme and "rows.jsonl:31" in readme
-    assert "| snapkv | 85.0 | 55.0 | 1.50 |" in readme
-    assert "| tova |  | 40.0* |" in readme  # the row after the corrupt line counts
+    assert "Skipped while reading" in readme and "rows.jsonl: skipped 1 corrupt line (line 31: " in readme
+    assert "| snapkv | 85.0 ± 0.0 | 55.0 ± 9.8 | 1.50 |" in readme
+    assert "| tova |  | 40.0* (n=1) |" in readme  # the row after the corrupt line counts
 
 
 def test_cli_writes_report(tmp_path):
@@ -296,3 +303,175 @@ def test_rows_of_older_learned_state_are_set_aside(tmp_path):
     readme = (render_report([tmp_path / "r"], tmp_path / "report") / "README.md").read_text()
     assert "kvp on smollm2-135m: rows of 2 versions" in readme and "latest (new-agents)" in readme
     assert "sets aside 2 rows" in readme
+
+
+FULL_BYTES = {"t1": 1000 * BYTES_PER_ENTRY, "t2": 2000 * BYTES_PER_ENTRY}  # the 16-bit cache, uncompressed
+
+
+def memory_rows() -> list[dict]:
+    """Evictors and codecs with bytes: knorm by ratio and by budget; quant, a codec, by ratio (every entry
+    kept, half the bytes) and by budget (storing less than asked)."""
+    rows = []
+
+    def add(press, ratio, memory, kept_fraction, stored_fraction, scores):
+        for task, values in scores.items():
+            for i, score in enumerate(values):
+                row = make_row(press, ratio, task, i, score)
+                row["kv_kept"] = int(row["kv_total"] * kept_fraction)
+                row["kv_bytes"] = int(FULL_BYTES[task] * stored_fraction)
+                row["kv_bytes_full"] = FULL_BYTES[task]
+                row["memory"] = memory
+                row["config_id"] = f"{press}-{ratio}-{memory}"
+                rows.append(row)
+
+    add("none", 0.0, None, 1.0, 1.0, {"t1": [100, 80], "t2": [100, 100, 100, 60]})
+    add("knorm", 0.5, None, 0.5, 0.5, {"t1": [50, 70], "t2": [80, 80, 40, 40]})
+    add("knorm", 0.5, 0.5, 0.5, 0.5, {"t1": [60, 80], "t2": [80, 60, 40, 40]})
+    add("knorm", 0.75, 0.25, 0.25, 0.25, {"t1": [30, 10], "t2": [20, 20]})
+    add("quant", 0.5, None, 1.0, 0.48, {"t1": [90, 90], "t2": [90, 70, 80, 80]})
+    add("quant", 0.0, 0.25, 1.0, 0.2, {"t1": [70, 50], "t2": [60, 60, 40]})
+    return rows
+
+
+def test_memory_leaderboard_matches_pandas(tmp_path):
+    rows = memory_rows()
+    results = write_results(tmp_path / "results", rows)
+    [board] = build_leaderboards(collect([results]).rows, [])
+
+    # quant keeps every entry: its ratio says nothing, so it leaves the ratio view for the memory view,
+    # at budget 1 - ratio when it was run with a ratio.
+    assert board.codecs == ["quant"] and list(board.average.index) == ["knorm"]
+    assert board.average.loc["knorm", 0.5] == pytest.approx(60.0)
+    frame = pd.DataFrame(rows)
+    codec = (frame["press"] == "quant") & frame["memory"].isna()
+    frame["budget"] = frame["memory"].where(~codec, 1 - frame["ratio"])
+    frame = frame[frame["budget"].notna()]
+    expected = frame.groupby(["press", "budget", "task"])["score"].mean().groupby(["press", "budget"]).mean()
+    measured = (frame["kv_bytes"] / frame["kv_bytes_full"]).groupby([frame["press"], frame["budget"]]).mean()
+    view = board.memory_view
+    for (press, budget), value in expected.items():
+        assert view.average.loc[press, budget] == pytest.approx(value)
+        assert view.measured.loc[press, budget] == pytest.approx(measured[(press, budget)])
+    assert view.average.notna().sum().sum() == len(expected)
+    assert list(view.average.columns) == [0.5, 0.25]  # most memory first, as ratios go least compressed first
+    assert view.samples.loc["knorm", 0.25] == 4 and view.samples.loc["quant", 0.5] == 6
+    # The plot puts every compressed config at its measured memory: knorm run with ratio 0.5 at 0.5 too.
+    points = view.points.set_index(["press", "memory"])["average"].sort_index()
+    assert points.loc[("knorm", 0.5)].tolist() == pytest.approx([60.0, 62.5])
+
+    out = render_report([results], tmp_path / "report")
+    readme = (out / "README.md").read_text()
+    assert "| press | budget 0.5 | budget 0.25 | mean rank |" in readme
+    # quant @ 0.25: t1 [70, 50] (var 200), t2 [60, 60, 40] (var 133.3): 1.96 x sqrt(100 + 44.4) / 2 = 11.8;
+    # it stored 0.2 of the bytes when 0.25 was allowed; 5 samples where most cells hold 6 (`*`: fewer than
+    # the fullest config of each task).
+    assert "56.7 ± 11.8* (stores 0.2, n=5)" in readme
+    assert "| quant | 85.0 ± 4.0 (stores 0.48) |" in readme
+    assert "Codecs left out here: `quant`" in readme
+    assert (out / "smollm2-135m-1024-memory.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_protocols_are_never_averaged_together(tmp_path):
+    rows = rows_of({("none", 0.0): {"t1": [100, 100]}, ("knorm", 0.5): {"t1": [80, 60]}})
+    for protocol, args, score in [("decode-time", {"interval": 16}, 20), ("streaming", {"chunk": 256}, 40)]:
+        for row in rows_of({("none", 0.0): {"t1": [90, 90]}, ("knorm", 0.5): {"t1": [score, score]}}):
+            rows.append(
+                row | {"protocol": protocol, "protocol_args": args, "config_id": row["config_id"] + protocol}
+            )
+    results = write_results(tmp_path / "results", rows)
+    boards = build_leaderboards(collect([results]).rows, [])
+    assert [board.protocol for board in boards] == [
+        "query-agnostic",
+        "decode-time (interval=16)",
+        "streaming (chunk=256)",
+    ]
+    assert [board.average.loc["knorm", 0.5] for board in boards] == pytest.approx([70.0, 20.0, 40.0])
+    assert [board.reference.mean() for board in boards] == pytest.approx([100.0, 90.0, 90.0])
+
+    out = render_report([results], tmp_path / "report")
+    readme = (out / "README.md").read_text()
+    assert "## smollm2-135m, 1 task, length 1024, query-agnostic" in readme
+    assert "## smollm2-135m, 1 task, length 1024, decode-time (interval=16)" in readme
+    assert "## smollm2-135m, 1 task, length 1024, streaming (chunk=256)" in readme
+    assert "| knorm | 20.0 ± 0.0 | 1.00 |" in readme and "| knorm | 70.0 ± 19.6 | 1.00 |" in readme
+    assert (out / "smollm2-135m-1024-decode-time-interval-16-scores.png").is_file()
+    assert (out / "smollm2-135m-1024-streaming-chunk-256-scores.png").is_file()
+
+
+def test_unfinished_run_reads_without_none_or_nan(tmp_path):
+    long_command = "kvbench sweep " + " ".join(f"--task niah_single_{i}" for i in range(30))
+    partial = {("none", 0.0): {"t1": [100], "t2": [50]}, ("knorm", 0.5): {"t1": [60]}}  # no t2, one sample
+    results = write_results(tmp_path / "results", rows_of(partial))
+    ResultsStore(results).write_run(
+        {
+            "command": long_command,
+            "config": {"model": "smollm2-135m", "length": 1024, "tasks": ["t1", "t2"], "samples": 2},
+            "versions": {"kvpress": "0.5.5"},
+            "git_commit": None,
+            "started": "2026-01-01T00:00:00.123456+00:00",
+            "finished": None,
+        }
+    )
+    out = render_report([results], tmp_path / "report")
+    readme = (out / "README.md").read_text()
+    page = re.sub(r'src="data:[^"]*"', "", (out / "index.html").read_text())
+    for text in (readme, page):
+        assert not re.search(r"\bNone\b", text) and not re.search(r"\bnan\b", text, re.IGNORECASE)
+        assert "unfinished (no end time recorded" in text and "started 2026-01-01 00:00:00 UTC" in text
+    [code] = [block.splitlines() for block in readme.split("```\n") if block.startswith("kvbench sweep")]
+    assert len(code) > 1 and all(len(line) <= 100 for line in code)
+    assert all(line.endswith(" \\") for line in code[:-1])
+    assert " ".join(line.removesuffix(" \\").strip() for line in code) == long_command
+    assert "white-space: pre-wrap" in page
+    # One header row per table, in both renderings.
+    heads = re.findall(r"<thead>(.*?)</thead>", page, re.DOTALL)
+    assert heads and all(head.count("<tr>") == 1 for head in heads)
+    tables = [block.splitlines() for block in readme.split("\n\n") if block.startswith("| ")]
+    assert tables and all(
+        set(table[2].strip("| ").split(" | ")) != {""} for table in tables if len(table) > 2
+    )
+
+
+def test_report_reads_the_folder_only_unless_recursive(tmp_path):
+    results = write_results(tmp_path / "results", rows_of(SCORES))
+    other = rows_of({("knorm", 0.5): {"t1": [10]}}, model="Qwen/Qwen2.5-7B-Instruct")
+    write_results(tmp_path / "results" / "reference", other)
+    assert collect([results]).rows["model"].unique().tolist() == ["smollm2-135m"]
+    assert sorted(collect([results], recursive=True).rows["model"].unique()) == [
+        "Qwen/Qwen2.5-7B-Instruct",
+        "smollm2-135m",
+    ]
+    for flags, models in [([], 1), (["--recursive"], 2)]:
+        out = tmp_path / f"report-{models}"
+        outcome = CliRunner().invoke(report, [str(results), "--out", str(out), *flags])
+        assert outcome.exit_code == 0, outcome.output
+        assert ("Qwen" in (out / "README.md").read_text()) == (models == 2)
+
+    outcome = CliRunner().invoke(report, [str(tmp_path), "--out", str(tmp_path / "report")])
+    assert outcome.exit_code == 2 and "pass --recursive" in outcome.output
+
+
+def test_a_file_of_garbage_is_one_warning(tmp_path):
+    results = write_results(tmp_path / "results", rows_of(SCORES))
+    with open(results / "rows.jsonl", "a") as file:
+        file.writelines(f"garbage {i}\n" for i in range(111))
+    outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "report")])
+    assert outcome.exit_code == 0, outcome.output
+    warned = [line for line in outcome.output.splitlines() if "skipped" in line]
+    assert len(warned) == 1 and "skipped 111 corrupt lines (lines 31-141; the first: " in warned[0]
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert readme.count("Skipped while reading") == 1
+
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "rows.jsonl").write_text("".join(f"garbage {i}\n" for i in range(111)))
+    outcome = CliRunner().invoke(report, [str(tmp_path / "garbage"), "--out", str(tmp_path / "nothing")])
+    assert outcome.exit_code == 2 and len(outcome.output.splitlines()) <= 5, outcome.output
+    assert len([line for line in outcome.output.splitlines() if "skipped" in line]) == 1
+    assert "no result rows" in outcome.output
+
+
+def test_press_styles_are_distinct():
+    styles = list(press_styles([f"press{i}" for i in range(12)]).values())
+    assert len({(s.color, s.marker) for s in styles}) == 12  # every press its own look
+    assert len({s.color for s in styles[:9]}) == 9  # the first nine their own colour
+    assert "#000000" not in {s.color for s in styles}  # black is the no-compression line's

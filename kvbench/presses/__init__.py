@@ -79,6 +79,11 @@ def build_decoding(ratio, inner="knorm", **args):
     )
 
 
+@builds("kvbench.presses.andpro:AnDProPress")
+def build_andpro(ratio, **args):
+    return press_class("kvbench.presses.andpro:andpro_press")(ratio, **args)
+
+
 SPECS = [
     PressSpec("none", "no compression (the reference)", None),
     PressSpec("knorm", "evict keys with the largest L2 norm", scorer("KnormPress")),
@@ -131,6 +136,23 @@ SPECS = [
         "adakv",
         "AdaKV head-wise budgets around `inner` (press-arg inner=snapkv)",
         wrapper("AdaKVPress"),
+    ),
+    PressSpec(
+        "andpro",
+        "AnDPro: chunks scored by projection on the window's anchor output, AdaKV head-wise budgets",
+        build_andpro,
+    ),
+    PressSpec(
+        "varrate",
+        "VarRate: every token at a salience-driven rank of a per-head SVD basis",
+        codec("kvbench.presses.lowrank:VarRatePress"),
+        codec=True,
+    ),
+    PressSpec(
+        "lowrank",
+        "every token at one rank of a per-head SVD basis (VarRate's ablation)",
+        codec("kvbench.presses.lowrank:LowRankPress"),
+        codec=True,
     ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper("CriticalKVPress")),
     PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper("CriticalAdaKVPress")),
