@@ -488,14 +488,13 @@ def lm_eval_command(
         check_tasks(manager, names)
         lm = KVBenchLM(model, press, ratio, parse_press_args(press_args), device=device, dtype=dtype)
         results = evaluate(lm, manager, names, limit=limit)
-    except USER_ERRORS as error:
-        raise UserError(str(error).strip().splitlines()[0]) from None
     except Exception as error:
-        if not needs_hub(error):
-            raise
-        raise UserError(
-            f"an lm-eval task needs the Hugging Face hub, which is not reachable: {first_line(error)}"
-        ) from None
+        if needs_hub(error):
+            hub = "an lm-eval task needs the Hugging Face hub, which is not reachable"
+            raise UserError(f"{hub}: {first_line(error)}") from None
+        if isinstance(error, USER_ERRORS):
+            raise UserError(first_line(error)) from None
+        raise
     rows = rows_from_results(results, lm)
     store = ResultsStore(out)
     new = store_rows(rows, store)

@@ -285,7 +285,10 @@ def test_bad_input_is_one_line_naming_the_culprit_and_writes_nothing(args, code,
     before = snapshot(tmp_path)
     result = CliRunner().invoke(main, [arg.replace("{tmp}", str(tmp_path)) for arg in args])
     assert result.exit_code == code, result.output
-    lines = result.output.strip().splitlines()
+    # `kvbench report` prints what it skipped: one summary line per file at most, before the error.
+    lines = [line for line in result.output.strip().splitlines() if not line.startswith("Warning: ")]
+    skipped = len(result.output.strip().splitlines()) - len(lines)
+    assert skipped <= (1 if args[0] == "report" else 0), result.output
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
     assert culprit.replace("{tmp}", str(tmp_path)) in lines[0]
     assert "Traceback" not in result.output and not isinstance(result.exception, AssertionError)
@@ -359,3 +362,23 @@ def test_a_full_disk_during_a_run_is_one_line_exit_1(tmp_path, monkeypatch, tiny
     assert lines[-1] == f"Error: cannot write results to {out / 'rows.jsonl'}: No space left on device"
     assert "Traceback" not in result.output
     assert load_rows(out).empty and (out / "rows.jsonl").read_bytes() == b""
+
+
+def test_an_lm_eval_task_that_needs_the_hub_is_one_line(tmp_path, monkeypatch):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from kvbench import lmeval
+
+    def offline(*args, **kwargs):
+        raise LocalEntryNotFoundError("cannot reach the hub for dataset 'x'\nand 146 more lines")
+
+    monkeypatch.setattr(lmeval, "KVBenchLM", lambda *args, **kwargs: None)
+    monkeypatch.setattr(lmeval, "evaluate", offline)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [*LM_EVAL, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "Error: an lm-eval task needs the Hugging Face hub, which is not reachable: "
+        "cannot reach the hub for dataset 'x'"
+    )
+    assert not out.exists()
