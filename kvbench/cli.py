@@ -117,7 +117,11 @@ def task_options(command):
             "--task", "task_list", multiple=True, help="Task name (repeatable); overrides the suite's tasks."
         ),
         click.option(
-            "--length", type=int, default=None, help="Context length in tokens (default: the suite's)."
+            "--length",
+            type=int,
+            default=None,
+            help="Context length in tokens (default: the suite's; LongBench: the model's own limit as THUDM"
+            "'s pred.py sets it, 7500 for an 8k model; RULER without a suite: 1024).",
         ),
         click.option("--samples", type=int, default=None, help="Samples per task (default: the suite's)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated samples."),
