@@ -275,10 +275,11 @@ def check_length(length: int | None, names: list[str], limit: int | None, model:
 
     if length is None:
         return
-    for name in names:
-        task = name.removeprefix("kvbench_").removeprefix("ruler_")
-        tasks = [task] if task in ruler.TASKS else list(ruler.TASKS)
-        minimum = min(ruler.min_length(task) for task in tasks)
+    for name in names:  # our RULER tasks (tasks/lm_eval); lm-eval's own size their samples themselves
+        task = name.removeprefix("kvbench_")
+        if not name.startswith("kvbench_"):
+            continue
+        minimum = min(ruler.min_length(t) for t in ([task] if task in ruler.TASKS else ruler.TASKS))
         if length < minimum:
             raise ValueError(f"--length {length} is below the minimum of task {name!r} ({minimum})")
     if limit is not None and length > limit:

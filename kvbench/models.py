@@ -99,7 +99,7 @@ def resolve(name: str) -> str:
         return str(embedded_folder())
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if not any((path / name).is_file() for name in ("config.json", "tokenizer_config.json")):
             raise ModelNotFound(f"model folder {name!r} has no config.json: not a transformers model folder")
         return str(path)
     if path.exists():
