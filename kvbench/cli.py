@@ -36,6 +36,7 @@ class UserError(click.ClickException):
 LAZY_COMMANDS = {
     "report": "kvbench.report:report",
     "kvp": "kvbench.kvp.cli:kvp",
+    "memdecay": "kvbench.memdecay_cli:memdecay",
     "lm-eval": "kvbench.lmeval:lm_eval_command",
 }
 

@@ -209,7 +209,16 @@ def test_codecs_are_registered_as_memory_presses():
     assert build_press("varrate", 0.0, memory=0.3, min_rank=2).min_rank == 2
 
 
-@pytest.mark.parametrize("name, memory", [("varrate", 0.2), ("lowrank", 0.02)])
+def test_varrate_lowers_its_rank_floor_to_meet_a_small_budget(tiny_model_dir):
+    model, _ = load_model(tiny_model_dir)
+    press = build_press("varrate", 0.0, memory=0.3)  # rank 4 everywhere alone would need more
+    with press(model):
+        model.model(input_ids=torch.randint(3, 1000, (1, 200)), past_key_values=DynamicCache())
+    full = 200 * model.config.num_key_value_heads * 16 * 2 * 2
+    assert all(0 < stored <= 0.3 * full for stored in press.layer_bytes.values())
+
+
+@pytest.mark.parametrize("name, memory", [("varrate", 0.15), ("lowrank", 0.02)])
 def test_an_unmeetable_memory_is_a_one_line_error(tiny_model_dir, name, memory):
     model, _ = load_model(tiny_model_dir)
     press = build_press(name, 0.0, memory=memory)

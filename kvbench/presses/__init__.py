@@ -117,6 +117,11 @@ SPECS = [
         "KVP: learned per-head eviction agents (presses/kvp/<model>/)",
         scorer("kvbench.presses.kvp:KVPPress"),
     ),
+    PressSpec(
+        "memdecay",
+        "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
+        scorer("kvbench.presses.memdecay:MemDecayPress"),
+    ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),
     PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer("PyramidKVPress")),

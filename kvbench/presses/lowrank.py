@@ -248,7 +248,8 @@ class VarRatePress(LowRankPress):
 
     Bytes of a layer: Σ_t r_t coefficients for the key and for the value + the bases' first max r_t columns
     (the rest are never read) + one rank index per middle token (1 byte; 2 beyond 255) + sinks and window,
-    all at 16 bits. Asked for less than min_rank everywhere needs, the press raises ValueError.
+    all at 16 bits. Asked for less than min_rank everywhere needs, the floor drops (down to rank 1: below
+    that the press raises ValueError).
     """
 
     name: ClassVar[str] = "varrate"
@@ -279,12 +280,16 @@ class VarRatePress(LowRankPress):
         return scores[..., n_sinks : n_sinks + n_middle].double().cpu()
 
     def allocate(self, salience, layout: Layout, max_rank: int, budget: int) -> torch.Tensor:
-        floor = min(self.min_rank, max_rank)
         salience = salience.numpy()  # numpy: a hundred small single-threaded evaluations, no thread wake-ups
 
         def ranks(scale: float) -> np.ndarray:
             return np.clip(np.floor(floor + scale * salience), floor, max_rank).astype(np.int64)
 
+        # A budget below min_rank everywhere lowers the floor (down to rank 1): the floor is a knob a memory
+        # budget solves for, as the ranks above it are; only rank 1 everywhere not fitting is an error.
+        floor = min(self.min_rank, max_rank)
+        while floor > 1 and layout.bytes(ranks(0.0)) > budget:
+            floor -= 1
         if layout.bytes(ranks(0.0)) > budget:
             raise ValueError(
                 f"varrate: memory {self.memory} is below what rank {floor} for every token needs "

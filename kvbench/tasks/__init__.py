@@ -1,19 +1,19 @@
-"""Task registry: RULER (generated offline) and LongBench (hub or local JSONL), plus YAML suites."""
+"""Task registry: RULER and agent traces (generated offline), LongBench (hub or local JSONL), YAML suites."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from kvbench.tasks import longbench, ruler
+from kvbench.tasks import agent, longbench, ruler
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = ["Sample", "TaskUnavailable", "Suite", "TASK_FAMILIES", "METRICS", "load_samples", "score_sample"]
 
 # Each family module exposes: TASKS {name: one-line description}, METRICS {name: fn(prediction, sample)},
 # min_length(task) -> int, make_samples(task, length, samples, seed, tokenizer, data_dir) -> list[Sample].
-TASK_FAMILIES = {"ruler": ruler, "longbench": longbench}
-METRICS = {**ruler.METRICS, **longbench.METRICS}
+TASK_FAMILIES = {"ruler": ruler, "agent": agent, "longbench": longbench}
+METRICS = {**ruler.METRICS, **agent.METRICS, **longbench.METRICS}
 SUITES_DIR = Path(__file__).resolve().parents[2] / "tasks"
 
 

@@ -1,0 +1,290 @@
+"""MemDecay (Matam & Kim, arXiv 2607.10582): region-aware KV-cache eviction with per-region decay.
+
+Every token carries the region of the chat turn it came from (system, user, assistant, tool, scratchpad).
+Its retention score decays with the steps since it was last attended, at the half-life measured for its
+region (`kvbench memdecay calibrate`), from the region's base priority; attention refreshes it. Whole
+pages of 16 entries are evicted, the lowest-scoring first, and pinned regions are never evicted.
+There is no public code: the paper's page gives the ingredients (region priorities and decay rates,
+refresh on attention, page eviction, pinning, calibration from attention lifetimes), the rest is chosen
+here and said in `MemDecayPress`'s docstring.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from kvpress import ScorerPress
+from kvpress.utils import compute_n_kept, get_prerope_query_states
+from torch import nn
+from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+
+from kvbench import models
+from kvbench.engine import REGIONS
+
+CALIBRATION_FILE = "calibration.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+QUERY_CHUNK = 512  # query rows whose attention is held at once: bounds memory on long prefills
+
+
+class MemDecayError(ValueError):
+    """A calibration that cannot be used (missing, or made for another model), or a bad press argument.
+    The message is one line."""
+
+
+def default_calibration_dir(model_name: str) -> Path:
+    """Where the shipped calibration of a model lives: presses/memdecay/<name>/ at the repo root."""
+    return REPO_ROOT / "presses" / "memdecay" / model_name.replace("/", "--")
+
+
+def calibrate_command(model_name: str) -> str:
+    out = default_calibration_dir(model_name).relative_to(REPO_ROOT)
+    return f"kvbench memdecay calibrate --model {model_name} --out {out}"
+
+
+def load_calibration(directory: Path, model_name: str) -> tuple[dict, str]:
+    """The calibration in `directory` and the digest of its file; refuses a missing one or another model's."""
+    path = Path(directory) / CALIBRATION_FILE
+    if not path.is_file():
+        raise MemDecayError(
+            f"no MemDecay calibration for {model_name} at {directory}; make it with: "
+            f"{calibrate_command(model_name)}"
+        )
+    text = path.read_text()
+    calibration = json.loads(text)
+    if calibration["model"] != model_name:
+        raise MemDecayError(
+            f"the MemDecay calibration at {directory} was made for {calibration['model']}, not for "
+            f"{model_name}; make one with: {calibrate_command(model_name)}"
+        )
+    return calibration, hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def parse_pin(pin: str) -> tuple[int, ...]:
+    """'system,tool' -> region ids; an unknown name is a one-line error naming the valid ones."""
+    names = [name.strip() for name in pin.split(",") if name.strip()]
+    for name in names:
+        if name not in REGIONS:
+            raise MemDecayError(f"unknown region {name!r} in pin; valid regions: {', '.join(REGIONS)}")
+    return tuple(sorted({REGIONS.index(name) for name in names}))
+
+
+@dataclass
+class EntryState:
+    """What MemDecay remembers of each entry of one layer's cache, per (batch, KV head, entry)."""
+
+    region: torch.Tensor  # long: index in REGIONS
+    age: torch.Tensor  # float: steps since the entry was last attended (or created)
+    attention: torch.Tensor  # float: attention accumulated over every query seen so far
+
+    def gather(self, indices: torch.Tensor) -> "EntryState":
+        return EntryState(*(t.gather(2, indices) for t in (self.region, self.age, self.attention)))
+
+
+def query_attention(module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor, position: int):
+    """Yield (first row, weights) chunk by chunk: the attention of the queries of `hidden_states` (the last
+    tokens, at the positions ending at `position`) over the cache `keys`, averaged over the query heads of
+    each KV head, shape (batch, kv_heads, rows, entries). Query t of n sees the entries up to its own,
+    L - n + t (the new entries are at the end of the cache, in order)."""
+    n, length = hidden_states.shape[1], keys.shape[2]
+    kv_heads = keys.shape[1]
+    groups = module.config.num_attention_heads // kv_heads
+    keys = repeat_kv(keys, groups)
+    for start in range(0, n, QUERY_CHUNK):
+        rows = slice(start, min(start + QUERY_CHUNK, n))
+        queries = get_prerope_query_states(module, hidden_states[:, rows])
+        positions = torch.arange(position - n + 1 + rows.start, position - n + 1 + rows.stop)
+        cos, sin = module.rotary_emb(queries, positions.unsqueeze(0).to(queries.device))
+        queries = queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)
+        scores = torch.matmul(queries, keys.transpose(2, 3)) * module.scaling
+        own = torch.arange(length - n + rows.start, length - n + rows.stop, device=keys.device)
+        future = torch.arange(length, device=keys.device) > own.unsqueeze(1)
+        scores = scores.masked_fill(future, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        batch, _, chunk, _ = weights.shape
+        yield rows.start, weights.view(batch, kv_heads, groups, chunk, length).mean(dim=2)
+
+
+def retention_scores(
+    state: EntryState, priorities: torch.Tensor, half_lives: torch.Tensor, beta: float, pinned: tuple
+) -> torch.Tensor:
+    """b_g * 2^(-age / h_g) + beta * attention / mean attention of the head's entries; pinned: +inf."""
+    decay = priorities[state.region] * torch.exp2(-state.age / half_lives[state.region])
+    relative = state.attention / state.attention.mean(dim=-1, keepdim=True).clamp_min(1e-30)
+    scores = decay + beta * relative
+    for region in pinned:
+        scores = scores.masked_fill(state.region == region, float("inf"))
+    return scores
+
+
+def select_pages(scores: torch.Tensor, n_kept: int, page_size: int) -> torch.Tensor:
+    """Indices (ascending) of the `n_kept` entries kept per head: pinned entries (score +inf) first, earliest
+    first if they overflow the budget; then pages of `page_size` consecutive entries ranked by the mean score
+    of their entries (ties: the earlier page), whole pages first; the first page that does not fit keeps its
+    best entries (ties: the earlier entry). That is, the first n_kept entries in the order (pinned first, page
+    score desc, page asc, entry score desc, entry asc); a pinned entry's page scores +inf, so the rest of it
+    comes right after the pinned entries."""
+    length = scores.shape[-1]
+    page = torch.arange(length, device=scores.device).expand_as(scores) // page_size
+    pages = length // page_size + 1
+    sums = scores.new_zeros(*scores.shape[:-1], pages).scatter_add_(-1, page, scores)
+    sizes = torch.bincount(page[(0,) * (scores.dim() - 1)], minlength=pages).clamp_min(1).to(scores.dtype)
+    page_scores = (sums / sizes).gather(-1, page)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices  # least significant key first
+    for key, descending in ((page, False), (page_scores, True), (scores == float("inf"), True)):
+        order = order.gather(
+            -1, torch.sort(key.gather(-1, order), dim=-1, descending=descending, stable=True)[1]
+        )
+    return order[..., :n_kept].sort(dim=-1).values
+
+
+@dataclass
+class MemDecayPress(ScorerPress):
+    """Keep the pages of highest region-aware retention score, per layer and KV head.
+
+    score = b_g * 2^(-age / h_g) + beta * (accumulated attention / its mean over the head's entries)
+
+    Choices (the paper's page is silent on them; arXiv 2607.10582 has no public code):
+    - Attention received is computed from the queries of the `hidden_states` the press is given (post-RoPE,
+      at the last positions ending at the current one), over the whole cache, averaged over the query heads
+      of each KV head, so every KV head has its own ages and accumulated attention.
+    - A token is "attended" when a query gives it more than `threshold` times its uniform share (1 / the
+      entries that query sees): a relative threshold keeps ages comparable across context lengths. The
+      threshold is the calibration's, the one its half-lives were measured with.
+    - age = steps (tokens processed) since the last query that attended the token, or since the token
+      itself was processed if none did.
+    - The accumulated attention is divided by its mean over the head's entries (exactly 1 after a prefill:
+      each query spreads one unit) so that beta means the same at every length. beta=0.1 (default): the
+      region prior and its decay rank the tokens, as the paper's policy; accumulated attention breaks ties and
+      keeps heavy hitters (a token with 10x the mean attention gains as much as a max-priority token just
+      attended). beta=0 is the pure decay policy.
+    - Pages: `page_size` (16, a common KV-cache page size; the paper evicts pages but its abstract gives no
+      size) consecutive entries of the current cache; page score = the mean of its entries' scores (the page
+      is worth what it holds on average; a max would let one sink token keep 15 others). The budget
+      int(L * (1 - ratio)) is exact: whole pages by score, then the best entries of the next page. Kept
+      entries stay in position order.
+    - pin: comma-separated regions whose tokens are always kept: they go first, then the rest of their pages
+      (a page that holds a pinned token is open anyway), then the other pages. If the pinned tokens exceed
+      the budget, the budget wins and the earliest pinned tokens are kept.
+    - Regions: the engine gives one per context token through `use_regions` (none given: the whole context
+      is "user", the single user turn it is rendered in). Entries beyond those (question, generation) are
+      "assistant" when they arrive while decoding (the forward that triggers compression is one token) and
+      "user" otherwise (the question or a chunk fed whole). Under kvpress's DecodingPress the question's
+      hidden states are buffered with the decoded ones, so there it counts as "assistant" unless the engine
+      includes it in `use_regions`.
+    - Repeated compression (decode-time, streaming): each layer keeps region, age and accumulated attention
+      per entry and gathers them with the kept indices; new entries at the end start at age 0 when
+      processed. `post_init_from_model` resets this state.
+
+    calibration: folder holding calibration.json (made by `kvbench memdecay calibrate`); default
+    presses/memdecay/<model name>/.
+    """
+
+    compression_ratio: float = 0.0
+    beta: float = 0.1
+    pin: str = ""
+    calibration: str | None = None
+    page_size: int = 16
+    pinned: tuple = field(default=(), init=False, repr=False, compare=False)
+    regions: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    threshold: float | None = field(default=None, init=False, repr=False, compare=False)
+    priorities: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    half_lives: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    layer_state: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of calibration
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.beta < 0:
+            raise MemDecayError(f"beta must be >= 0, got {self.beta}")
+        if self.page_size < 1:
+            raise MemDecayError(f"page_size must be >= 1, got {self.page_size}")
+        self.pinned = parse_pin(str(self.pin or ""))
+
+    def post_init_from_model(self, model: nn.Module) -> None:
+        name = models.model_name(model)
+        directory = Path(self.calibration) if self.calibration else default_calibration_dir(name)
+        calibration, self.state_digest = load_calibration(directory, name)
+        self.set_calibration(calibration)
+        self.layer_state = {}
+
+    def set_calibration(self, calibration: dict) -> None:
+        """Region priorities and half-lives (in REGIONS order) and the attention threshold they go with."""
+        self.threshold = float(calibration["threshold"])
+        regions = calibration["regions"]
+        self.priorities = torch.tensor([float(regions[name]["priority"]) for name in REGIONS])
+        self.half_lives = torch.tensor([float(regions[name]["half_life"]) for name in REGIONS])
+
+    def use_regions(self, regions: torch.LongTensor) -> None:
+        """One region id (index in REGIONS) per context token, in order; called before the prefill."""
+        self.regions = regions.detach().long().cpu().flatten()
+
+    def new_regions(self, positions: torch.Tensor, decoding: bool) -> torch.Tensor:
+        known = self.regions if self.regions is not None else torch.zeros(0, dtype=torch.long)
+        later = REGIONS.index("assistant" if decoding else "user")
+        inside = positions < len(known)
+        regions = torch.full_like(positions, later)
+        regions[inside] = known[positions[inside]]
+        return regions
+
+    @torch.no_grad()
+    def observe(self, module, hidden_states, keys, kwargs) -> EntryState:
+        """The state of every entry of `keys` after the queries of `hidden_states` (not stored)."""
+        batch, kv_heads, length, _ = keys.shape
+        device = keys.device
+        old = self.layer_state.get(module.layer_idx)
+        kept = 0 if old is None else old.region.shape[2]
+        if length < kept:
+            raise ValueError(
+                f"cache of layer {module.layer_idx} shrank to {length} below {kept} tracked entries"
+            )
+        added = length - kept  # processed since the last call; step s = 0..added-1, the current is added-1
+        n = min(hidden_states.shape[1], added)
+        position_ids = kwargs.get("position_ids")
+        current = kwargs["cache_position"] if position_ids is None else position_ids
+        current = int(current.flatten()[-1])
+        decoding = kwargs["hidden_states"].shape[1] == 1
+        positions = torch.arange(current - added + 1, current + 1)
+        region = self.new_regions(positions, decoding).to(device).expand(batch, kv_heads, added)
+        # The step at which each entry was last attended; earlier calls' entries: -1 - age.
+        last = torch.arange(added, device=device, dtype=torch.float32).expand(batch, kv_heads, added)
+        attention = torch.zeros(batch, kv_heads, added, device=device)
+        if old is not None:
+            region = torch.cat([old.region, region], dim=2)
+            last = torch.cat([-1 - old.age, last], dim=2)
+            attention = torch.cat([old.attention, attention], dim=2)
+        if n:
+            for first, weights in query_attention(module, hidden_states[:, -n:], keys, current):
+                rows = torch.arange(first, first + weights.shape[2], device=device)
+                seen = (length - n + rows + 1).to(torch.float32)  # entries each query sees
+                attended = weights > (self.threshold / seen).view(1, 1, -1, 1)
+                steps = (added - n + rows).to(torch.float32).view(1, 1, -1, 1)
+                last = torch.maximum(last, torch.where(attended, steps, float("-inf")).amax(dim=2))
+                attention = attention + weights.sum(dim=2)
+        return EntryState(region, (added - 1) - last, attention)
+
+    def state_scores(self, state: EntryState) -> torch.Tensor:
+        device = state.age.device
+        return retention_scores(
+            state, self.priorities.to(device), self.half_lives.to(device), self.beta, self.pinned
+        )
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
+        """Retention score of every entry (the state this call would store is not stored)."""
+        return self.state_scores(self.observe(module, hidden_states, keys, kwargs))
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.priorities is None:
+            raise MemDecayError("MemDecayPress has no calibration: use it as a press on a model (post_init)")
+        state = self.observe(module, hidden_states, keys, kwargs)
+        length = keys.shape[2]
+        n_kept = compute_n_kept(length, self.compression_ratio)
+        if n_kept < length:
+            indices = select_pages(self.state_scores(state), n_kept, self.page_size)
+            state = state.gather(indices)
+            indices = indices.unsqueeze(-1)
+            keys = keys.gather(2, indices.expand(-1, -1, -1, keys.shape[3])).contiguous()
+            values = values.gather(2, indices.expand(-1, -1, -1, values.shape[3])).contiguous()
+        self.layer_state[module.layer_idx] = state
+        return keys, values
