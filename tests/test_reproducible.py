@@ -3,6 +3,7 @@ that draw random numbers (leverage, compactor, cur's random leverage, random wit
 a seed of their own (sample, config), never from torch's global state that the other configs also use."""
 
 import dataclasses
+import json
 import random
 from pathlib import Path
 
@@ -24,6 +25,7 @@ DRAWING = [
     Config("cur", 0.25, (("use_random_leverage", True),)),
     Config("random", 0.25, (("seed", None),)),
 ]
+REPO = Path(__file__).resolve().parents[1]
 OFFLINE = sorted(name for name, spec in PRESSES.items() if "hub" not in spec.needs)
 
 
@@ -62,7 +64,16 @@ def setup(tiny_model_dir):
         KVPAgents(shape.num_heads, shape.head_dim, hidden=8),
         {"model": vars(shape), "heads": list(range(shape.num_heads))},
     )
-    return model, tokenizer, sample, str(agents)
+    calibration = json.loads((REPO / "presses/memdecay/smollm2-135m/calibration.json").read_text())
+    memdecay = Path(tiny_model_dir) / "memdecay"
+    memdecay.mkdir(exist_ok=True)
+    (memdecay / "calibration.json").write_text(json.dumps({**calibration, "model": tiny_model_dir}))
+    return (
+        model,
+        tokenizer,
+        sample,
+        {"kvp": (("agents", str(agents)),), "memdecay": (("calibration", str(memdecay)),)},
+    )
 
 
 def answers(setup, configs: list[Config]) -> dict[Config, tuple]:
@@ -76,8 +87,7 @@ def answers(setup, configs: list[Config]) -> dict[Config, tuple]:
 
 @pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
 def test_every_press_answers_the_same_alone_in_a_sweep_and_on_resume(tiny_model_dir, setup):
-    agents = (("agents", setup[3]),)
-    configs = [Config(name, 0.5, agents if name == "kvp" else ()) for name in OFFLINE if name != "none"]
+    configs = [Config(name, 0.5, setup[3].get(name, ())) for name in OFFLINE if name != "none"]
     sweep = answers(setup, [Config("none", 0.0), *DRAWING, *configs])
     resumed = answers(setup, [*reversed(configs), *reversed(DRAWING)])  # other neighbours, other order
     torch.manual_seed(1234)  # whatever the global state, a config's answer is its own
