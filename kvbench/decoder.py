@@ -54,7 +54,7 @@ class BatchedDecoder:
         attention = self.attention or self.model.config._attn_implementation
         with (
             attention_implementation(self.model, attention),
-            attention_hooks(self.model, hook) if self.presses else contextlib.nullcontext(),
+            attention_hooks(self.model, hook, rotary=True) if self.presses else contextlib.nullcontext(),
         ):
             return batched_logits(self.model, self.cache, input_ids, position, self.masks, **kwargs)
 
