@@ -15,8 +15,14 @@ import click
 
 from kvbench import tasks
 from kvbench.models import EMBEDDED, ModelNotFound
-from kvbench.presses import PRESSES, UnknownPress, check_press_runnable, parse_press_args, press_state
-from kvbench.results import check_writable
+from kvbench.presses import (
+    PRESSES,
+    UnknownPress,
+    build_press,
+    check_press_runnable,
+    parse_press_args,
+    press_state,
+)
 from kvbench.tasks import TaskUnavailable
 
 USER_ERRORS = (ValueError, KeyError, ModelNotFound, TaskUnavailable, UnknownPress, FileNotFoundError)
@@ -49,13 +55,22 @@ class Group(click.Group):
         return super().get_command(ctx, name)
 
     def invoke(self, ctx):
+        from kvbench.results import ResultsWriteError
+
         try:
             return super().invoke(ctx)
         except click.UsageError as error:  # click's own: one line too, without the usage block
             raise UserError(error.format_message()) from None
+        except ResultsWriteError as error:  # disk full: not the user's input, exit 1, still one line
+            raise click.ClickException(str(error)) from None
         except USER_ERRORS as error:
             message = error.args[0] if isinstance(error, KeyError) and error.args else error
-            raise UserError(str(message)) from None
+            raise UserError(
+                str(message).strip().splitlines()[0] if str(message).strip() else repr(error)
+            ) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -104,7 +119,11 @@ def task_options(command):
             "--task", "task_list", multiple=True, help="Task name (repeatable); overrides the suite's tasks."
         ),
         click.option(
-            "--length", type=int, default=None, help="Context length in tokens (default: the suite's)."
+            "--length",
+            type=int,
+            default=None,
+            help="Context length in tokens (default: the suite's; LongBench: the model's own limit as THUDM"
+            "'s pred.py sets it, 7500 for an 8k model; RULER without a suite: 1024).",
         ),
         click.option("--samples", type=int, default=None, help="Samples per task (default: the suite's)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated samples."),
@@ -219,15 +238,44 @@ def plan_tasks(suite, task_list, length, samples):
     for name in names:
         if name not in tasks.task_names():
             raise UserError(f"unknown task {name!r} (see `kvbench tasks`)")
-    length = length or (suite_spec.length if suite_spec else 1024)
+    if length is not None and length < 1:
+        raise UserError(f"--length must be at least 1, got {length}")
+    length = length if length is not None else (suite_spec.length if suite_spec else None)
     samples = samples if samples is not None else (suite_spec.samples if suite_spec else 5)
     if samples < 1:
         raise UserError(f"--samples must be at least 1, got {samples}")
     for name in names:
         minimum = tasks.family_of(name).min_length(name)
-        if length < minimum:
+        if length is not None and length < minimum:
             raise UserError(f"--length {length} is below the minimum of task {name!r} ({minimum})")
     return (suite_spec.name if suite_spec else None), names, length, samples
+
+
+DEFAULT_LENGTH = 1024  # RULER tasks named without a suite or --length
+
+
+def task_lengths(names: list[str], length: int | None, limit: int | None, model: str) -> dict[str, int]:
+    """Each task's context length, checked against the model's context (`limit`) before any work: the
+    one asked for; without one, LongBench's official per-model limit and RULER's 1024."""
+    lengths = {}
+    for name in names:
+        if length is not None:
+            lengths[name] = length
+        elif name in tasks.longbench.TASKS:
+            if limit is None:
+                raise UserError(f"give --length: the context length of model {model!r} is unknown")
+            lengths[name] = tasks.longbench.official_length(limit)
+        else:
+            lengths[name] = DEFAULT_LENGTH
+        minimum = tasks.family_of(name).min_length(name)
+        if lengths[name] < minimum:
+            raise UserError(
+                f"length {lengths[name]} is below the minimum of task {name!r} ({minimum})"
+                + ("" if length is not None else f", from the {limit}-token context of model {model!r}")
+            )
+        if limit is not None and lengths[name] > limit:
+            raise UserError(f"--length {lengths[name]} exceeds the {limit}-token context of model {model!r}")
+    return lengths
 
 
 def parse_ratio(value) -> float:
@@ -255,21 +303,35 @@ def execute(
     device,
     dtype,
 ):
-    """Shared body of `run` and `sweep`: validate everything, load the model, run, print the table."""
+    """Shared body of `run` and `sweep`: validate everything (cheap checks first: names, numbers, files,
+    press arguments, the device, the lengths against the model's context), load the model, run, print."""
     from kvbench.engine import check_protocol
-    from kvbench.models import load_model, resolve
-    from kvbench.results import ResultsStore
+    from kvbench.models import check_device, context_limit, load_model, resolve
+    from kvbench.results import ResultsStore, check_writable
     from kvbench.runner import Plan, run_plan, summarize
 
     suite_name, names, length, samples = plan_tasks(suite, task_list, length, samples)
+    if data_dir is not None and not data_dir.is_dir():
+        raise UserError(f"--data-dir {str(data_dir)!r} is not a folder")
+    for name in names:  # local data files are read now: a malformed line fails before the model loads
+        tasks.check_data(name, data_dir)
     for config in configs:
         check_press_runnable(config.press)
         check_protocol(config)
+    # Bad press arguments fail here (`none` takes none), before the model loads.
+    presses = [
+        build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
+        for config in configs
+    ]
     check_writable(out)
+    check_device(device)
     resolve(model)
-    presses = [config.build_press() for config in configs]  # bad press arguments fail here
+    limit = context_limit(model)
+    lengths = task_lengths(names, length, limit, model) if limit is not None or length is not None else None
     # The engine switches to eager attention itself for the configs that need attention weights.
     model_, tokenizer = load_model(model, device=device, dtype=dtype)
+    if lengths is None:  # a hub model whose config was not at hand: its context is known now
+        lengths = task_lengths(names, length, model_.config.get_text_config().max_position_embeddings, model)
     for press in filter(None, presses):
         press.post_init_from_model(model_)  # e.g. KVP agents made for another model fail here
     # Rows of presses with learned state (KVP agents) are keyed by that state: retrained agents get new rows.
@@ -281,6 +343,7 @@ def execute(
         configs=configs,
         tasks=names,
         length=length,
+        lengths={name: value for name, value in lengths.items() if value != length},
         samples=samples,
         seed=seed,
         suite=suite_name,
@@ -413,8 +476,9 @@ def list_tasks():
     click.echo("suites (tasks/*.yaml):")
     for name in tasks.suite_names():
         suite = tasks.load_suite(name)
+        length = f"{suite.length} tokens" if suite.length else "the model's limit"
         click.echo(
-            f"  {name:<28} {len(suite.tasks)} tasks x {suite.samples} samples at {suite.length} tokens"
+            f"  {name:<28} {len(suite.tasks)} tasks x {suite.samples} samples at {length}"
             f"  {suite.description}"
         )
 

@@ -43,7 +43,7 @@ from kvbench.adapter import (
     pad_caches,
 )
 from kvbench.decoder import BatchedDecoder
-from kvbench.presses import PRESSES, build_press, needs_eager
+from kvbench.presses import PRESSES, build_press, needs_eager, seed_press
 from kvbench.tasks.base import Sample
 
 logger = logging.getLogger(__name__)
@@ -109,8 +109,13 @@ def evaluate_sample(
     if batch_configs < 1:
         raise ValueError(f"batch_configs must be at least 1, got {batch_configs}")
     prompt = tokenize_sample(tokenizer, sample)
+    # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
     runs = [
-        Run(config, config.build_press(), needs_eager(config.press, dict(config.press_args)))
+        Run(
+            config,
+            seed_press(config.build_press(), f"{sample.task}/{sample.id}/{config!r}"),
+            needs_eager(config.press, dict(config.press_args)),
+        )
         for config in configs
     ]
     streaming = [run for run in runs if run.config.protocol == "streaming"]

@@ -34,8 +34,8 @@ from transformers import DynamicCache
 
 from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, moves_positions
 from kvbench.engine import Config, Prompt, Run, cache_entries, kv_counts, run_alone, run_shared
-from kvbench.models import EMBEDDED, cache_dir, load_model, model_name
-from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state
+from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, model_name
+from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state, seed_press
 from kvbench.results import ResultsStore, check_writable, config_id
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
@@ -81,7 +81,7 @@ class KVBenchLM(HFLM):
     def new_run(self) -> Run:
         """A fresh press per request, as `kvbench run` builds one per sample (stateful presses start over)."""
         config = Config(self.press_name, self.compression_ratio, tuple(sorted(self.press_args.items())))
-        return Run(config, config.build_press(), self.eager)
+        return Run(config, seed_press(config.build_press(), f"lm-eval/{config!r}"), self.eager)
 
     @property
     def run_config(self) -> dict:
@@ -269,6 +269,35 @@ def check_tasks(manager, names: list[str]) -> None:
             raise ValueError(f"unknown lm-eval task {name!r} (see `lm_eval ls tasks`, or tasks/lm_eval)")
 
 
+def check_length(length: int | None, names: list[str], limit: int | None, model: str) -> None:
+    """Refuse a --length below what a RULER task needs or beyond the model's context, before any work."""
+    from kvbench.tasks import ruler
+
+    if length is None:
+        return
+    for name in names:  # our RULER tasks (tasks/lm_eval); lm-eval's own size their samples themselves
+        task = name.removeprefix("kvbench_")
+        if not name.startswith("kvbench_"):
+            continue
+        minimum = min(ruler.min_length(t) for t in ([task] if task in ruler.TASKS else ruler.TASKS))
+        if length < minimum:
+            raise ValueError(f"--length {length} is below the minimum of task {name!r} ({minimum})")
+    if limit is not None and length > limit:
+        raise ValueError(f"--length {length} exceeds the {limit}-token context of model {model!r}")
+
+
+HUB_MODULES = ("huggingface_hub", "datasets", "requests", "urllib3", "httpx", "fsspec", "aiohttp")
+
+
+def needs_hub(error: BaseException) -> bool:
+    """Whether an error (or one it came from) is a failed download: a task whose data is on the hub."""
+    while error is not None:
+        if isinstance(error, ConnectionError) or type(error).__module__.split(".")[0] in HUB_MODULES:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def evaluate(lm: KVBenchLM, manager, names: list[str], *, limit: int | None = None) -> dict:
     """Run lm-eval tasks (or groups) on `lm`; lm-eval's results, with every sample logged.
 
@@ -440,6 +469,8 @@ def lm_eval_command(
     Example: kvbench lm-eval --press snapkv --ratio 0.5 --tasks niah_single_1,ruler_vt --length 1024
     """
     from kvbench.cli import USER_ERRORS, UserError, parse_ratio
+    from kvbench.models import check_device, context_limit, resolve
+    from kvbench.presses import build_press
 
     started = datetime.now(timezone.utc).isoformat()
     ratio = parse_ratio(ratio)
@@ -447,14 +478,24 @@ def lm_eval_command(
     if not names:
         raise UserError("--tasks must name at least one task")
     try:
+        # Cheap checks first, so that a typo fails in a second, not after the model loads.
         check_press_runnable(press)
+        build_press(press, ratio, **parse_press_args(press_args))
         check_writable(out)
+        check_device(device)
+        resolve(model)
+        check_length(length, names, context_limit(model), model)
         manager = task_manager(include_paths, task_metadata(model, limit=limit, length=length))
         check_tasks(manager, names)
         lm = KVBenchLM(model, press, ratio, parse_press_args(press_args), device=device, dtype=dtype)
         results = evaluate(lm, manager, names, limit=limit)
-    except USER_ERRORS as error:
-        raise UserError(str(error).strip().splitlines()[0]) from None
+    except Exception as error:
+        if needs_hub(error):
+            hub = "an lm-eval task needs the Hugging Face hub, which is not reachable"
+            raise UserError(f"{hub}: {first_line(error)}") from None
+        if isinstance(error, USER_ERRORS):
+            raise UserError(first_line(error)) from None
+        raise
     rows = rows_from_results(results, lm)
     store = ResultsStore(out)
     new = store_rows(rows, store)

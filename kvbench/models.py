@@ -14,19 +14,14 @@ import shutil
 import socket
 from pathlib import Path
 
-import torch
-from huggingface_hub import try_to_load_from_cache
-from tokenizers import Tokenizer, decoders, processors
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
-from transformers.utils import logging as transformers_logging
-
 logger = logging.getLogger(__name__)
-transformers_logging.disable_progress_bar()  # a bar per weight file load is noise next to ours
 
+# torch and transformers are imported inside the functions that need them, so that the CLI's listings and
+# its checks of names and numbers answer without them.
 EMBEDDED = "smollm2-135m"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MAX_LENGTH = 8192
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ModelNotFound(Exception):
@@ -44,13 +39,16 @@ def embedded_gguf_folder() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
-def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str) -> PreTrainedTokenizerFast:
+def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str):
     """Rebuild the tokenizer transformers < 5.3 derives from the SmolLM2 GGUF.
 
     It comes out as a CodeLlama tokenizer that prepends `<|im_start|>` as BOS, uses it as eos, and adds five
     infilling tokens beyond the model's vocabulary. SmolLM2 wants: no BOS, eos = pad = `<|im_end|>` (id 2),
     byte-level decoding, nothing past `vocab_size`.
     """
+    from tokenizers import Tokenizer, decoders, processors
+    from transformers import PreTrainedTokenizerFast
+
     spec = json.loads(gguf_tokenizer.backend_tokenizer.to_str())
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < vocab_size]
     backend = Tokenizer.from_str(json.dumps(spec))
@@ -75,6 +73,9 @@ def embedded_folder() -> Path:
         return folder
     gguf_folder = embedded_gguf_folder()
     logger.info("converting the embedded GGUF to %s (once)", folder)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
     gguf_tokenizer = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF)
     tokenizer = fix_gguf_tokenizer(gguf_tokenizer, model.config.vocab_size, gguf_tokenizer.chat_template)
@@ -96,9 +97,16 @@ def resolve(name: str) -> str:
     """The path or hub id transformers should load for a user-facing model name."""
     if name == EMBEDDED:
         return str(embedded_folder())
-    if Path(name).expanduser().is_dir():
-        return str(Path(name).expanduser())
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in ("config.json", "tokenizer_config.json")):
+            raise ModelNotFound(f"model folder {name!r} has no config.json: not a transformers model folder")
+        return str(path)
+    if path.exists():
+        raise ModelNotFound(f"model {name!r} is a file; give a model folder, a hub id or {EMBEDDED!r}")
     if name.count("/") == 1 and not name.startswith((".", "/")):
+        from huggingface_hub import try_to_load_from_cache
+
         if try_to_load_from_cache(name, "config.json") is None and not hub_reachable():
             raise ModelNotFound(
                 f"model {name!r} is not in the local Hugging Face cache and the hub is not reachable"
@@ -107,6 +115,56 @@ def resolve(name: str) -> str:
     raise ModelNotFound(
         f"unknown model {name!r}: use {EMBEDDED!r}, a Hugging Face model id or a local folder"
     )
+
+
+def model_config(name: str) -> dict | None:
+    """The model's config.json, read without loading the model: a local folder, or the hub cache."""
+    path = Path(name).expanduser()
+    if name == EMBEDDED:
+        return None
+    if not path.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+        path = Path(cached).parent if isinstance(cached, str) else None
+    if path is None:
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ModelNotFound(f"{path / 'config.json'}: cannot read the model's config ({error})") from None
+    if not isinstance(config, dict):
+        raise ModelNotFound(f"{path / 'config.json'}: not a model config")
+    return config
+
+
+def context_limit(name: str) -> int | None:
+    """The longest context the model takes (its position embeddings), known before it loads; None when
+    its config is not at hand (a hub id not yet downloaded) or does not say."""
+    if name == EMBEDDED:
+        return EMBEDDED_MAX_LENGTH
+    config = model_config(name) or {}
+    config = {**config, **(config.get("text_config") or {})}
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def check_device(device: str) -> None:
+    """Refuse a device torch does not know or that this machine lacks, before anything loads."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {device!r} is not supported: use cpu, cuda or mps")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -118,6 +176,8 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def load_tokenizer(name: str = EMBEDDED):
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(resolve(name))
     except OSError as error:
@@ -125,6 +185,8 @@ def load_tokenizer(name: str = EMBEDDED):
 
 
 def default_attn_implementation(device: str) -> str:
+    import torch
+
     if device.startswith("cuda") and torch.cuda.is_available() and importlib.util.find_spec("flash_attn"):
         return "flash_attention_2"
     return "sdpa"
@@ -136,11 +198,18 @@ def load_model(
     """(model, tokenizer), in eval mode on `device`. `model_name(model)` gives back `name`."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a bar per weight file load is noise next to ours
     path = resolve(name)
     attn = attn_implementation or default_attn_implementation(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype), attn_implementation=attn
+        )
     except OSError as error:
         raise ModelNotFound(f"cannot load model {name!r}: {first_line(error)}") from None
     model.config.kvbench_name = name

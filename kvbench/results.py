@@ -8,11 +8,10 @@ computes only the (config, sample) keys that are missing. Run records are writte
 import hashlib
 import json
 import os
+import tempfile
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-
-import pandas as pd
 
 ROWS_FILE = "rows.jsonl"
 RUNS_DIR = "runs"
@@ -53,18 +52,25 @@ def check_writable(folder: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise ValueError(f"results folder {str(folder)!r} is not writable: {str(probe)!r} is a file")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"results folder {str(folder)!r} is not writable")
+    try:  # a real probe: os.access says yes to root even on a read-only file system
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError:
+        raise ValueError(f"results folder {str(folder)!r} is not writable") from None
     rows = folder / ROWS_FILE
     if rows.exists() and not os.access(rows, os.W_OK):
         raise ValueError(f"results file {str(rows)!r} is not writable")
 
 
+class ResultsWriteError(OSError):
+    """The results store could not be written (disk full, permissions): one line, exit code 1."""
+
+
 class ResultsStore:
+    """The folder is created by the first write, so a run that fails before scoring anything leaves none."""
+
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.rows_path = self.folder / ROWS_FILE
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.cut_torn_tail()
         self.done = {row_key(row) for row in read_rows(self.rows_path)}
 
@@ -82,11 +88,29 @@ class ResultsStore:
         return row_key(row) in self.done
 
     def append(self, row: dict) -> None:
+        """Append one row; it counts as done only once all its bytes are written and fsync'd. A failed
+        write (disk full) is cut back off the file, so no torn row stays behind, and raises."""
         line = (json.dumps(row, default=str) + "\n").encode()
-        fd = os.open(self.rows_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.rows_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise ResultsWriteError(f"cannot write results to {self.rows_path}: {error.strerror}") from None
+        start = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(line):
+                count = os.write(fd, line[written:])
+                if count <= 0:
+                    raise OSError(28, os.strerror(28))  # no progress: as good as a full disk
+                written += count
             os.fsync(fd)
+        except OSError as error:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass  # the next open cuts the torn tail
+            raise ResultsWriteError(f"cannot write results to {self.rows_path}: {error.strerror}") from None
         finally:
             os.close(fd)
         self.done.add(row_key(row))
@@ -94,20 +118,23 @@ class ResultsStore:
     def write_run(self, record: dict, path: Path | None = None) -> Path:
         """Write (or, given its `path`, replace) a run record whole."""
         if path is None:
-            runs = self.folder / RUNS_DIR
-            runs.mkdir(exist_ok=True)
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
-            path = runs / f"{stamp}-{os.getpid()}.json"
+            path = self.folder / RUNS_DIR / f"{stamp}-{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2, default=str))
-        tmp.rename(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(record, indent=2, default=str))
+            tmp.rename(path)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot write the run record {path}: {error.strerror}") from None
         return path
 
 
 def read_rows(path: Path) -> list[dict]:
-    """Rows of one rows.jsonl; a bad line is skipped with a warning naming the file and line."""
-    rows = []
-    if not Path(path).exists():
+    """Rows of one rows.jsonl; bad lines are skipped with one warning per file (how many, the first)."""
+    rows, bad = [], []
+    if not Path(path).is_file():
         return rows
     with open(path, encoding="utf-8", errors="replace") as file:
         for number, line in enumerate(file, start=1):
@@ -118,9 +145,14 @@ def read_rows(path: Path) -> list[dict]:
                 if not isinstance(row, dict) or "config_id" not in row:
                     raise ValueError("not a results row")
             except ValueError as error:
-                warnings.warn(f"{path}:{number}: skipped a corrupt results row ({error})", stacklevel=2)
+                bad.append((number, str(error).splitlines()[0] if str(error) else "unreadable"))
                 continue
             rows.append(row)
+    if bad:
+        (first, error), lines = bad[0], ", ".join(str(number) for number, _ in bad[:5])
+        what = "a corrupt results row" if len(bad) == 1 else f"{len(bad)} corrupt results rows (lines {lines}"
+        what += "" if len(bad) == 1 else (", ...)" if len(bad) > 5 else ")")
+        warnings.warn(f"{path}:{first}: skipped {what}: {error}", stacklevel=2)
     return rows
 
 
@@ -138,8 +170,10 @@ def results_files(paths, recursive: bool = True) -> list[Path]:
     return files
 
 
-def load_rows(paths) -> pd.DataFrame:
+def load_rows(paths):
     """All rows under `paths` as one DataFrame (`source` names the folder); a duplicate keeps the last."""
+    import pandas as pd
+
     if isinstance(paths, (str, Path)):
         paths = [paths]
     frames = []
@@ -162,6 +196,6 @@ def load_runs(paths) -> list[dict]:
         for run in sorted((file.parent / RUNS_DIR).glob("*.json")):
             try:
                 records.append(json.loads(run.read_text()))
-            except ValueError:
+            except (ValueError, UnicodeDecodeError):
                 warnings.warn(f"{run}: skipped a corrupt run record", stacklevel=2)
     return records

@@ -25,7 +25,7 @@ class Plan:
 
     configs: list[Config]
     tasks: list[str]
-    length: int
+    length: int | None  # as asked (--length or the suite's); None: each task's default for the model
     samples: int
     seed: int = 0
     suite: str | None = None
@@ -33,6 +33,10 @@ class Plan:
     batch_configs: int = 16
     force: bool = False
     extra: dict = field(default_factory=dict)  # model/device/dtype as given, recorded in the run record
+    lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
+
+    def task_length(self, task: str) -> int:
+        return self.lengths.get(task, self.length)
 
 
 def package_versions() -> dict:
@@ -76,7 +80,7 @@ def base_row(model, config: Config, sample: tasks.Sample, plan: Plan) -> dict:
         "press_args": press_args,
         "press_state": config.press_state,
         "task": sample.task,
-        "length": plan.length,
+        "length": plan.task_length(sample.task),
         "seed": plan.seed,
         "sample_id": sample.id,
     }
@@ -90,7 +94,7 @@ def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool =
         for task in plan.tasks
         for sample in tasks.load_samples(
             task,
-            length=plan.length,
+            length=plan.task_length(task),
             samples=plan.samples,
             seed=plan.seed,
             tokenizer=tokenizer,
@@ -150,6 +154,7 @@ def run_record(model, plan: Plan, frame: pd.DataFrame | None, started: str) -> d
             "tasks": plan.tasks,
             "suite": plan.suite,
             "length": plan.length,
+            **({"lengths": plan.lengths} if plan.lengths else {}),
             "samples": plan.samples,
             "seed": plan.seed,
             "data_dir": str(plan.data_dir) if plan.data_dir else None,

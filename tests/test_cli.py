@@ -1,8 +1,7 @@
-"""The CLI through click's CliRunner: bad input is one line and exit 2 with nothing written; a real run."""
+"""The CLI through click's CliRunner: listings and real runs (bad input: tests/test_bad_input.py)."""
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from kvbench import tasks
@@ -12,83 +11,6 @@ from kvbench.results import load_rows
 
 def invoke(*args):
     return CliRunner().invoke(main, list(args))
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["run", "--press", "nope", "--ratio", "0.5"], "unknown press 'nope'"),
-        (["run", "--press", "snapkv", "--ratio", "1.0"], "ratio must be in [0, 1)"),
-        (["run", "--press", "snapkv", "--ratio", "-0.2"], "ratio must be in [0, 1)"),
-        (["run", "--press", "snapkv", "--ratio", "0.5", "--task", "nope"], "unknown task 'nope'"),
-        (["run", "--press", "snapkv", "--ratio", "0.5", "--suite", "nope"], "unknown suite 'nope'"),
-        (["run", "--press", "snapkv", "--ratio", "0.5", "--samples", "0"], "--samples must be at least 1"),
-        (
-            ["run", "--press", "snapkv", "--ratio", "0.5", "--task", "vt", "--length", "100"],
-            "below the minimum",
-        ),
-        (["run", "--press", "snapkv", "--ratio", "0.5", "--model", "no-such-model"], "unknown model"),
-        (["run", "--press", "snapkv", "--ratio", "0.5", "--press-arg", "oops"], "key=value"),
-        (["sweep", "--presses", "", "--ratios", "0.5"], "at least one"),
-        (["sweep", "--presses", "snapkv,snapkv", "--ratios", "0.5"], "duplicate configs"),
-        (["sweep", "--presses", "snapkv", "--ratios", "0.5,0.5"], "duplicate configs"),
-        (["sweep", "--presses", "snapkv", "--ratios", "0.5,1.5"], "ratio must be in [0, 1)"),
-        (["run", "--press", "snapkv", "--ratio", "half"], "ratio must be a number"),
-        (["run", "--press", "snapkv"], "give one of --ratio or --memory"),
-        (
-            ["run", "--press", "snapkv", "--ratio", "0.5", "--memory", "0.5"],
-            "give one of --ratio or --memory",
-        ),
-        (["run", "--press", "snapkv", "--memory", "0"], "memory must be in (0, 1]"),
-        (["run", "--press", "snapkv", "--memory", "1.5"], "memory must be in (0, 1]"),
-        (["run", "--press", "snapkv", "--memory", "-0.1"], "memory must be in (0, 1]"),
-        (["run", "--press", "snapkv", "--memory", "lots"], "memory must be a number"),
-        (["sweep", "--presses", "snapkv", "--memory", "0.5,2"], "memory must be in (0, 1]"),
-        (["sweep", "--presses", "snapkv", "--ratios", "0.5", "--memory", "0.5"], "give one of --ratios"),
-        (["sweep", "--presses", "snapkv", "--memory", "0.5,0.5"], "duplicate configs"),
-        (
-            ["run", "--press", "knorm", "--ratio", "0.5", "--interval", "4"],
-            "--interval applies to --protocol",
-        ),
-        (
-            ["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "streaming", "--interval", "4"],
-            "--interval applies to --protocol decode-time, not streaming",
-        ),
-        (["run", "--press", "knorm", "--ratio", "0.5", "--chunk", "64"], "--chunk applies to --protocol"),
-        (
-            ["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "decode-time", "--interval", "0"],
-            "--interval must be at least 1",
-        ),
-        (
-            ["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "streaming", "--chunk", "-3"],
-            "--chunk must be at least 1",
-        ),
-        (["run", "--press", "knorm", "--ratio", "0.5", "--protocol", "sideways"], "Invalid value"),
-        (
-            ["run", "--press", "adakv", "--ratio", "0.5", "--protocol", "streaming"],
-            "cannot run under the streaming protocol",
-        ),
-        (
-            ["sweep", "--presses", "knorm,think", "--ratios", "0.5", "--protocol", "decode-time"],
-            "press 'think' cannot run under the decode-time protocol",
-        ),
-    ],
-)
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path):
-    out = tmp_path / "out"
-    result = invoke(*args, "--out", str(out))
-    assert result.exit_code == 2, result.output
-    assert message in result.output
-    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
-    assert not out.exists()
-
-
-def test_unwritable_out_is_refused_before_any_work(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    result = invoke("run", "--press", "knorm", "--ratio", "0.5", "--out", str(blocker / "sub"))
-    assert result.exit_code == 2 and "not writable" in result.output
-    assert blocker.read_text() == "not a folder"
 
 
 def test_presses_and_tasks_list_the_registries():

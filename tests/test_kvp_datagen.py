@@ -85,21 +85,3 @@ def test_datagen_train_report_and_run_end_to_end(tmp_path, tiny_model_dir):
     with torch.no_grad(), press(model):
         model.model(input_ids=torch.arange(10, 110).unsqueeze(0), past_key_values=cache)
     assert [cache.get_seq_length(layer) for layer in range(2)] == [50, 50]
-
-
-@pytest.mark.parametrize(
-    "arguments, message",
-    [
-        (["--tasks", "qa_1"], "would overlap evaluation"),
-        (["--tasks", "nope"], "not a RULER task"),
-        (["--seed", "7"], "1000"),
-    ],
-)
-def test_datagen_refuses_bad_input(tmp_path, arguments, message):
-    result = CliRunner().invoke(main, ["kvp", "datagen", "--out", str(tmp_path), *arguments])
-    assert result.exit_code == 2 and message in result.output
-
-
-def test_train_refuses_a_folder_without_data(tmp_path):
-    result = CliRunner().invoke(main, ["kvp", "train", "--data", str(tmp_path), "--out", str(tmp_path / "a")])
-    assert result.exit_code == 2 and "kvbench kvp datagen" in result.output

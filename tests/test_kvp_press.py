@@ -75,8 +75,10 @@ def test_press_refuses_agents_covering_part_of_the_heads(tmp_path):
 
 
 def test_missing_agents_name_the_folder_and_the_training_command(tmp_path):
-    press = KVPPress(compression_ratio=0.5, agents=str(tmp_path / "nowhere"))
     with pytest.raises(KVPAgentsError, match="nowhere.*kvbench kvp datagen .* kvbench kvp train"):
+        KVPPress(compression_ratio=0.5, agents=str(tmp_path / "nowhere"))  # before any model loads
+    press = KVPPress(compression_ratio=0.5)  # the default folder of a model without agents
+    with pytest.raises(KVPAgentsError, match="kvbench kvp datagen .* kvbench kvp train"):
         press.post_init_from_model(tiny_llama())
 
 

@@ -169,27 +169,6 @@ def test_cli_runs_lm_evals_own_ruler_offline_into_the_results_store(monkeypatch,
     assert record["config"]["tasks"] == ["lm-eval/niah_single_1"]
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--press", "nope", "--ratio", "0.5"], "unknown press 'nope'"),
-        (["--press", "snapkv", "--ratio", "1"], "ratio must be in [0, 1)"),
-        (
-            ["--press", "snapkv", "--ratio", "0.5", "--tasks", "no_such_task"],
-            "unknown lm-eval task 'no_such_task'",
-        ),
-    ],
-)
-def test_cli_rejects_bad_input_in_one_line_with_exit_code_2(tmp_path, args, message):
-    if "--tasks" not in args:
-        args = [*args, "--tasks", "niah_single_1"]
-    result = invoke(*args, "--out", str(tmp_path / "results"))
-    assert result.exit_code == 2
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
-    assert not (tmp_path / "results").exists()
-
-
 MC_UTILS = """
 import datasets
 

@@ -255,7 +255,7 @@ def test_registry_loads_and_scores_longbench(tmp_path, tokenizer):
     assert score_sample(sample, "3 or 4") == 50.0
     suite = load_suite("longbench")
     assert set(suite.tasks) == {t for t in lb.TASKS if t.startswith("longbench/")}
-    assert (suite.length, suite.samples) == (7500, 20)
+    assert (suite.length, suite.samples) == (None, 20)  # the model's own limit, as THUDM's pred.py
     assert set(load_suite("longbench-e").tasks) == {t for t in lb.TASKS if t.startswith("longbench-e/")}
 
 
@@ -289,3 +289,65 @@ def test_hub_zip_comes_from_the_cache_or_not_at_all_when_offline(monkeypatch, tm
     assert lb.hub_data_zip() is None
     monkeypatch.setattr(lb, "try_to_load_from_cache", lambda *args, **kwargs: str(tmp_path / "data.zip"))
     assert lb.hub_data_zip() == tmp_path / "data.zip"
+
+
+def test_official_length_is_thudms_per_model_max_length():
+    # THUDM/LongBench config/model2maxlen.json: 4k, 8k, 16k and 32k models.
+    assert [lb.official_length(n) for n in (4096, 8192, 16384, 32768)] == [3500, 7500, 15500, 31500]
+
+
+def test_a_truncated_prompt_is_cut_in_the_middle_and_warned_about(tmp_path, tokenizer, caplog):
+    rows = [row(0, context="start " + "filler " * 600 + "end"), row(1)]
+    with caplog.at_level("WARNING", logger="kvbench.tasks.longbench"):
+        long, short = samples_for("longbench/hotpotqa", rows, tmp_path, tokenizer, length=300)
+    assert "longbench/hotpotqa: 1 of 2 prompts truncated in the middle to 300 tokens" in caplog.text
+    prompt = long.context + long.question
+    assert prompt.startswith("Answer the question") and prompt.endswith("Question: Who?\nAnswer:")
+    assert "start" in prompt and "end" in prompt and prompt.count("filler") < 600
+    assert len(tokenizer(prompt).input_ids) <= 302  # the halves re-tokenize to about the same count
+    assert "filler" not in short.context
+
+
+def test_without_length_the_cli_truncates_to_the_models_own_limit(tmp_path, tokenizer, caplog):
+    """A 1500-token model: THUDM's rule gives 1000 - 500 = 500 tokens; the row records that length."""
+    from click.testing import CliRunner
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvbench.cli import main
+    from kvbench.results import load_rows
+
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=1500,
+        eos_token_id=2,
+        pad_token_id=2,
+        bos_token_id=None,
+    )
+    model_dir = tmp_path / "model"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "hotpotqa.jsonl", [row(0, context="start " + "filler " * 1200 + "end")])
+    out = tmp_path / "out"
+    args = ["run", "--press", "knorm", "--ratio", "0.5", "--task", "longbench/hotpotqa", "--samples", "1"]
+    with caplog.at_level("WARNING", logger="kvbench.tasks.longbench"):
+        result = CliRunner().invoke(
+            main, [*args, "--data-dir", str(data), "--model", str(model_dir), "--out", str(out)]
+        )
+    assert result.exit_code == 0, result.output
+    assert "1 of 1 prompts truncated in the middle to 500 tokens" in caplog.text
+    [scored] = load_rows(out).to_dict("records")
+    assert scored["length"] == 500 and 490 <= scored["context_tokens"] <= 500 + 40  # plus the chat template
+    # Asking for more than the model's context is refused before any work.
+    again = CliRunner().invoke(
+        main,
+        [*args, "--length", "2000", "--data-dir", str(data), "--model", str(model_dir), "--out", str(out)],
+    )
+    assert again.exit_code == 2 and "--length 2000 exceeds the 1500-token context" in again.output

@@ -63,16 +63,28 @@ def load_card(directory: Path) -> dict:
     path = Path(directory) / CARD_FILE
     if not path.is_file():
         raise KVPAgentsError(f"no KVP agents at {directory} (missing {CARD_FILE})")
-    return json.loads(path.read_text())
+    try:
+        card = json.loads(path.read_text())
+        if not isinstance(card, dict) or not {"model", "heads"} <= card.keys():
+            raise ValueError("it lacks model and heads")
+        ModelShape(**card["model"])
+    except (ValueError, TypeError, UnicodeDecodeError) as error:
+        raise KVPAgentsError(f"{path}: not a KVP agents card ({str(error).splitlines()[0]})") from None
+    return card
 
 
 def load_agents(directory: Path) -> tuple[KVPAgents, dict]:
     directory = Path(directory)
     card = load_card(directory)
-    state = load_file(directory / WEIGHTS_FILE)
-    num_heads, n_in, hidden = state["w1"].shape
-    agents = KVPAgents(num_heads, head_dim=state["key_mean"].shape[1], hidden=hidden)
-    agents.load_state_dict(state)
+    path = directory / WEIGHTS_FILE
+    try:
+        state = load_file(path)
+        num_heads, n_in, hidden = state["w1"].shape
+        agents = KVPAgents(num_heads, head_dim=state["key_mean"].shape[1], hidden=hidden)
+        agents.load_state_dict(state)
+    except Exception as error:  # safetensors' own error type, OSError, a missing or misshapen tensor
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise KVPAgentsError(f"{path}: unreadable KVP agents ({message})") from None
     return agents, card
 
 

@@ -85,9 +85,27 @@ def datagen(out, model, device, tasks, length, samples, seed, gen_tokens, val_fr
 
     Resumable: rerun the same command to continue a stopped run.
     """
-    from kvbench.kvp.datagen import DatagenConfig, generate_data
-    from kvbench.models import load_model
+    from kvbench.kvp.datagen import DatagenConfig, generate_data, read_manifest
+    from kvbench.models import check_device, context_limit, load_model, resolve
+    from kvbench.results import check_writable
+    from kvbench.tasks import ruler
 
+    for task in tasks:
+        if length < ruler.min_length(task):
+            raise click.BadParameter(
+                f"{length} is below the minimum of task {task!r} ({ruler.min_length(task)})"
+            )
+    if out.exists() and not out.is_dir():
+        raise click.BadParameter(f"{str(out)!r} is a file", param_hint="--out")
+    check_writable(out)
+    read_manifest(out)  # a corrupt manifest of an earlier run fails now, not after the model loads
+    check_device(device)
+    resolve(model)
+    limit = context_limit(model)
+    if limit is not None and length > limit:
+        raise click.BadParameter(
+            f"{length} exceeds the {limit}-token context of model {model!r}", param_hint="--length"
+        )
     config = DatagenConfig(tasks, length, samples, seed, gen_tokens, val_fraction)
     llm, tokenizer = load_model(model, device=device)
     manifest = generate_data(llm, tokenizer, out, config)
@@ -127,8 +145,12 @@ def datagen(out, model, device, tasks, length, samples, seed, gen_tokens, val_fr
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(data, out, layers, heads, steps, prompts, tokens, rankings, lr, hidden, eval_every, seed):
     """Train one agent per (layer, KV head) on datagen output and save the best (by validation) to --out."""
+    from kvbench.kvp.train import KVPData
     from kvbench.kvp.train import train as train_agents
+    from kvbench.results import check_writable
 
+    KVPData(data)  # a missing or corrupt manifest fails before any work
+    check_writable(out)
     config = TrainConfig(
         steps=steps,
         prompts=prompts,

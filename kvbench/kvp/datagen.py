@@ -95,7 +95,15 @@ def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_t
 
 def read_manifest(directory: Path) -> dict | None:
     path = Path(directory) / MANIFEST_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or not {"model", "config", "shards"} <= manifest.keys():
+            raise ValueError("it lacks model, config and shards")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a KVP datagen manifest ({str(error).splitlines()[0]})") from None
+    return manifest
 
 
 def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: bool = True) -> dict:

@@ -4,18 +4,15 @@
 KV entries removed. Wrappers (adakv, chunkkv, ...) wrap the scorer named by `inner` (default snapkv).
 """
 
+import dataclasses
+import hashlib
+import importlib
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import kvpress
 import yaml
-
-from kvbench import models
-from kvbench.presses.andpro import andpro_press
-from kvbench.presses.h2o import H2OPress
-from kvbench.presses.lowrank import LowRankPress, VarRatePress
-from kvbench.presses.qevict import QEvictPress
-from kvbench.presses.quant import QuantPress
 
 DEFAULT_INNER = "snapkv"
 
@@ -33,166 +30,186 @@ class PressSpec:
     codec: bool = False  # keeps entries at fewer bits or a lower rank: built from a memory budget
 
 
-def scorer(cls) -> Callable:
-    return lambda ratio, **args: cls(compression_ratio=ratio, **args)
+def press_class(path: str) -> type:
+    """`"KnormPress"` (a kvpress class) or `"kvbench.presses.h2o:H2OPress"`, imported on first use: the
+    registry's names and descriptions must load without torch or kvpress (`kvbench presses` is instant)."""
+    module, _, name = path.rpartition(":")
+    return getattr(importlib.import_module(module or "kvpress"), name)
 
 
-def wrapper(cls) -> Callable:
+def builds(path: str, *own_args: str):
+    """Mark a factory with the press class it builds and the arguments it takes itself (`inner`), so that
+    press arguments are checked against the class's fields before anything is built."""
+
+    def mark(factory: Callable) -> Callable:
+        factory.press_path, factory.own_args = path, own_args
+        return factory
+
+    return mark
+
+
+def scorer(path: str, ratio_field: str = "compression_ratio") -> Callable:
+    return builds(path)(lambda ratio, **args: press_class(path)(**{ratio_field: ratio}, **args))
+
+
+def wrapper(path: str) -> Callable:
+    @builds(path, "inner")
     def build(ratio, inner=DEFAULT_INNER, **args):
-        if inner not in PRESSES or inner == "none" or PRESSES[inner].factory is None:
+        if not isinstance(inner, str) or inner not in PRESSES or PRESSES[inner].factory is None:
             raise UnknownPress(f"inner press {inner!r} is not a press that can be wrapped")
-        return cls(build_press(inner, ratio), **args)
+        return press_class(path)(build_press(inner, ratio), **args)
 
     return build
 
-
-def build_kvp(ratio, **args):
-    from kvbench.presses.kvp import KVPPress  # imported lazily: it loads agents and torch modules
-
-    return KVPPress(compression_ratio=ratio, **args)
-
-
-def build_distillcache(ratio, **args):
-    from kvbench.presses.distillcache import DistillCachePress  # lazily, like kvp
-
-    return DistillCachePress(compression_ratio=ratio, **args)
-
-
-def build_memdecay(ratio, **args):
-    from kvbench.presses.memdecay import MemDecayPress  # imported lazily, as kvp
-
-    return MemDecayPress(compression_ratio=ratio, **args)
+    (
+        PressSpec(
+            "distillcache",
+            "DistillCache: learned KL-rewarded eviction policy (presses/distillcache/<model>/)",
+            scorer("kvbench.presses.distillcache:DistillCachePress"),
+        ),
+    )
 
 
 def build_random(ratio, seed=0, **args):
-    return kvpress.RandomPress(compression_ratio=ratio, seed=seed, **args)
+    return press_class("RandomPress")(compression_ratio=ratio, seed=seed, **args)
 
 
-def codec(cls) -> Callable:
+def codec(path: str) -> Callable:
     """A codec press is built from its memory budget alone (the registry passes memory=...)."""
-    return lambda ratio, **args: cls(**args)
+    return builds(path)(lambda ratio, **args: press_class(path)(**args))
 
 
+@builds("CompressionRatioDecodingPress", "inner")
 def build_decoding(ratio, inner="knorm", **args):
-    return kvpress.CompressionRatioDecodingPress(
+    return press_class("CompressionRatioDecodingPress")(
         base_press=build_press(inner, 0.0), target_compression_ratio=ratio, **args
     )
 
 
+@builds("kvbench.presses.andpro:AnDProPress")
+def build_andpro(ratio, **args):
+    return press_class("kvbench.presses.andpro:andpro_press")(ratio, **args)
+
+
 SPECS = [
     PressSpec("none", "no compression (the reference)", None),
-    PressSpec("knorm", "evict keys with the largest L2 norm", scorer(kvpress.KnormPress)),
-    PressSpec("snapkv", "attention of the last prompt window's queries, pooled", scorer(kvpress.SnapKVPress)),
-    PressSpec("tova", "attention of the last prompt query, averaged over heads", scorer(kvpress.TOVAPress)),
+    PressSpec("knorm", "evict keys with the largest L2 norm", scorer("KnormPress")),
+    PressSpec("snapkv", "attention of the last prompt window's queries, pooled", scorer("SnapKVPress")),
+    PressSpec("tova", "attention of the last prompt query, averaged over heads", scorer("TOVAPress")),
     PressSpec(
         "streaming_llm",
         "keep the first tokens (sinks) and the most recent",
-        scorer(kvpress.StreamingLLMPress),
+        scorer("StreamingLLMPress"),
     ),
     PressSpec(
         "expected_attention",
         "attention expected from future queries (statistics of RoPE)",
-        scorer(kvpress.ExpectedAttentionPress),
+        scorer("ExpectedAttentionPress"),
     ),
     PressSpec("random", "uniformly random eviction (seeded; press-arg seed=0)", build_random),
     PressSpec(
         "observed_attention",
         "mean attention received over the prompt",
-        scorer(kvpress.ObservedAttentionPress),
+        scorer("ObservedAttentionPress"),
         ("eager",),
     ),
     PressSpec(
-        "h2o", "H2O: heavy hitters by accumulated attention + a recent window", scorer(H2OPress), ("eager",)
+        "h2o",
+        "H2O: heavy hitters by accumulated attention + a recent window",
+        scorer("kvbench.presses.h2o:H2OPress"),
+        ("eager",),
     ),
-    PressSpec("kvp", "KVP: learned per-head eviction agents (presses/kvp/<model>/)", build_kvp),
-    PressSpec("distillcache", "DistillCache: learned KL-rewarded eviction policy", build_distillcache),
+    PressSpec(
+        "kvp",
+        "KVP: learned per-head eviction agents (presses/kvp/<model>/)",
+        scorer("kvbench.presses.kvp:KVPPress"),
+    ),
+    PressSpec(
+        "distillcache",
+        "DistillCache: learned KL-rewarded eviction policy (presses/distillcache/<model>/)",
+        scorer("kvbench.presses.distillcache:DistillCachePress"),
+    ),
     PressSpec(
         "memdecay",
         "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
-        build_memdecay,
+        scorer("kvbench.presses.memdecay:MemDecayPress"),
     ),
-    PressSpec("keydiff", "evict keys most similar to the mean key", scorer(kvpress.KeyDiffPress)),
-    PressSpec("lagkv", "lag-relative statistics of keys and values", scorer(kvpress.LagKVPress)),
-    PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer(kvpress.PyramidKVPress)),
-    PressSpec("cur", "CUR decomposition leverage of keys and values", scorer(kvpress.CURPress)),
-    PressSpec("leverage", "approximate leverage scores of keys", scorer(kvpress.LeverageScorePress)),
-    PressSpec(
-        "non_causal_attention", "chunked non-causal attention scores", scorer(kvpress.NonCausalAttnPress)
-    ),
-    PressSpec("compactor", "leverage + non-causal attention blend", scorer(kvpress.CompactorPress)),
-    PressSpec("cap", "CAP: expected attention with a tempered prior", scorer(kvpress.CapPress)),
+    PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
+    PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),
+    PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer("PyramidKVPress")),
+    PressSpec("cur", "CUR decomposition leverage of keys and values", scorer("CURPress")),
+    PressSpec("leverage", "approximate leverage scores of keys", scorer("LeverageScorePress")),
+    PressSpec("non_causal_attention", "chunked non-causal attention scores", scorer("NonCausalAttnPress")),
+    PressSpec("compactor", "leverage + non-causal attention blend", scorer("CompactorPress")),
+    PressSpec("cap", "CAP: expected attention with a tempered prior", scorer("CapPress")),
     PressSpec(
         "think",
         "ThinK: prune key channels (ratio of channels, not tokens)",
-        lambda r, **a: kvpress.ThinKPress(key_channel_compression_ratio=r, **a),
+        scorer("ThinKPress", "key_channel_compression_ratio"),
     ),
-    PressSpec(
-        "kvzip", "KVzip: context reconstruction scores (extra forward passes)", scorer(kvpress.KVzipPress)
-    ),
-    PressSpec("kvgrad", "KVzip with gradient-based scores (extra passes)", scorer(kvpress.KVgradPress)),
+    PressSpec("kvzip", "KVzip: context reconstruction scores (extra forward passes)", scorer("KVzipPress")),
+    PressSpec("kvgrad", "KVzip with gradient-based scores (extra passes)", scorer("KVgradPress")),
     PressSpec(
         "adakv",
         "AdaKV head-wise budgets around `inner` (press-arg inner=snapkv)",
-        wrapper(kvpress.AdaKVPress),
+        wrapper("AdaKVPress"),
     ),
     PressSpec(
         "andpro",
         "AnDPro: chunks scored by projection on the window's anchor output, AdaKV head-wise budgets",
-        andpro_press,
+        build_andpro,
     ),
     PressSpec(
         "varrate",
         "VarRate: every token at a salience-driven rank of a per-head SVD basis",
-        codec(VarRatePress),
+        codec("kvbench.presses.lowrank:VarRatePress"),
         codec=True,
     ),
     PressSpec(
         "lowrank",
         "every token at one rank of a per-head SVD basis (VarRate's ablation)",
-        codec(LowRankPress),
+        codec("kvbench.presses.lowrank:LowRankPress"),
         codec=True,
     ),
-    PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper(kvpress.CriticalKVPress)),
-    PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper(kvpress.CriticalAdaKVPress)),
-    PressSpec("chunkkv", "keep whole chunks, scored by `inner`", wrapper(kvpress.ChunkKVPress)),
-    PressSpec("block", "apply `inner` block by block", wrapper(kvpress.BlockPress)),
-    PressSpec("chunk", "apply `inner` chunk by chunk", wrapper(kvpress.ChunkPress)),
+    PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper("CriticalKVPress")),
+    PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper("CriticalAdaKVPress")),
+    PressSpec("chunkkv", "keep whole chunks, scored by `inner`", wrapper("ChunkKVPress")),
+    PressSpec("block", "apply `inner` block by block", wrapper("BlockPress")),
+    PressSpec("chunk", "apply `inner` chunk by chunk", wrapper("ChunkPress")),
     PressSpec(
         "key_rerotation",
         "`inner`, then re-rotate kept keys to contiguous positions",
-        wrapper(kvpress.KeyRerotationPress),
+        wrapper("KeyRerotationPress"),
     ),
-    PressSpec("merging", "`inner`, merging evicted entries into kept ones", wrapper(kvpress.MergingPress)),
+    PressSpec("merging", "`inner`, merging evicted entries into kept ones", wrapper("MergingPress")),
     PressSpec(
         "decoding", "compress during decoding to the ratio with `inner` (default knorm)", build_decoding
     ),
     PressSpec(
         "quant",
         "KIVI-style uniform quantisation at 8/4/2 bits (press-arg bits; default: the widest that fits)",
-        codec(QuantPress),
+        codec("kvbench.presses.quant:QuantPress"),
         codec=True,
     ),
     PressSpec(
         "qevict",
         "QEvict: attention-scored windows kept at 16 bits, int4, or evicted; recoverable on re-compression",
-        codec(QEvictPress),
+        codec("kvbench.presses.qevict:QEvictPress"),
         codec=True,
     ),
-    PressSpec("qfilter", "Q-Filters (filters downloaded per model)", scorer(kvpress.QFilterPress), ("hub",)),
-    PressSpec("kvzap", "KVzap (scorer weights downloaded per model)", scorer(kvpress.KVzapPress), ("hub",)),
-    PressSpec(
-        "fastkvzip", "Fast KVzip (gates downloaded per model)", scorer(kvpress.FastKVzipPress), ("hub",)
-    ),
+    PressSpec("qfilter", "Q-Filters (filters downloaded per model)", scorer("QFilterPress"), ("hub",)),
+    PressSpec("kvzap", "KVzap (scorer weights downloaded per model)", scorer("KVzapPress"), ("hub",)),
+    PressSpec("fastkvzip", "Fast KVzip (gates downloaded per model)", scorer("FastKVzipPress"), ("hub",)),
     PressSpec(
         "expected_attention_stats",
         "expected attention with statistics from a hub dataset",
-        scorer(kvpress.ExpectedAttentionStatsPress),
+        scorer("ExpectedAttentionStatsPress"),
         ("hub",),
     ),
     PressSpec(
         "duo_attention",
         "DuoAttention (head patterns downloaded per model)",
-        lambda r, **a: kvpress.DuoAttentionPress(head_compression_ratio=r, **a),
+        scorer("DuoAttentionPress", "head_compression_ratio"),
         ("hub",),
     ),
 ]
@@ -204,16 +221,77 @@ def parse_press_args(pairs: list[str]) -> dict:
     args = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise ValueError(f"press argument {pair!r} is not key=value")
-        args[key.strip()] = yaml.safe_load(value)
+        try:
+            args[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ValueError(f"press argument {pair!r}: cannot read the value {value!r}") from None
     return args
+
+
+def value_fits(value, hint) -> bool:
+    """Whether a press argument's value (as YAML typed it) fits the dataclass field's annotation; kinds we
+    do not know how to check (tensors, presses, callables) pass."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(value_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def type_name(hint) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(type_name(arg) for arg in typing.get_args(hint))
+    return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def check_press_args(name: str, press_args: dict) -> None:
+    """Refuse unknown press arguments and values that do not fit the press's dataclass fields
+    (`window_size=abc`), so that a typo fails in the CLI instead of deep inside the first prefill."""
+    factory = PRESSES[name].factory
+    path = getattr(factory, "press_path", None)
+    if path is None:
+        return
+    cls = press_class(path)
+    fields = {field.name for field in dataclasses.fields(cls) if field.init}
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # annotations that do not resolve: only the names are checked
+        hints = {}
+    for key, value in press_args.items():
+        if key in factory.own_args:
+            continue
+        if key not in fields:
+            known = ", ".join(sorted(fields | set(factory.own_args)))
+            raise ValueError(f"press {name!r} has no argument {key!r} (it takes: {known})")
+        if key in hints and not value_fits(value, hints[key]):
+            raise ValueError(
+                f"bad press argument for {name!r}: {key}={value!r} is not {type_name(hints[key])}"
+            )
 
 
 def check_press_runnable(name: str) -> None:
     """Fail before any work if a press cannot run here (unknown, or needs an unreachable hub)."""
     if name not in PRESSES:
         raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
+    from kvbench import models
+
     if "hub" in PRESSES[name].needs and not models.hub_reachable():
         raise UnknownPress(
             f"press {name!r} downloads files from the Hugging Face hub, which is not reachable"
@@ -233,8 +311,9 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
     spec = PRESSES[name]
     if spec.factory is None:
         if press_args:
-            raise ValueError("press 'none' takes no press arguments")
+            raise ValueError(f"press 'none' takes no press arguments, got {', '.join(press_args)}")
         return None
+    check_press_args(name, press_args)
     if spec.codec:
         press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
     try:
@@ -246,12 +325,48 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
 def press_state(press) -> str | None:
     """Digest of the learned state a press (or a press it wraps) loaded in `post_init_from_model`, e.g.
     KVP's agents; None for presses that are fully defined by their arguments."""
+    import kvpress
+
     if press is None:
         return None
     digests = [getattr(press, "state_digest", None)]
     digests += [press_state(inner) for inner in vars(press).values() if isinstance(inner, kvpress.BasePress)]
     digests = [digest for digest in digests if digest]
     return "+".join(digests) or None
+
+
+def seed_press(press, key: str):
+    """Give `press` (and every press it wraps) randomness of its own, drawn from a seed of `key` (the engine
+    passes the sample and the config), the layer and how many times that layer has been compressed.
+
+    Some presses draw from torch's global random state (leverage's and compactor's Gaussian sketches, cur
+    with random leverage, random without a seed). Inside a shared prefill the configs compress layer by
+    layer in turn, so such a press's draws would depend on which other configs share the sweep, and would
+    change on resume. Each `compress` call instead runs under `torch.random.fork_rng` seeded from (key,
+    layer, call): the same draws alone, in any sweep and on resume, and the global state is left as it was.
+    Wrapping the instance's `compress` (not the classes, not the engine) keeps kvpress's presses stock and
+    covers every press in the registry, whatever it does inside. Returns `press`."""
+    import kvpress
+    import torch
+
+    if press is None or "compress" in vars(press):
+        return press
+    compress, calls = press.compress, {}
+
+    def seeded_compress(module, *args, **kwargs):
+        layer = getattr(module, "layer_idx", None)
+        calls[layer] = calls.get(layer, 0) + 1
+        digest = hashlib.sha256(f"{key}/{layer}/{calls[layer]}".encode()).digest()
+        cuda = {tensor.device for tensor in args if torch.is_tensor(tensor) and tensor.device.type == "cuda"}
+        with torch.random.fork_rng(devices=list(cuda)):
+            torch.manual_seed(int.from_bytes(digest[:8], "little"))
+            return compress(module, *args, **kwargs)
+
+    press.compress = seeded_compress
+    for inner in vars(press).values():
+        if isinstance(inner, kvpress.BasePress):
+            seed_press(inner, key)
+    return press
 
 
 def needs_eager(name: str, press_args: dict | None = None) -> bool:

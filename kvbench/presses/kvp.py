@@ -48,6 +48,19 @@ class KVPPress(ScorerPress):
     loaded: KVPAgents | None = field(default=None, init=False, repr=False, compare=False)
     state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of the weights
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.agents:  # a folder given by hand is read now, so a bad one fails before the model loads
+            directory = Path(self.agents)
+            if not (directory / CARD_FILE).is_file():
+                hint = train_command_hint("MODEL")
+                raise KVPAgentsError(
+                    f"no KVP agents at {directory} (missing {CARD_FILE}); train them with: {hint}"
+                )
+            cached_agents(
+                directory.resolve(), (directory / CARD_FILE).stat().st_mtime_ns, torch.device("cpu")
+            )
+
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)
         directory = Path(self.agents) if self.agents else default_agents_dir(shape.name)

@@ -35,6 +35,13 @@ def load_samples(
     return family_of(task).make_samples(task, length, samples, seed, tokenizer, data_dir)
 
 
+def check_data(task: str, data_dir: Path | None) -> None:
+    """Read the local data files a task would use (LongBench's JSONL), so that a missing or malformed file
+    is an error naming it before any model loads."""
+    if task in longbench.TASKS and data_dir is not None:
+        longbench.read_rows(longbench.parse_task(task)[1], data_dir)
+
+
 def score_sample(sample: Sample, prediction: str) -> float:
     return METRICS[sample.metric](prediction, sample)
 
@@ -43,7 +50,7 @@ def score_sample(sample: Sample, prediction: str) -> float:
 class Suite:
     name: str
     tasks: list[str]
-    length: int
+    length: int | None  # None: each task's default for the model (LongBench: THUDM's per-model limit)
     samples: int
     description: str = ""
 
@@ -56,5 +63,8 @@ def load_suite(name: str) -> Suite:
     path = SUITES_DIR / f"{name}.yaml"
     if not path.is_file():
         raise KeyError(name)
-    spec = yaml.safe_load(path.read_text())
-    return Suite(name=name, **spec)
+    try:
+        spec = yaml.safe_load(path.read_text())
+        return Suite(name=name, **spec)
+    except (yaml.YAMLError, TypeError) as error:
+        raise ValueError(f"{path}: not a suite ({str(error).splitlines()[0]})") from None

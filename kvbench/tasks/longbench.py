@@ -14,6 +14,7 @@ script no longer runs with `datasets` >= 4, so we read that zip directly.
 """
 
 import json
+import logging
 import socket
 import zipfile
 from dataclasses import dataclass
@@ -21,7 +22,6 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
 
-import pandas as pd
 from huggingface_hub import constants, hf_hub_download, is_offline_mode, try_to_load_from_cache
 
 from kvbench.tasks.base import Sample, TaskUnavailable
@@ -33,6 +33,8 @@ from kvbench.tasks.longbench_metrics import (
     retrieval_score,
     rouge_score,
 )
+
+logger = logging.getLogger(__name__)
 
 HUB_REPO = "THUDM/LongBench"
 HUB_FILE = "data.zip"
@@ -235,8 +237,27 @@ def hub_data_zip() -> Path | None:
         return None
 
 
-def read_jsonl(lines) -> list[dict]:
-    return [json.loads(line) for line in lines if line.strip()]
+FIELDS = ("input", "context", "answers", "length")  # what every official row holds and we read
+
+
+def read_jsonl(lines, source: str) -> list[dict]:
+    """The rows of an official JSONL file; a malformed line or a row missing a field is one error naming
+    `source` and the line."""
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            raise ValueError(f"{source}:{number}: not a JSON line ({error})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{source}:{number}: not a LongBench row (a JSON object)")
+        missing = [name for name in FIELDS if name not in row]
+        if missing:
+            raise ValueError(f"{source}:{number}: LongBench row lacks {', '.join(missing)}")
+        rows.append(row)
+    return rows
 
 
 def read_rows(stem: str, data_dir: Path | None) -> list[dict]:
@@ -245,13 +266,13 @@ def read_rows(stem: str, data_dir: Path | None) -> list[dict]:
     if data_dir is not None:
         path = Path(data_dir) / f"{stem}.jsonl"
         if path.is_file():
-            with path.open(encoding="utf-8") as lines:
-                return read_jsonl(lines)
+            with path.open(encoding="utf-8", errors="replace") as lines:
+                return read_jsonl(lines, str(path))
         looked_at.append(str(path))
     archive = hub_data_zip()
     if archive is not None:
         with zipfile.ZipFile(archive) as data_zip, data_zip.open(f"data/{stem}.jsonl") as member:
-            return read_jsonl(line.decode("utf-8") for line in member)
+            return read_jsonl((line.decode("utf-8") for line in member), f"{archive}:data/{stem}.jsonl")
     looked_at.append(f"hub dataset {HUB_REPO} ({HUB_FILE}: offline, unreachable or not cached)")
     raise TaskUnavailable(f"LongBench data for {stem} not found; looked at: {'; '.join(looked_at)}")
 
@@ -275,19 +296,26 @@ def prompt_templates(name: str) -> tuple[str, str]:
     return prompt[:start], prompt[start:]
 
 
-def split_prompt(row: dict, name: str, length: int, tokenizer) -> tuple[str, str]:
-    """(context, question), whose concatenation is the official prompt after middle truncation."""
+def official_length(context: int) -> int:
+    """THUDM's pred.py truncates every prompt to one `max_length` per model (config/model2maxlen.json):
+    3500 tokens for its 4k models, 7500 for 8k, 15500 for 16k, 31500 for 32k; that is the context in whole
+    thousands minus 500, room for the longest generation (512 tokens). The same rule for any model."""
+    return context // 1000 * 1000 - 500
+
+
+def split_prompt(row: dict, name: str, length: int, tokenizer) -> tuple[str, str, bool]:
+    """(context, question, truncated): context + question is the official prompt after middle truncation."""
     context_template, question_template = prompt_templates(name)
     context = context_template.format(context=row["context"])
     question = question_template.format(input=row["input"])
     truncated = truncate_middle(context + question, length, tokenizer)
     if truncated is None:
-        return context, question
+        return context, question, False
     head, tail = truncated
     if tail.endswith(question):
-        return head + tail[: len(tail) - len(question)], question
+        return head + tail[: len(tail) - len(question)], question, True
     # The question itself was cut (a tiny `length`): everything kept from the end is the question part.
-    return head, tail
+    return head, tail, True
 
 
 def make_samples(
@@ -303,9 +331,10 @@ def make_samples(
         raise ValueError(f"samples must be at least 1, got {samples}")
     name, stem = parse_task(task)
     dataset = DATASETS[name]
-    result = []
+    result, truncated = [], 0
     for index, row in enumerate(read_rows(stem, data_dir)[:samples]):
-        context, question = split_prompt(row, name, length, tokenizer)
+        context, question, cut = split_prompt(row, name, length, tokenizer)
+        truncated += cut
         result.append(
             Sample(
                 task=task,
@@ -320,6 +349,10 @@ def make_samples(
                 first_line=name in FIRST_LINE,
                 meta={"dataset": name, "length": row["length"], "all_classes": row.get("all_classes") or []},
             )
+        )
+    if truncated:
+        logger.warning(
+            "%s: %d of %d prompts truncated in the middle to %d tokens", task, truncated, len(result), length
         )
     return result
 
@@ -352,7 +385,7 @@ def length_bucket(words: int) -> str:
     return E_BUCKETS[0] if words < 4000 else E_BUCKETS[1] if words < 8000 else E_BUCKETS[2]
 
 
-def longbench_e_buckets(rows: pd.DataFrame) -> pd.DataFrame:
+def longbench_e_buckets(rows):
     """Mean score per length bucket of the LongBench-E rows in `rows` (result rows with a `meta` column
     holding each sample's meta). Index: model, press, ratio (those present) and task; one column per
     bucket, NaN where a bucket has no sample."""

@@ -1,0 +1,384 @@
+"""Every bad input to every command is one line naming the culprit, the right exit code, no traceback, and
+nothing written. The table runs without loading a model: the cheap checks (names, numbers, files, press
+arguments, devices, lengths against the model's context) must all fire before it."""
+
+import errno
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvbench import models, results
+from kvbench.cli import main, parse_ratio
+from kvbench.results import ResultsStore, ResultsWriteError, load_rows
+from kvbench.tasks import longbench
+
+RUN = ["run", "--press", "snapkv", "--ratio", "0.5"]
+SWEEP = ["sweep", "--presses", "snapkv", "--ratios", "0.5"]
+LM_EVAL = ["lm-eval", "--press", "snapkv", "--ratio", "0.5", "--tasks", "kvbench_niah_single_1"]
+DATAGEN = ["kvp", "datagen", "--out", "{tmp}/out"]
+TRAIN = ["kvp", "train", "--out", "{tmp}/out"]
+OUT = ["--out", "{tmp}/out"]
+REAL_WRITE, REAL_LOAD_MODEL = os.write, models.load_model
+
+# (arguments, exit code, what the one line must name). "{tmp}" is the test's folder of prepared files.
+CASES = [
+    # run: names and numbers
+    ([*RUN[:2], "nope", "--ratio", "0.5", *OUT], 2, "unknown press 'nope'"),
+    ([*RUN[:4], "1.0", *OUT], 2, "ratio must be in [0, 1), got 1.0"),
+    ([*RUN[:4], "-0.2", *OUT], 2, "ratio must be in [0, 1), got -0.2"),
+    ([*RUN[:4], "half", *OUT], 2, "ratio must be a number in [0, 1), got 'half'"),
+    ([*RUN[:4], "nan", *OUT], 2, "got nan"),
+    ([*RUN[:4], "inf", *OUT], 2, "got inf"),
+    ([*RUN, "--task", "nope", *OUT], 2, "unknown task 'nope'"),
+    ([*RUN, "--suite", "nope", *OUT], 2, "unknown suite 'nope'"),
+    ([*RUN, "--samples", "0", *OUT], 2, "--samples must be at least 1, got 0"),
+    ([*RUN, "--samples", "-3", *OUT], 2, "--samples must be at least 1, got -3"),
+    ([*RUN, "--task", "vt", "--length", "100", *OUT], 2, "--length 100 is below the minimum of task 'vt'"),
+    ([*RUN, "--length", "0", *OUT], 2, "--length must be at least 1, got 0"),
+    ([*RUN, "--length", "-5", *OUT], 2, "--length must be at least 1, got -5"),
+    ([*RUN, "--length", "1000000000", *OUT], 2, "--length 1000000000 exceeds the 8192-token context"),
+    ([*RUN, "--length", "20000", *OUT], 2, "--length 20000 exceeds the 8192-token context"),
+    ([*RUN, "--suite", "longbench", "--length", "9000", *OUT], 2, "--length 9000 exceeds"),
+    ([*RUN, "--length", "abc", *OUT], 2, "'abc' is not a valid integer"),
+    ([*RUN, "--batch-configs", "0", *OUT], 2, "--batch-configs"),
+    ([*RUN, "--seed", "x", *OUT], 2, "'x' is not a valid integer"),
+    ([*RUN, "--bogus", *OUT], 2, "No such option '--bogus'"),
+    ([*RUN[:2], "snapkv", *OUT], 2, "give one of --ratio or --memory"),
+    ([*RUN, "--memory", "0.5", *OUT], 2, "give one of --ratio or --memory"),
+    ([*RUN[:3], "--memory", "0", *OUT], 2, "memory must be in (0, 1]"),
+    ([*RUN[:3], "--memory", "1.5", *OUT], 2, "memory must be in (0, 1]"),
+    ([*RUN[:3], "--memory", "-0.1", *OUT], 2, "memory must be in (0, 1]"),
+    ([*RUN[:3], "--memory", "lots", *OUT], 2, "memory must be a number in (0, 1], got 'lots'"),
+    # run: model, device, dtype
+    ([*RUN, "--model", "no-such-model", *OUT], 2, "unknown model 'no-such-model'"),
+    ([*RUN, "--model", "{tmp}/empty", *OUT], 2, "empty' has no config.json"),
+    ([*RUN, "--model", "{tmp}/text.txt", *OUT], 2, "text.txt' is a file"),
+    ([*RUN, "--model", "nobody/no-such-model", *OUT], 2, "'nobody/no-such-model' is not in the local"),
+    ([*RUN, "--device", "cuda", *OUT], 2, "device 'cuda': CUDA is not available"),
+    ([*RUN, "--device", "cuda:7", *OUT], 2, "device 'cuda:7': CUDA is not available"),
+    ([*RUN, "--device", "bogus", *OUT], 2, "unknown device 'bogus'"),
+    ([*RUN, "--device", "meta", *OUT], 2, "device 'meta' is not supported"),
+    ([*RUN, "--dtype", "float8", *OUT], 2, "'float8' is not one of"),
+    # run: press arguments
+    ([*RUN, "--press-arg", "oops", *OUT], 2, "press argument 'oops' is not key=value"),
+    ([*RUN, "--press-arg", "=3", *OUT], 2, "press argument '=3' is not key=value"),
+    ([*RUN, "--press-arg", "window_size=abc", *OUT], 2, "window_size='abc' is not int"),
+    ([*RUN, "--press-arg", "window_size=[1", *OUT], 2, "press argument 'window_size=[1'"),
+    ([*RUN, "--press-arg", "window_size=1.5", *OUT], 2, "window_size=1.5 is not int"),
+    ([*RUN, "--press-arg", "window_size=true", *OUT], 2, "window_size=True is not int"),
+    ([*RUN, "--press-arg", "bogus=1", *OUT], 2, "press 'snapkv' has no argument 'bogus'"),
+    ([*RUN, "--press-arg", "compression_ratio=0.3", *OUT], 2, "compression_ratio"),
+    (
+        [*RUN[:2], "none", "--ratio", "0", "--press-arg", "x=1", *OUT],
+        2,
+        "press 'none' takes no press arguments",
+    ),
+    ([*RUN[:2], "adakv", "--ratio", "0.5", "--press-arg", "inner=nope", *OUT], 2, "inner press 'nope'"),
+    ([*RUN[:2], "adakv", "--ratio", "0.5", "--press-arg", "inner=none", *OUT], 2, "inner press 'none'"),
+    ([*RUN[:2], "adakv", "--ratio", "0.5", "--press-arg", "inner=3", *OUT], 2, "inner press 3"),
+    ([*RUN[:2], "random", "--ratio", "0.5", "--press-arg", "seed=x", *OUT], 2, "seed='x' is not int"),
+    ([*RUN[:2], "h2o", "--ratio", "0.5", "--press-arg", "recent_fraction=a", *OUT], 2, "recent_fraction='a'"),
+    ([*RUN[:2], "quant", "--memory", "0.5", "--press-arg", "bits=x", *OUT], 2, "bits='x'"),
+    ([*RUN[:2], "quant", "--memory", "0.01", *OUT], 2, "quant"),
+    (
+        [*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "agents={tmp}/empty", *OUT],
+        2,
+        "empty (missing card",
+    ),
+    (
+        [*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "agents={tmp}/garbage", *OUT],
+        2,
+        "agents.safetensors",
+    ),
+    (
+        [*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "agents={tmp}/badcard", *OUT],
+        2,
+        "badcard/card.json",
+    ),
+    (
+        [*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "agents={tmp}/listcard", *OUT],
+        2,
+        "listcard/card.json",
+    ),
+    # run: files and folders
+    ([*RUN, "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
+    ([*RUN, "--out", "{tmp}/text.txt"], 2, "text.txt' is a file"),
+    ([*RUN, "--data-dir", "{tmp}/nope", *OUT], 2, "--data-dir '{tmp}/nope' is not a folder"),
+    ([*RUN, "--data-dir", "{tmp}/text.txt", *OUT], 2, "--data-dir '{tmp}/text.txt' is not a folder"),
+    (
+        [*RUN, "--task", "longbench/hotpotqa", "--data-dir", "{tmp}/lb", *OUT],
+        2,
+        "lb/hotpotqa.jsonl:2: not a JSON",
+    ),
+    (
+        [*RUN, "--task", "longbench/trec", "--data-dir", "{tmp}/lb", *OUT],
+        2,
+        "lb/trec.jsonl:1: LongBench row lacks length",
+    ),
+    ([*RUN, "--task", "longbench/samsum", "--data-dir", "{tmp}/lb", *OUT], 2, "lb/samsum.jsonl"),
+    (
+        [*RUN, "--task", "longbench/musique", "--data-dir", "{tmp}/lb", *OUT],
+        2,
+        "lb/musique.jsonl:1: not a LongBench row",
+    ),
+    ([*RUN, "--press-arg", "window_size=abc", "--out", "{tmp}/results"], 2, "window_size='abc'"),
+    ([*RUN[:2], "nope", "--ratio", "0.5", "--out", "{tmp}/results"], 2, "unknown press 'nope'"),
+    ([*RUN, "--length", "20000", "--out", "{tmp}/results"], 2, "--length 20000 exceeds"),
+    # run: protocols
+    ([*RUN, "--interval", "4", *OUT], 2, "--interval applies to --protocol decode-time, not query-agnostic"),
+    (
+        [*RUN, "--protocol", "streaming", "--interval", "4", *OUT],
+        2,
+        "--interval applies to --protocol decode-time",
+    ),
+    ([*RUN, "--chunk", "64", *OUT], 2, "--chunk applies to --protocol streaming, not query-agnostic"),
+    (
+        [*RUN, "--protocol", "decode-time", "--chunk", "64", *OUT],
+        2,
+        "--chunk applies to --protocol streaming",
+    ),
+    ([*RUN, "--protocol", "decode-time", "--interval", "0", *OUT], 2, "--interval must be at least 1, got 0"),
+    ([*RUN, "--protocol", "streaming", "--chunk", "-3", *OUT], 2, "--chunk must be at least 1, got -3"),
+    ([*RUN, "--protocol", "streaming", "--chunk", "x", *OUT], 2, "'x' is not a valid integer"),
+    ([*RUN, "--protocol", "sideways", *OUT], 2, "'sideways' is not one of"),
+    (
+        [*RUN[:2], "adakv", "--ratio", "0.5", "--protocol", "streaming", *OUT],
+        2,
+        "cannot run under the streaming",
+    ),
+    # sweep
+    (["sweep", "--presses", "", "--ratios", "0.5", *OUT], 2, "must each name at least one value"),
+    (["sweep", "--presses", "snapkv,snapkv", "--ratios", "0.5", *OUT], 2, "duplicate configs"),
+    ([*SWEEP[:4], "0.5,0.5", *OUT], 2, "duplicate configs"),
+    ([*SWEEP[:4], "-0,0", *OUT], 2, "duplicate configs"),  # -0 is 0
+    ([*SWEEP[:4], "0.5,1.5", *OUT], 2, "ratio must be in [0, 1), got 1.5"),
+    ([*SWEEP[:4], "0.5,x", *OUT], 2, "ratio must be a number in [0, 1), got 'x'"),
+    ([*SWEEP[:3], "--memory", "0.5,2", *OUT], 2, "memory must be in (0, 1]"),
+    ([*SWEEP, "--memory", "0.5", *OUT], 2, "give one of --ratios or --memory"),
+    ([*SWEEP[:3], *OUT], 2, "give one of --ratios or --memory"),
+    ([*SWEEP[:3], "--memory", "0.5,0.5", *OUT], 2, "duplicate configs"),
+    (["sweep", "--presses", "snapkv,nope", "--ratios", "0.5", *OUT], 2, "unknown press 'nope'"),
+    (
+        ["sweep", "--presses", "knorm,think", "--ratios", "0.5", "--protocol", "decode-time", *OUT],
+        2,
+        "'think'",
+    ),
+    ([*SWEEP, "--length", "20000", *OUT], 2, "--length 20000 exceeds"),
+    ([*SWEEP, "--device", "bogus", *OUT], 2, "unknown device 'bogus'"),
+    ([*SWEEP, "--suite", "nope", *OUT], 2, "unknown suite 'nope'"),
+    ([*SWEEP, "--model", "{tmp}/empty", *OUT], 2, "has no config.json"),
+    # presses, tasks, unknown commands
+    (["presses", "extra"], 2, "unexpected extra argument (extra)"),
+    (["presses", "--bogus"], 2, "No such option '--bogus'"),
+    (["tasks", "extra"], 2, "unexpected extra argument (extra)"),
+    (["tasks", "--bogus"], 2, "No such option '--bogus'"),
+    (["nope"], 2, "No such command 'nope'"),
+    # report
+    (["report", "{tmp}/nope", *OUT], 2, "nope' does not exist"),
+    (["report", "{tmp}/empty", *OUT], 2, "empty holds no results"),
+    (["report", "{tmp}/garbage", *OUT], 2, "garbage/rows.jsonl"),
+    (["report", *OUT], 2, "Missing argument 'RESULT_DIRS"),
+    # kvp datagen, train, report
+    ([*DATAGEN, "--length", "10"], 2, "10 is below the minimum of task 'niah_single_1'"),
+    ([*DATAGEN, "--length", "20000"], 2, "20000 exceeds the 8192-token context"),
+    ([*DATAGEN, "--tasks", "nope"], 2, "'nope' is not a RULER task"),
+    ([*DATAGEN, "--tasks", "qa_1"], 2, "qa_1 samples do not change with the seed"),
+    ([*DATAGEN, "--seed", "5"], 2, "--seed"),
+    ([*DATAGEN, "--samples", "0"], 2, "--samples"),
+    ([*DATAGEN, "--val-fraction", "1.5"], 2, "--val-fraction"),
+    ([*DATAGEN, "--device", "bogus"], 2, "unknown device 'bogus'"),
+    ([*DATAGEN, "--model", "{tmp}/empty"], 2, "has no config.json"),
+    (["kvp", "datagen", "--out", "{tmp}/text.txt"], 2, "text.txt"),
+    (["kvp", "datagen", "--out", "{tmp}/badmanifest"], 2, "badmanifest/manifest.json"),
+    ([*TRAIN, "--data", "{tmp}/empty"], 2, "no KVP data at {tmp}/empty (missing manifest.json)"),
+    ([*TRAIN, "--data", "{tmp}/badmanifest"], 2, "badmanifest/manifest.json: not a KVP datagen manifest"),
+    ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json: not a KVP datagen manifest"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--layers", "a,b"], 2, "expected comma-separated integers, got 'a,b'"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--steps", "0"], 2, "--steps"),
+    (["kvp", "report", "{tmp}/empty"], 2, "no KVP agents at {tmp}/empty (missing card.json)"),
+    (["kvp", "report", "{tmp}/badcard"], 2, "badcard/card.json: not a KVP agents card"),
+    (["kvp", "report", "{tmp}/listcard"], 2, "listcard/card.json: not a KVP agents card"),
+    (["kvp", "nope"], 2, "No such command 'nope'"),
+    # lm-eval
+    (["lm-eval", "--press", "nope", *LM_EVAL[3:], *OUT], 2, "unknown press 'nope'"),
+    ([*LM_EVAL[:4], "1.5", *LM_EVAL[5:], *OUT], 2, "ratio must be in [0, 1), got 1.5"),
+    ([*LM_EVAL[:4], "x", *LM_EVAL[5:], *OUT], 2, "'x' is not a valid float"),
+    (
+        [*LM_EVAL, "--length", "10", *OUT],
+        2,
+        "--length 10 is below the minimum of task 'kvbench_niah_single_1'",
+    ),
+    ([*LM_EVAL, "--length", "1000000000", *OUT], 2, "--length 1000000000 exceeds the 8192-token context"),
+    ([*LM_EVAL, "--device", "bogus", *OUT], 2, "unknown device 'bogus'"),
+    ([*LM_EVAL, "--device", "cuda", *OUT], 2, "CUDA is not available"),
+    ([*LM_EVAL, "--model", "{tmp}/empty", *OUT], 2, "has no config.json"),
+    ([*LM_EVAL, "--press-arg", "window_size=abc", *OUT], 2, "window_size='abc' is not int"),
+    (["lm-eval", "--press", "none", *LM_EVAL[3:], "--press-arg", "x=1", *OUT], 2, "takes no press arguments"),
+    ([*LM_EVAL[:5], "--tasks", ",", *OUT], 2, "--tasks must name at least one task"),
+    ([*LM_EVAL, "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
+    ([*LM_EVAL, "--limit", "0", *OUT], 2, "--limit"),
+    (
+        [*LM_EVAL[:5], "--tasks", "no_such_lm_eval_task", *OUT],
+        2,
+        "unknown lm-eval task 'no_such_lm_eval_task'",
+    ),
+]
+
+
+def make_files(tmp: Path) -> None:
+    """The bad files and folders the table points at, and a results folder that must stay untouched."""
+    (tmp / "empty").mkdir()
+    (tmp / "text.txt").write_text("not a model\n")
+    shape = {"name": "x", "num_layers": 1, "num_kv_heads": 1, "head_dim": 4}
+    for name, card in (
+        ("garbage", json.dumps({"model": shape, "heads": [0]})),
+        ("badcard", "{oops"),
+        ("listcard", "[1, 2]"),
+    ):
+        (tmp / name).mkdir()
+        (tmp / name / "card.json").write_text(card)
+        (tmp / name / "agents.safetensors").write_bytes(b"\x00garbage" * 8)
+    (tmp / "garbage" / "rows.jsonl").write_text("".join(f"garbage line {i}\n" for i in range(100)))
+    (tmp / "badmanifest").mkdir()
+    (tmp / "badmanifest" / "manifest.json").write_text("{oops")
+    (tmp / "nomodel").mkdir()
+    (tmp / "nomodel" / "manifest.json").write_text('{"shards": []}')
+    (tmp / "lb").mkdir()
+    good = {"input": "Who?", "context": "Alice.", "answers": ["Alice"], "length": 2, "_id": "a"}
+    (tmp / "lb" / "hotpotqa.jsonl").write_text(json.dumps(good) + "\n{not json\n")
+    (tmp / "lb" / "trec.jsonl").write_text(
+        json.dumps({k: v for k, v in good.items() if k != "length"}) + "\n"
+    )
+    (tmp / "lb" / "musique.jsonl").write_text("[1, 2]\n")
+    (tmp / "results").mkdir()
+    (tmp / "results" / "rows.jsonl").write_text(
+        json.dumps({"config_id": "c", "task": "t", "score": 1}) + "\n"
+    )
+
+
+def snapshot(tmp: Path) -> dict:
+    return {
+        str(path.relative_to(tmp)): hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else None
+        for path in sorted(tmp.rglob("*"))
+    }
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """No test here touches the network: the hub is unreachable, LongBench's hub zip absent."""
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(longbench, "hub_data_zip", lambda: None)
+    monkeypatch.setattr("kvbench.models.load_model", fail_if_loaded)
+
+
+def fail_if_loaded(*args, **kwargs):
+    raise AssertionError("a bad input must fail before the model loads")
+
+
+@pytest.mark.parametrize("args, code, culprit", CASES, ids=[" ".join(case[0])[:80] for case in CASES])
+def test_bad_input_is_one_line_naming_the_culprit_and_writes_nothing(args, code, culprit, tmp_path):
+    make_files(tmp_path)
+    before = snapshot(tmp_path)
+    result = CliRunner().invoke(main, [arg.replace("{tmp}", str(tmp_path)) for arg in args])
+    assert result.exit_code == code, result.output
+    # `kvbench report` prints what it skipped: one summary line per file at most, before the error.
+    lines = [line for line in result.output.strip().splitlines() if not line.startswith("Warning: ")]
+    skipped = len(result.output.strip().splitlines()) - len(lines)
+    assert skipped <= (1 if args[0] == "report" else 0), result.output
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert culprit.replace("{tmp}", str(tmp_path)) in lines[0]
+    assert "Traceback" not in result.output and not isinstance(result.exception, AssertionError)
+    assert snapshot(tmp_path) == before  # no --out created, prepared files unchanged byte for byte
+
+
+def test_the_table_has_at_least_80_cases():
+    assert len(CASES) >= 80 and len({tuple(args) for args, _, _ in CASES}) == len(CASES)
+
+
+def test_minus_zero_ratio_is_zero():
+    ratio = parse_ratio("-0")
+    assert ratio == 0.0 and str(ratio) == "0.0"
+
+
+def test_ctrl_c_during_start_up_is_one_line_exit_130(tmp_path, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("kvbench.models.load_model", interrupt)
+    result = CliRunner().invoke(main, [*RUN, "--task", "niah_single_1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 130 and result.output.strip() == "interrupted"
+    assert not (tmp_path / "out").exists()
+
+
+def short_then_full_disk(monkeypatch, short: int):
+    """os.write that writes `short` bytes of the next call, then fails with ENOSPC."""
+    calls = []
+
+    def write(fd, data):
+        calls.append(data)
+        if len(calls) == 1:
+            return REAL_WRITE(fd, data[:short])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results.os, "write", write)
+
+
+def row(sample_id: str) -> dict:
+    return {"config_id": "c", "task": "t", "length": 1, "seed": 0, "sample_id": sample_id, "score": 1.0}
+
+
+def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monkeypatch):
+    store = ResultsStore(tmp_path)
+    store.append(row("0"))
+    before = (tmp_path / "rows.jsonl").read_bytes()
+    short_then_full_disk(monkeypatch, short=7)  # a short write, then no space for the rest
+    with pytest.raises(ResultsWriteError, match="No space left on device"):
+        store.append(row("1"))
+    assert (tmp_path / "rows.jsonl").read_bytes() == before
+    assert not store.has(row("1")) and store.has(row("0"))
+    monkeypatch.undo()
+    assert ResultsStore(tmp_path).done == {tuple(row("0")[key] for key in results.KEY_FIELDS)}
+
+
+def test_a_full_disk_during_a_run_is_one_line_exit_1(tmp_path, monkeypatch, tiny_model_dir):
+    from kvbench import runner
+
+    def answers(model, tokenizer, sample, configs, **kwargs):
+        return [{"prediction": "x", "context_tokens": 1} for _ in configs]
+
+    monkeypatch.setattr("kvbench.models.load_model", REAL_LOAD_MODEL)  # a tiny one
+    monkeypatch.setattr(runner, "evaluate_sample", answers)
+    monkeypatch.setattr(results.ResultsStore, "write_run", lambda self, record, path=None: path)
+    short_then_full_disk(monkeypatch, short=5)
+    out = tmp_path / "out"
+    args = ["run", "--press", "knorm", "--ratio", "0.5", "--task", "niah_single_1", "--length", "512"]
+    result = CliRunner().invoke(main, [*args, "--samples", "1", "--model", tiny_model_dir, "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1] == f"Error: cannot write results to {out / 'rows.jsonl'}: No space left on device"
+    assert "Traceback" not in result.output
+    assert load_rows(out).empty and (out / "rows.jsonl").read_bytes() == b""
+
+
+def test_an_lm_eval_task_that_needs_the_hub_is_one_line(tmp_path, monkeypatch):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from kvbench import lmeval
+
+    def offline(*args, **kwargs):
+        raise LocalEntryNotFoundError("cannot reach the hub for dataset 'x'\nand 146 more lines")
+
+    monkeypatch.setattr(lmeval, "KVBenchLM", lambda *args, **kwargs: None)
+    monkeypatch.setattr(lmeval, "evaluate", offline)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [*LM_EVAL, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "Error: an lm-eval task needs the Hugging Face hub, which is not reachable: "
+        "cannot reach the hub for dataset 'x'"
+    )
+    assert not out.exists()
