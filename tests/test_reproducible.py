@@ -11,6 +11,8 @@ import kvpress
 import pytest
 import torch
 
+from kvbench.distillcache.checkpoint import save_policy
+from kvbench.distillcache.policy import DistillCachePolicy
 from kvbench.engine import Config, evaluate_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
@@ -68,12 +70,14 @@ def setup(tiny_model_dir):
     memdecay = Path(tiny_model_dir) / "memdecay"
     memdecay.mkdir(exist_ok=True)
     (memdecay / "calibration.json").write_text(json.dumps({**calibration, "model": tiny_model_dir}))
-    return (
-        model,
-        tokenizer,
-        sample,
-        {"kvp": (("agents", str(agents)),), "memdecay": (("calibration", str(memdecay)),)},
-    )
+    policy = Path(tiny_model_dir) / "distillcache"
+    save_policy(policy, DistillCachePolicy(hidden=8), {"model": vars(shape)})
+    press_args = {
+        "kvp": (("agents", str(agents)),),
+        "memdecay": (("calibration", str(memdecay)),),
+        "distillcache": (("weights", str(policy)),),
+    }
+    return model, tokenizer, sample, press_args
 
 
 def answers(setup, configs: list[Config]) -> dict[Config, tuple]:
