@@ -1046,47 +1046,14 @@ def keep_latest_press_state(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]
     return rows[state == latest].reset_index(drop=True), notes
 
 
-SKIPPED_LINE = re.compile(r"^(?P<file>.*):(?P<line>\d+): skipped a corrupt results row \((?P<why>.*)\)$")
-
-
-def line_ranges(numbers: list[int], shown: int = 5) -> str:
-    """[1, 2, 3, 7] -> "lines 1-3, 7"; past `shown` ranges, the rest is counted."""
-    ranges = []
-    for number in sorted(numbers):
-        if ranges and number == ranges[-1][1] + 1:
-            ranges[-1][1] = number
-        else:
-            ranges.append([number, number])
-    text = [f"{a}-{b}" if b > a else f"{a}" for a, b in ranges[:shown]]
-    if len(ranges) > shown:
-        text.append(f"and {len(ranges) - shown} more ranges")
-    return ("lines " if len(numbers) > 1 else "line ") + ", ".join(text)
-
-
-def summarise_warnings(messages: list[str]) -> list[str]:
-    """One line per file for the corrupt lines skipped in it (a file of garbage would otherwise get one
-    warning per line), other warnings once each."""
-    skipped, others = {}, []
-    for message in messages:
-        match = SKIPPED_LINE.match(message)
-        if match:
-            skipped.setdefault(match["file"], []).append((int(match["line"]), match["why"]))
-        elif message not in others:
-            others.append(message)
-    return [
-        f"{file}: skipped {len(lines)} corrupt line{'s' if len(lines) > 1 else ''} "
-        f"({line_ranges([n for n, _ in lines])}{'; the first' if len(lines) > 1 else ''}: {lines[0][1]})"
-        for file, lines in skipped.items()
-    ] + others
-
-
 def collect(paths: list[Path], recursive: bool = False) -> Collected:
     files = result_files([Path(p) for p in paths], recursive)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rows = load_rows(files)
         runs = [run for file in files for run in read_runs(file)]
-    summary = summarise_warnings([str(w.message) for w in caught])
+    # results.read_rows already says once per file what it skipped; each message once.
+    summary = list(dict.fromkeys(str(w.message) for w in caught))
     for message in summary:  # recorded for the report, still shown to the user
         warnings.warn(message, stacklevel=2)
     if rows.empty:

@@ -210,7 +210,7 @@ def test_corrupt_line_is_skipped_and_report_renders(tmp_path):
     assert board.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
     with pytest.warns(UserWarning, match="rows.jsonl"):
         readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "Skipped while reading" in readme and "rows.jsonl: skipped 1 corrupt line (line 31: " in readme
+    assert "Skipped while reading" in readme and "rows.jsonl:31: skipped a corrupt results row" in readme
     assert "| snapkv | 85.0 ± 0.0 | 55.0 ± 9.8 | 1.50 |" in readme
     assert "| tova |  | 40.0* (n=1) |" in readme  # the row after the corrupt line counts
 
@@ -458,7 +458,9 @@ def test_a_file_of_garbage_is_one_warning(tmp_path):
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "report")])
     assert outcome.exit_code == 0, outcome.output
     warned = [line for line in outcome.output.splitlines() if "skipped" in line]
-    assert len(warned) == 1 and "skipped 111 corrupt lines (lines 31-141; the first: " in warned[0]
+    assert (
+        len(warned) == 1 and "skipped 111 corrupt results rows (lines 31, 32, 33, 34, 35, ...)" in warned[0]
+    )
     readme = (tmp_path / "report" / "README.md").read_text()
     assert readme.count("Skipped while reading") == 1
 

@@ -70,6 +70,7 @@ def wrapper(path: str) -> Callable:
     )
 
 
+@builds("RandomPress")
 def build_random(ratio, seed=0, **args):
     return press_class("RandomPress")(compression_ratio=ratio, seed=seed, **args)
 
