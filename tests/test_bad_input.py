@@ -26,6 +26,16 @@ REAL_WRITE, REAL_LOAD_MODEL = os.write, models.load_model
 
 # (arguments, exit code, what the one line must name). "{tmp}" is the test's folder of prepared files.
 CASES = [
+    # memdecay, distillcache: their commands and press arguments
+    (["memdecay", "calibrate", *OUT, "--task", "nope"], 2, "unknown task 'nope'"),
+    (["memdecay", "calibrate", *OUT, "--samples", "0"], 2, "'--samples': 0 is not in the range"),
+    (["distillcache", "train", *OUT, "--data", "{tmp}/empty"], 2, "no distillcache data at {tmp}/empty"),
+    (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--steps", "0"], 2, "'--steps': 0"),
+    (
+        [*RUN[:2], "memdecay", "--ratio", "0.5", "--press-arg", "pin=kitchen", *OUT],
+        2,
+        "unknown region 'kitchen'",
+    ),
     # run: names and numbers
     ([*RUN[:2], "nope", "--ratio", "0.5", *OUT], 2, "unknown press 'nope'"),
     ([*RUN[:4], "1.0", *OUT], 2, "ratio must be in [0, 1), got 1.0"),
