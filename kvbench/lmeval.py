@@ -36,10 +36,11 @@ from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, move
 from kvbench.engine import Config, Prompt, Run, cache_entries, kv_counts, run_alone, run_shared
 from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, model_name
 from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state, seed_press
+from kvbench.resources import lm_eval_tasks_dir
 from kvbench.results import ResultsStore, check_writable, config_id
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
-TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks" / "lm_eval"
+TASKS_DIR = lm_eval_tasks_dir()
 ROW_STATS = ("context_tokens", "kv_kept", "kv_total", "kv_bytes", "kv_bytes_full", "prefill_s", "decode_s")
 
 

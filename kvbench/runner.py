@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from kvbench import tasks
 from kvbench.engine import Config, evaluate_sample
 from kvbench.models import model_name
+from kvbench.resources import checkout_root
 from kvbench.results import ResultsStore, config_id, load_rows, row_key
 
 PACKAGES = ("kvbench", "torch", "transformers", "kvpress", "datasets", "lm-eval", "accelerate", "flash-attn")
@@ -50,7 +51,10 @@ def package_versions() -> dict:
 
 
 def git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[1]
+    """The checkout's commit (-dirty with uncommitted changes); None for an installed wheel."""
+    root = checkout_root()
+    if root is None:
+        return None
     try:
         commit = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True

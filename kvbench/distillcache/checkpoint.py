@@ -9,10 +9,10 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from kvbench import resources
 from kvbench.distillcache.policy import FEATURES, WINDOW, DistillCachePolicy
 from kvbench.training import (
     CARD_FILE,
-    REPO_ROOT,
     ModelShape,
     TrainingFileError,
     check_fits,
@@ -28,15 +28,16 @@ WEIGHTS_FILE = "policy.safetensors"
 
 
 def default_weights_dir(name: str) -> Path:
-    """Where the shipped policy of model `name` lives: presses/distillcache/<name>/ at the repo root."""
-    return REPO_ROOT / "presses" / "distillcache" / folder_name(name)
+    """Where the shipped policy of model `name` lives: presses/distillcache/<name>/ (kvbench.resources)."""
+    return resources.learned_state_dir("distillcache", folder_name(name))
 
 
 def train_command_hint(name: str) -> str:
     data = f"data/distillcache/{folder_name(name)}"
     return (
         f"kvbench distillcache datagen --model {name} --out {data} && "
-        f"kvbench distillcache train --data {data} --out {default_weights_dir(name).relative_to(REPO_ROOT)}"
+        f"kvbench distillcache train --data {data} "
+        f"{resources.out_option(default_weights_dir(name), 'weights')}"
     )
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from kvbench import resources
 from kvbench.kvp.agent import POSITION_FEATURES, KVPAgents
 from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
     CARD_FILE,
-    REPO_ROOT,
     ModelShape,
     TrainingFileError,
     check_fits,
@@ -30,15 +30,15 @@ class KVPAgentsError(TrainingFileError):
 
 
 def default_agents_dir(name: str) -> Path:
-    """Where the shipped agents of model `name` live: presses/kvp/<name>/ at the repo root."""
-    return REPO_ROOT / "presses" / "kvp" / folder_name(name)
+    """Where the shipped agents of model `name` live: presses/kvp/<name>/ (kvbench.resources)."""
+    return resources.learned_state_dir("kvp", folder_name(name))
 
 
 def train_command_hint(name: str) -> str:
     data = f"data/kvp/{folder_name(name)}"
     return (
         f"kvbench kvp datagen --model {name} --out {data} && "
-        f"kvbench kvp train --data {data} --out {default_agents_dir(name).relative_to(REPO_ROOT)}"
+        f"kvbench kvp train --data {data} {resources.out_option(default_agents_dir(name), 'agents')}"
     )
 
 

@@ -20,11 +20,10 @@ from kvpress.utils import compute_n_kept, get_prerope_query_states
 from torch import nn
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
-from kvbench import models
+from kvbench import models, resources
 from kvbench.engine import REGIONS
 
 CALIBRATION_FILE = "calibration.json"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 QUERY_CHUNK = 512  # query rows whose attention is held at once: bounds memory on long prefills
 
 
@@ -34,13 +33,13 @@ class MemDecayError(ValueError):
 
 
 def default_calibration_dir(model_name: str) -> Path:
-    """Where the shipped calibration of a model lives: presses/memdecay/<name>/ at the repo root."""
-    return REPO_ROOT / "presses" / "memdecay" / model_name.replace("/", "--")
+    """Where the shipped calibration of a model lives: presses/memdecay/<name>/ (kvbench.resources)."""
+    return resources.learned_state_dir("memdecay", model_name.replace("/", "--"))
 
 
 def calibrate_command(model_name: str) -> str:
-    out = default_calibration_dir(model_name).relative_to(REPO_ROOT)
-    return f"kvbench memdecay calibrate --model {model_name} --out {out}"
+    out = resources.out_option(default_calibration_dir(model_name), "calibration")
+    return f"kvbench memdecay calibrate --model {model_name} {out}"
 
 
 def load_calibration(directory: Path, model_name: str) -> tuple[dict, str]:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import yaml
 
+from kvbench.resources import suites_dir
 from kvbench.tasks import agent, longbench, ruler
 from kvbench.tasks.base import Sample, TaskUnavailable
 
@@ -14,7 +15,7 @@ __all__ = ["Sample", "TaskUnavailable", "Suite", "TASK_FAMILIES", "METRICS", "lo
 # min_length(task) -> int, make_samples(task, length, samples, seed, tokenizer, data_dir) -> list[Sample].
 TASK_FAMILIES = {"ruler": ruler, "agent": agent, "longbench": longbench}
 METRICS = {**ruler.METRICS, **agent.METRICS, **longbench.METRICS}
-SUITES_DIR = Path(__file__).resolve().parents[2] / "tasks"
+SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite
 
 
 def family_of(task: str):

@@ -13,11 +13,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench import models
+from kvbench import models, resources
 
 MANIFEST_FILE = "manifest.json"
 CARD_FILE = "card.json"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class TrainingFileError(ValueError):
@@ -138,11 +137,15 @@ def load_weights(path: Path, hint: str) -> dict:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit; None for an installed wheel (its version is in the record's versions)."""
     import subprocess
 
+    root = resources.checkout_root()
+    if root is None:
+        return None
     try:
         result = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         )
         return result.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
