@@ -7,7 +7,7 @@ import pytest
 from kvbench.tasks import load_samples, load_suite, score_sample
 from kvbench.tasks import longbench as lb
 from kvbench.tasks.base import Sample, TaskUnavailable
-from kvbench.tasks.longbench_metrics import normalize_answer
+from kvbench.tasks.longbench_metrics import fuzz_ratio, normalize_answer
 
 # Official THUDM/LongBench config/dataset2prompt.json entries, for hand comparison.
 OFFICIAL_HOTPOTQA = (
@@ -244,6 +244,39 @@ def test_code_sim_uses_the_first_code_line():
     # SequenceMatcher: 8 matching chars of 9 + 9 -> round(100 * 16 / 18) = 89
     assert score("code_sim", "\n// done\nreturn a;", ["return b;"]) == 89.0
     assert score("code_sim", "# only comments", ["x"]) == 0.0
+
+
+# (prediction line, reference line, fuzzywuzzy 0.18.0's fuzz.ratio without python-Levenshtein, as LongBench
+# scores code_sim). rapidfuzz's fuzz.ratio gives 12.5, 40.0 and 57.8 on the three rows marked *.
+FUZZYWUZZY_RATIOS = [
+    ("x = foo(1)", "x = foo(1)", 100),
+    ("", "", 100),  # equal strings before the empty-string rule
+    ("", "return a;", 0),
+    ("return a;", "return b;", 89),
+    ("axxxxxxx", "ayyyyyyy", 12),  # * 12.5, rounded half to even
+    ("ab", "ba", 50),
+    ("        if (node == null) return;", "        if (node == null) { return; }", 94),
+    ("    return self._cache.get(key)", "        return self._cache[key]", 81),
+    ("public void setName(String name) {", "    this.name = name;", 36),  # *
+    ("for i in range(len(xs)):", "for i, x in enumerate(xs):", 68),
+    ("int count = list.size();", "int n = items.length;", 49),  # *
+    ("résumé = données[0]", "resume = donnees[0]", 84),
+]
+
+
+@pytest.mark.parametrize(("prediction", "reference", "expected"), FUZZYWUZZY_RATIOS)
+def test_code_sims_ratio_is_fuzzywuzzys(prediction, reference, expected):
+    assert fuzz_ratio(prediction, reference) == expected
+    assert score("code_sim", prediction, [reference]) == expected
+
+
+def test_code_sims_ratio_on_long_lines_keeps_difflibs_autojunk():
+    # Past 200 characters SequenceMatcher treats frequent characters as junk: fuzzywuzzy scores this 82,
+    # where the matching without autojunk would give 93.
+    reference = "self.assertEqual(response.status_code, 200, msg=f'bad status for {url}: {response.text!r}') "
+    reference *= 3
+    prediction = reference.replace("200", "201").replace("bad", "unexpected")
+    assert fuzz_ratio(prediction, reference) == 82
 
 
 def test_registry_loads_and_scores_longbench(tmp_path, tokenizer):

@@ -4,18 +4,12 @@ Reimplemented (not imported) so kvbench needs neither jieba nor the LongBench re
 are left out because kvbench runs the 16 English datasets only.
 """
 
+import difflib
 import re
 import string
-import warnings
 from collections import Counter
 
 from rouge import Rouge
-
-# Official scores use fuzzywuzzy's pure-Python SequenceMatcher (LongBench does not install
-# python-Levenshtein, whose ratios differ slightly), so the "slow matcher" warning is expected.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", UserWarning)
-    from fuzzywuzzy import fuzz
 
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 PUNCTUATION = frozenset(string.punctuation)
@@ -89,9 +83,26 @@ def count_score(prediction: str, reference: str) -> float:
     return share_of_numbers_equal_to(prediction, str(reference))
 
 
+def fuzz_ratio(a: str, b: str) -> int:
+    """fuzzywuzzy's `fuzz.ratio` as LongBench's official scores ran it: its pure-Python path (LongBench
+    does not install python-Levenshtein), i.e. difflib's SequenceMatcher ratio (Ratcliff-Obershelp
+    matching, autojunk on) on 0-100, rounded half to even by Python's round; equal strings score 100 (two
+    empty ones too), an empty one against another 0.
+
+    fuzzywuzzy itself is GPL and unmaintained, and rapidfuzz's `fuzz.ratio` is not a drop-in: it measures
+    the Indel (longest common subsequence) similarity, which differs from SequenceMatcher's matching blocks
+    on most code lines and is not rounded; the stdlib's difflib is what fuzzywuzzy called.
+    """
+    if a == b:
+        return 100
+    if not a or not b:
+        return 0
+    return round(100 * difflib.SequenceMatcher(None, a, b).ratio())
+
+
 def code_sim_score(prediction: str, reference: str) -> float:
     """fuzz.ratio between the reference line and the first predicted line that is code, i.e. has no
     backtick (markdown fence) and no `#` or `//` (comment); an empty line if there is none."""
     lines = prediction.lstrip("\n").split("\n")
     code_line = next((line for line in lines if "`" not in line and "#" not in line and "//" not in line), "")
-    return fuzz.ratio(code_line, reference) / 100
+    return fuzz_ratio(code_line, reference) / 100
