@@ -1,22 +1,29 @@
 """lm-eval bridge: the `kvbench` model type, lm-eval runs into the results store, and `kvbench lm-eval`.
 
-Importing this module registers the model type `kvbench` with lm-eval:
+Importing this module registers the model type `kvbench` with lm-eval (`lm-eval-kvbench`, kvbench/
+lm_eval_cli.py, is lm-eval's own command line with it registered):
 
     lm_eval.simple_evaluate(model="kvbench", model_args={"pretrained": "smollm2-135m", "press": "snapkv",
                             "compression_ratio": 0.5}, tasks=[...], apply_chat_template=True)
 
-Every request runs under the press with kvbench's protocol: the prompt's context is prefilled and compressed,
-the rest is fed on top of the compressed cache with positions continuing from the uncompressed length.
+Every request runs under the press: the compressed part of the prompt is prefilled and compressed, the rest
+is fed on top of the compressed cache with positions continuing from the uncompressed length. Which part is
+compressed is the protocol, recorded in each row and in lm-eval's results config (`protocols`):
 
-- generate_until: a doc that names its question (field `kvbench_question`, set by our task YAMLs in
-  tasks/lm_eval) is split where the question starts, as `kvbench run` splits a sample; any other prompt is
-  compressed whole but its last token. Decoding is the engine's (greedy, stops at EOS, then `until` cuts).
-- loglikelihood: the context but its last token is compressed; the last token and the continuation are
-  then scored against the compressed cache. (A single forward over context + continuation would not feel
-  the press: kvpress compresses only after each layer has attended to the full cache.)
+- query-agnostic, as `kvbench run`: the prompt is split where its question starts. That is where a doc's
+  `kvbench_question` field says (our task YAMLs in tasks/lm_eval), or for lm-eval's own RULER tasks, whose
+  prompts are RULER's templates, where RULER's question text starts (kvbench.tasks.ruler.TEMPLATES).
+- query-aware, for every other prompt: there is no telling where its question starts, so everything but
+  its last token is compressed, the question included. Loglikelihood requests too: the context but its last
+  token is compressed, then the last token and the continuation are scored against the compressed cache.
+  (A single forward over context + continuation would not feel the press: kvpress compresses only after
+  each layer has attended to the full cache.)
+
+Decoding is the engine's (greedy, stops at EOS, then `until` cuts).
 """
 
 import contextlib
+import logging
 import sys
 import time
 from datetime import datetime, timezone
@@ -34,19 +41,37 @@ from transformers import DynamicCache
 
 from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, moves_positions
 from kvbench.engine import Config, Prompt, Run, cache_entries, kv_counts, run_alone, run_shared
-from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, model_name
+from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, load_tokenizer, model_name
 from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state, seed_press
 from kvbench.resources import lm_eval_tasks_dir
 from kvbench.results import ResultsStore, check_writable, config_id
+from kvbench.tasks import ruler
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
 TASKS_DIR = lm_eval_tasks_dir()
+SPLIT_AT_QUESTION, WHOLE_PROMPT = "query-agnostic", "query-aware"  # the protocols, as rows record them
+# lm-eval's own RULER tasks and the RULER template family each prompt comes from.
+LM_EVAL_RULER = {
+    **{name: "niah" for name in ruler.NIAH},
+    "ruler_vt": "vt",
+    "ruler_cwe": "cwe",
+    "ruler_fwe": "fwe",
+    "ruler_qa_squad": "qa",
+    "ruler_qa_hotpot": "qa",
+}
 ROW_STATS = ("context_tokens", "kv_kept", "kv_total", "kv_bytes", "kv_bytes_full", "prefill_s", "decode_s")
 
 
 @register_model("kvbench")
 class KVBenchLM(HFLM):
-    """lm-eval's HF model with every request answered under a kvpress press; one request at a time."""
+    """lm-eval's HF model with every request answered under a kvpress press; one request at a time.
+
+    From lm-eval's command line every argument comes in `--model_args`: `pretrained` (embedded alias, hub id
+    or folder), `tokenizer` (another tokenizer's name or folder, as for lm-eval's `hf` model; lm-eval's RULER
+    tasks size their samples with it too), `press`, `compression_ratio`, and any other key is an argument
+    of the press, e.g. `press=snapkv,compression_ratio=0.5,window_size=32`. A `device` this machine lacks
+    (lm-eval's default is cuda:0) falls back to the CPU, as lm-eval's `hf` model does.
+    """
 
     def __init__(
         self,
@@ -59,6 +84,8 @@ class KVBenchLM(HFLM):
         batch_size: int | str = 1,
         max_batch_size: int | None = None,  # lm-eval passes it to every model; we never batch
         max_length: int | None = None,
+        tokenizer: str | None = None,
+        **more_press_args,
     ):
         if str(batch_size) != "1":
             raise ValueError(
@@ -66,18 +93,24 @@ class KVBenchLM(HFLM):
             )
         self.press_name = press
         self.compression_ratio = float(compression_ratio)
-        self.press_args = dict(press_args or {})
+        self.press_args = {**(press_args or {}), **more_press_args}
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
         self.eager = needs_eager(press, self.press_args)
         probe = self.new_run().press  # unknown press or bad arguments fail before the model loads
-        model, tokenizer = load_model(
-            pretrained, device=device, dtype=dtype, attn_implementation="eager" if self.eager else None
+        model, model_tokenizer = load_model(
+            pretrained,
+            device=available_device(device),
+            dtype=dtype,
+            attn_implementation="eager" if self.eager else None,
         )
-        super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
+        if tokenizer is not None:
+            model_tokenizer = load_tokenizer(tokenizer)
+        super().__init__(pretrained=model, tokenizer=model_tokenizer, batch_size=1, max_length=max_length)
         if probe is not None:
             probe.post_init_from_model(model)  # e.g. KVP agents made for another model fail here
         self.press_state = press_state(probe)
         self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
+        self.protocols: dict[str, str] = {}  # task -> the protocol its requests ran under
 
     def new_run(self) -> Run:
         """A fresh press per request, as `kvbench run` builds one per sample (stateful presses start over)."""
@@ -97,11 +130,13 @@ class KVBenchLM(HFLM):
         }
 
     def get_model_info(self) -> dict:
-        return self.run_config  # HFLM's version asks the hub for a commit hash
+        # lm-eval asks once every request has run; HFLM's version asks the hub for a commit hash.
+        return {**self.run_config, "protocols": dict(sorted(self.protocols.items()))}
 
-    def record(self, request, measurements: dict) -> None:
+    def record(self, request, measurements: dict, protocol: str) -> None:
         """Keep a request's measurements under its doc: times add up over the doc's requests, KV counts are
         the first request's (later ones may be unconditional, e.g. for acc_mutual_info)."""
+        self.protocols[request.task_name] = protocol
         stats = self.stats.setdefault((request.task_name, request.doc_id), {})
         for key in ROW_STATS:
             if key in measurements:
@@ -112,20 +147,19 @@ class KVBenchLM(HFLM):
 
     # ---- generate_until ----
 
-    def split_prompt(self, text: str, doc: dict | None) -> Prompt:
-        """Context (compressed) and question (fed after) token ids of a generation prompt."""
-        question = (doc or {}).get(QUESTION_FIELD)
-        if question:
-            if question not in text:
-                raise ValueError(f"the prompt does not contain the doc's {QUESTION_FIELD} text")
-            cut = text.rindex(question)
+    def split_prompt(self, text: str, task: str, doc: dict | None) -> tuple[Prompt, str]:
+        """Context (compressed) and question (fed after) token ids of a generation prompt, and the protocol
+        that split gives."""
+        cut = question_start(text, task, doc)
+        if cut is not None:
             # Tokenized apart and without special tokens, as the engine tokenizes a sample.
             context_ids = self.tokenizer.encode(text[:cut], add_special_tokens=False)
             question_ids = self.tokenizer.encode(text[cut:], add_special_tokens=False)
+            protocol = SPLIT_AT_QUESTION
         else:
             ids = self.tok_encode(text)
-            context_ids, question_ids = ids[:-1], ids[-1:]
-        return Prompt(torch.tensor([context_ids]), torch.tensor([question_ids]))
+            context_ids, question_ids, protocol = ids[:-1], ids[-1:], WHOLE_PROMPT
+        return Prompt(torch.tensor([context_ids]), torch.tensor([question_ids])), protocol
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         answers = []
@@ -136,14 +170,14 @@ class KVBenchLM(HFLM):
                 raise ValueError(
                     "the kvbench model decodes greedily; this task asks for sampling (do_sample)"
                 )
-            prompt = self.split_prompt(text, request.doc)
+            prompt, protocol = self.split_prompt(text, request.task_name, request.doc)
             result = generate(self.model, self.new_run(), prompt, kwargs["max_gen_toks"])
             # The engine stops at EOS only; other stop strings cut the text afterwards.
             answer = self.tok_decode(result.pop("tokens"))
             answers.append(
                 postprocess_generated_text(answer, handle_stop_sequences(kwargs["until"], None), None)
             )
-            self.record(request, result)
+            self.record(request, result, protocol)
         return answers
 
     # ---- loglikelihood ----
@@ -168,7 +202,8 @@ class KVBenchLM(HFLM):
                 state = CompressedContext(self.model, self.new_run().press, context_ids)
             start = time.perf_counter()
             results.append(state.score(continuation_ids))
-            self.record(request, {**state.measurements, "decode_s": time.perf_counter() - start})
+            measurements = {**state.measurements, "decode_s": time.perf_counter() - start}
+            self.record(request, measurements, WHOLE_PROMPT)
             state.measurements["prefill_s"] = 0.0  # one prefill serves every choice: count it once
         if state is not None:
             state.close()
@@ -179,6 +214,33 @@ class KVBenchLM(HFLM):
             "the kvbench model does not score perplexity tasks (loglikelihood_rolling): a document scored "
             "from its first token has no context to compress"
         )
+
+
+def question_start(text: str, task: str, doc: dict | None) -> int | None:
+    """Where the question starts in a generation prompt: the last occurrence of the doc's `kvbench_question`,
+    or for lm-eval's own RULER tasks of RULER's question text up to its first field, in its plural or its
+    singular wording (RULER rewords a one-value needle question; few-shot examples come before the question,
+    so the last occurrence); None for a prompt of any other task."""
+    question = (doc or {}).get(QUESTION_FIELD)
+    if question:
+        if question not in text:
+            raise ValueError(f"the prompt does not contain the doc's {QUESTION_FIELD} text")
+        return text.rindex(question)
+    if task in LM_EVAL_RULER:
+        question = ruler.TEMPLATES[LM_EVAL_RULER[task]].question.split("{")[0]
+        starts = [text.rfind(marker) for marker in (question, ruler.singular(question))]
+        if max(starts) < 0:
+            raise ValueError(f"the prompt of lm-eval's RULER task {task!r} does not hold RULER's question")
+        return max(starts)
+    return None
+
+
+def available_device(device: str) -> str:
+    """`device`, or the CPU when it names an accelerator this machine lacks (lm-eval's default is cuda:0)."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        logging.getLogger(__name__).warning("no CUDA device here: the kvbench model runs on the CPU")
+        return "cpu"
+    return device
 
 
 def generate(model, run: Run, prompt: Prompt, max_new_tokens: int) -> dict:
@@ -272,8 +334,6 @@ def check_tasks(manager, names: list[str]) -> None:
 
 def check_length(length: int | None, names: list[str], limit: int | None, model: str) -> None:
     """Refuse a --length below what a RULER task needs or beyond the model's context, before any work."""
-    from kvbench.tasks import ruler
-
     if length is None:
         return
     for name in names:  # our RULER tasks (tasks/lm_eval); lm-eval's own size their samples themselves
@@ -320,6 +380,14 @@ def evaluate(lm: KVBenchLM, manager, names: list[str], *, limit: int | None = No
     )
 
 
+def protocol_of(task: str, sample: dict) -> str:
+    """The protocol a logged sample ran under, by the model's rule (so rows of cached responses say it too):
+    generated answers of docs that name their question and of lm-eval's RULER split at the question."""
+    generated = isinstance(sample["filtered_resps"][0], str)
+    named = bool(sample["doc"].get(QUESTION_FIELD)) or task in LM_EVAL_RULER
+    return SPLIT_AT_QUESTION if generated and named else WHOLE_PROMPT
+
+
 def prediction_of(sample: dict) -> str:
     """The generated text, or for loglikelihood requests the index of the most likely choice."""
     response = sample["filtered_resps"][0]
@@ -358,6 +426,7 @@ def rows_from_results(results: dict, lm: KVBenchLM) -> list[dict]:
                 {
                     "config_id": config_id(**config),
                     **config,
+                    "protocol": protocol_of(task, sample),
                     "task": f"lm-eval/{task}",
                     "length": length,
                     "seed": doc.get("seed", 0),

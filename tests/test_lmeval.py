@@ -96,6 +96,9 @@ def test_press_none_generates_as_lm_evals_hf_model_and_until_cuts_the_text(model
     stop = text.split()[2]
     (cut,) = lm.generate_until(requests("generate_until", [(prompt, {"until": [stop], "max_gen_toks": 8})]))
     assert cut == text.split(stop)[0]
+    # A prompt that names no question is compressed whole but its last token, and says so.
+    assert lm.protocols == {"task": "query-aware"}
+    assert lm.stats[("task", 0)]["context_tokens"] == len(lm.tok_encode(prompt)) - 1
 
 
 def test_a_doc_naming_its_question_compresses_only_what_comes_before(model_dir):
@@ -108,6 +111,45 @@ def test_a_doc_naming_its_question_compresses_only_what_comes_before(model_dir):
     )
     with pytest.raises(ValueError, match="does not contain"):
         lm.generate_until(requests("generate_until", args, {QUESTION_FIELD: "not in the prompt"}))
+
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+def lm_eval_ruler_prompts(tokenizer) -> dict[str, tuple[str, str, str]]:
+    """Prompts made by lm-eval's own RULER generators: task -> (prompt, a piece of its haystack, a piece of
+    its question)."""
+    from lm_eval.tasks.ruler import cwe_utils, fwe_utils, niah_utils, prepare_niah, qa_utils, vt_utils
+
+    def niah(values: int) -> tuple[str, str, str]:
+        text, _, query = prepare_niah.generate_input_output(
+            4, NOISE, type_haystack="repeat", num_needle_k=1, type_needle_k="words",
+            num_needle_v=values, type_needle_v="numbers", template=niah_utils.TEMPLATE,
+        )  # fmt: skip
+        return text, "The grass is green", f"for {query} mentioned"
+
+    example, text, _ = cwe_utils.generate_input_output(num_words=30, max_seq_length=1024)
+    fwe, answer, _ = fwe_utils.generate_input_output(200, tokenizer, num_words=60)
+    qa = qa_utils.TEMPLATE.format(context="Document 1:\nThe cat sat on the mat.", query="Where did it sit?")
+    return {
+        "niah_single_1": niah(1),  # one value: RULER's singular wording ("What is the special magic")
+        "niah_multivalue": niah(4),
+        "ruler_vt": (vt_utils.generate_input_output(8, 1, 4)[0], "VAR ", "assigned the value"),
+        "ruler_cwe": (example + "\n" + text, "1. ", "10 most common words"),  # a worked example first
+        "ruler_fwe": (fwe, answer[0], "three most frequently appeared"),
+        "ruler_qa_squad": (qa, "The cat sat on the mat.", "Where did it sit?"),
+    }
+
+
+def test_lm_evals_own_ruler_prompts_are_split_where_rulers_question_starts(embedded_tokenizer):
+    for task, (prompt, haystack, question) in lm_eval_ruler_prompts(embedded_tokenizer).items():
+        cut = lmeval.question_start(prompt, task, {})
+        assert cut is not None, task
+        assert haystack in prompt[:cut] and haystack not in prompt[cut:], task
+        assert question in prompt[cut:] and len(prompt[cut:]) < 250, task
+    assert lmeval.question_start("a prompt of another task", "hellaswag", {}) is None
+    with pytest.raises(ValueError, match="RULER's question"):
+        lmeval.question_start("a prompt that RULER did not make", "ruler_vt", {})
 
 
 def test_task_yamls_cover_every_ruler_task_with_its_generation_budget():
@@ -163,6 +205,7 @@ def test_cli_runs_lm_evals_own_ruler_offline_into_the_results_store(monkeypatch,
             256,
         )
         assert row["model"] == model_dir and row["score"] in (0.0, 100.0)
+        assert row["protocol"] == "query-agnostic"  # split at RULER's question, as kvbench's own tasks
         assert row["references"][0].isdigit() and len(row["references"][0]) == 7
         assert 0 < row["kv_kept"] < row["kv_total"] == row["context_tokens"] * 2 * 2
     record = json.loads(next((out / "runs").glob("*.json")).read_text())
@@ -217,6 +260,7 @@ def test_multiple_choice_rows_hold_the_most_likely_choice_and_accuracy_on_0_100(
         )
         assert row["score"] == 100.0 * (best == label)
         assert row["kv_kept"] == int(row["context_tokens"] * 0.5) * 2 * 2
+        assert row["protocol"] == "query-aware"  # the question is in the compressed context
 
     # The registered model type, built by lm-eval from an argument string, scores the same.
     plain = simple_evaluate(
@@ -228,3 +272,44 @@ def test_multiple_choice_rows_hold_the_most_likely_choice_and_accuracy_on_0_100(
         bootstrap_iters=0,
     )
     assert 100 * plain["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(r["score"] for r in rows) / 2)
+    assert plain["config"]["protocols"] == {"tiny_mc": "query-aware"}
+
+
+def test_model_args_take_a_tokenizer_and_press_arguments_and_fall_back_to_the_cpu(model_dir):
+    # As lm-eval's command line builds the model: every key in --model_args, its own device default.
+    lm = get_model("kvbench").create_from_arg_string(
+        f"pretrained={model_dir},tokenizer={model_dir},press=snapkv,compression_ratio=0.5,window_size=4",
+        {"batch_size": 1, "max_batch_size": 64, "device": "cuda:0"},
+    )
+    assert (lm.press_name, lm.compression_ratio, lm.press_args) == ("snapkv", 0.5, {"window_size": 4})
+    assert lm.new_run().press.window_size == 4
+    assert lm.tokenizer.name_or_path == model_dir
+    if not torch.cuda.is_available():
+        assert lm.model.device.type == "cpu"
+    with pytest.raises(ValueError, match="windw"):
+        get_model("kvbench").create_from_arg_string("press=snapkv,compression_ratio=0.5,windw=4", {})
+
+
+def test_lm_eval_kvbench_is_lm_evals_own_command_line_with_the_model_registered(
+    monkeypatch, tmp_path, model_dir
+):
+    from importlib.metadata import entry_points
+
+    from kvbench import lm_eval_cli
+
+    (script,) = entry_points(group="console_scripts", name="lm-eval-kvbench")
+    assert script.value == "kvbench.lm_eval_cli:main"
+    (tmp_path / "mc").mkdir()
+    (tmp_path / "mc" / "utils.py").write_text(MC_UTILS)
+    (tmp_path / "mc" / "tiny_mc.yaml").write_text(MC_TASK)
+    model_args = f"pretrained={model_dir},press=knorm,compression_ratio=0.5"
+    argv = ["--model", "kvbench", "--model_args", model_args, "--tasks", "tiny_mc", "--device", "cpu"]
+    argv += ["--include_path", str(tmp_path / "mc"), "--output_path", str(tmp_path / "out")]
+    monkeypatch.setattr("sys.argv", ["lm-eval-kvbench", *argv])
+    lm_eval_cli.main()
+    (path,) = (tmp_path / "out").rglob("results_*.json")
+    results = json.loads(path.read_text())
+    assert 0 <= results["results"]["tiny_mc"]["acc,none"] <= 1
+    assert results["config"]["press"] == "knorm" and results["config"]["protocols"] == {
+        "tiny_mc": "query-aware"
+    }
