@@ -181,6 +181,58 @@ def protocol_options(command):
 PROTOCOL_NAMES = {"query-agnostic": None, "decode-time": ("interval", 16), "streaming": ("chunk", 256)}
 
 
+def ray_options(command):
+    """`sweep --ray [ADDRESS]`: the sweep's units spread over Ray workers (kvbench/ray_sweep.py)."""
+    options = [
+        click.option(
+            "--ray",
+            "ray_address",
+            is_flag=False,
+            flag_value=LOCAL_RAY,
+            default=None,
+            metavar="[ADDRESS]",
+            help="Spread the sweep over Ray workers that each load the model once: a local cluster, or the "
+            "running cluster at ADDRESS (e.g. auto, ray://head:10001). Needs kvbench[ray].",
+        ),
+        click.option(
+            "--ray-workers",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Ray workers [as many as the cluster's CPUs (or GPUs) hold].",
+        ),
+        click.option(
+            "--ray-cpus", type=click.IntRange(min=1), default=None, help="CPU threads per worker [1]."
+        ),
+        click.option("--ray-gpus", type=click.FloatRange(min=0), default=None, help="GPUs per worker [0]."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+LOCAL_RAY = "local"
+
+
+def ray_executor(ray_address, ray_workers, ray_cpus, ray_gpus, options: dict):
+    """The sweep's executor on Ray, or None for one process."""
+    if ray_address is None:
+        for name, value in (("workers", ray_workers), ("cpus", ray_cpus), ("gpus", ray_gpus)):
+            if value is not None:
+                raise UserError(f"--ray-{name} applies to a sweep with --ray")
+        return None
+    from kvbench.ray_sweep import RayExecutor
+
+    return RayExecutor(
+        model=options["model"],
+        device=options["device"],
+        dtype=options["dtype"],
+        address=None if ray_address == LOCAL_RAY else ray_address,
+        workers=ray_workers,
+        cpus=ray_cpus or 1,
+        gpus=ray_gpus or 0.0,
+    )
+
+
 def protocol_of(protocol: str, interval: int | None, chunk: int | None) -> tuple[str, tuple]:
     """(protocol, protocol_args) after validation: each argument belongs to its protocol."""
     given = {name: value for name, value in (("interval", interval), ("chunk", chunk)) if value is not None}
@@ -302,9 +354,13 @@ def execute(
     model,
     device,
     dtype,
+    executor=None,
 ):
     """Shared body of `run` and `sweep`: validate everything (cheap checks first: names, numbers, files,
-    press arguments, the device, the lengths against the model's context), load the model, run, print."""
+    press arguments, the device, the lengths against the model's context), load the model, run, print.
+
+    With an `executor` (kvbench.ray_sweep.RayExecutor) the rows are computed by Ray workers: the model loads
+    here on the CPU, only to plan (context lengths, learned state), and `device` is the workers'."""
     from kvbench.engine import check_protocol
     from kvbench.models import check_device, context_limit, load_model, resolve
     from kvbench.results import ResultsStore, check_writable
@@ -324,12 +380,15 @@ def execute(
         for config in configs
     ]
     check_writable(out)
-    check_device(device)
+    if executor is None:
+        check_device(device)
     resolve(model)
     limit = context_limit(model)
     lengths = task_lengths(names, length, limit, model) if limit is not None or length is not None else None
+    if executor is not None:
+        executor.start()  # the Ray cluster joined (or started) and checked before the model loads
     # The engine switches to eager attention itself for the configs that need attention weights.
-    model_, tokenizer = load_model(model, device=device, dtype=dtype)
+    model_, tokenizer = load_model(model, device="cpu" if executor else device, dtype=dtype)
     if lengths is None:  # a hub model whose config was not at hand: its context is known now
         lengths = task_lengths(names, length, model_.config.get_text_config().max_position_embeddings, model)
     for press in filter(None, presses):
@@ -352,7 +411,7 @@ def execute(
         force=force,
         extra={"device": device, "dtype": dtype},
     )
-    frame = run_plan(model_, tokenizer, plan, ResultsStore(out))
+    frame = run_plan(model_, tokenizer, plan, ResultsStore(out), executor=executor)
     table = summarize(frame)
     click.echo(table.round(1).to_string() if not table.empty else "no results")
     click.echo(f"results: {out}/rows.jsonl  (kvbench report {out} --out reports/NAME)")
@@ -409,7 +468,20 @@ def run(press, ratio, memory, press_args, protocol, interval, chunk, **options):
 @protocol_options
 @task_options
 @model_options
-def sweep(presses, ratios, memory, protocol, interval, chunk, **options):
+@ray_options
+def sweep(
+    presses,
+    ratios,
+    memory,
+    protocol,
+    interval,
+    chunk,
+    ray_address,
+    ray_workers,
+    ray_cpus,
+    ray_gpus,
+    **options,
+):
     """Score every press at every ratio or memory budget (plus no compression) on a suite or tasks.
 
     One uncompressed prefill per sample serves every config that compresses inside kvpress's hook;
@@ -420,6 +492,7 @@ def sweep(presses, ratios, memory, protocol, interval, chunk, **options):
     Examples:
       kvbench sweep --presses kvp,snapkv,h2o,tova --ratios 0.25,0.5,0.75,0.9 --suite ruler-1k
       kvbench sweep --presses kvp,snapkv,quant,varrate --memory 0.5,0.25,0.1 --suite ruler-1k
+      kvbench sweep --presses kvp,snapkv --ratios 0.5 --suite ruler-4k --ray auto --ray-gpus 1 --device cuda
     """
     from kvbench.engine import Config
 
@@ -439,7 +512,8 @@ def sweep(presses, ratios, memory, protocol, interval, chunk, **options):
     ]
     if len(set(configs)) != len(configs):
         raise UserError("duplicate configs: each press and ratio may appear once")
-    execute(drop_unreachable_budgets(configs), **options)
+    executor = ray_executor(ray_address, ray_workers, ray_cpus, ray_gpus, options)
+    execute(drop_unreachable_budgets(configs), executor=executor, **options)
 
 
 def drop_unreachable_budgets(configs: list) -> list:

@@ -118,9 +118,10 @@ def evaluate_sample(
         )
         for config in configs
     ]
-    streaming = [run for run in runs if run.config.protocol == "streaming"]
-    shared = [run for run in runs if run not in streaming and is_shareable(run.press)]
-    alone = [run for run in runs if run not in streaming and not is_shareable(run.press)]
+    kinds = [batch_kind(run.config, run.press) for run in runs]
+    shared, streaming, alone = (
+        [run for run, k in zip(runs, kinds, strict=True) if k == kind] for kind in BATCH_KINDS
+    )
     with torch.no_grad():
         for group, process in ((shared, run_shared), (streaming, run_streaming)):
             for start in range(0, len(group), batch_configs):
@@ -134,6 +135,30 @@ def evaluate_sample(
     for run in runs:
         run.result["prediction"] = decode_prediction(tokenizer, run.result.pop("tokens"), sample)
     return [run.result for run in runs]
+
+
+BATCH_KINDS = ("shared", "streaming", "alone")
+
+
+def batch_kind(config: Config, press: BasePress | None) -> str:
+    """How evaluate_sample runs a config: with others `batch_configs` at a time, one prefill per batch
+    ("shared": the press only replaces keys/values in kvpress's hook; "streaming": the streaming protocol),
+    or "alone" with its own prefill."""
+    if config.protocol == "streaming":
+        return "streaming"
+    return "shared" if is_shareable(press) else "alone"
+
+
+def config_groups(configs: list[Config], batch_configs: int) -> list[list[Config]]:
+    """A sample's configs in the batches evaluate_sample runs them in: evaluating one group alone computes
+    what evaluating them all computes for its configs (kvbench.ray_sweep's units are these groups)."""
+    kinds = [batch_kind(config, config.build_press()) for config in configs]
+    groups = []
+    for kind in BATCH_KINDS:
+        members = [config for config, k in zip(configs, kinds, strict=True) if k == kind]
+        size = 1 if kind == "alone" else batch_configs
+        groups += [members[start : start + size] for start in range(0, len(members), size)]
+    return groups
 
 
 # Region of each context token, from the chat template's spans (region-aware presses such as MemDecay).

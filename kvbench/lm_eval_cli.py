@@ -12,8 +12,9 @@ From Python, `import kvbench.lmeval` before `lm_eval.simple_evaluate(model="kvbe
 
 
 def main() -> None:
-    import kvbench.lmeval  # noqa: F401 (registers the model type `kvbench`)
     from lm_eval.__main__ import cli_evaluate
+
+    import kvbench.lmeval  # noqa: F401 (registers the model type `kvbench`)
 
     cli_evaluate()
 

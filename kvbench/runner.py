@@ -3,6 +3,7 @@
 import platform
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -90,8 +91,34 @@ def base_row(model, config: Config, sample: tasks.Sample, plan: Plan) -> dict:
     }
 
 
-def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool = True) -> pd.DataFrame:
-    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan."""
+def sample_rows(model, tokenizer, sample: tasks.Sample, configs: list[Config], plan: Plan) -> list[dict]:
+    """The scored rows of one sample under `configs`: one unit of a sweep's work, wherever it runs."""
+    outputs = evaluate_sample(model, tokenizer, sample, configs, batch_configs=plan.batch_configs)
+    rows = []
+    for config, output in zip(configs, outputs, strict=True):
+        row = base_row(model, config, sample, plan)
+        row.update(
+            output,
+            references=sample.references,
+            meta=sample.meta,
+            score=tasks.score_sample(sample, output["prediction"]),
+        )
+        rows.append(row)
+    return rows
+
+
+# Computes the rows of (sample, configs) units, yielding each unit's rows as they are ready, in any order.
+Executor = Callable[[list[tuple[tasks.Sample, list[Config]]], Plan], Iterable[list[dict]]]
+
+
+def run_plan(
+    model, tokenizer, plan: Plan, store: ResultsStore, progress: bool = True, executor: Executor | None = None
+) -> pd.DataFrame:
+    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan.
+
+    The rows are computed here, one sample at a time, or by `executor` (kvbench.ray_sweep's spreads them
+    over Ray workers); either way this process alone writes them.
+    """
     started = datetime.now(timezone.utc).isoformat()
     samples = [
         sample
@@ -107,25 +134,24 @@ def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool =
     ]
     # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
     record_path = store.write_run(run_record(model, plan, None, started))
-    keys = set()
-    bar = tqdm(samples, desc="samples", unit="sample", disable=not progress, file=sys.stderr)
-    for sample in bar:
-        bar.set_postfix_str(sample.task)
+    keys, units = set(), []
+    for sample in samples:
         rows = [(config, base_row(model, config, sample, plan)) for config in plan.configs]
         keys.update(row_key(row) for _, row in rows)
-        todo = [(config, row) for config, row in rows if plan.force or not store.has(row)]
+        todo = [config for config, row in rows if plan.force or not store.has(row)]
         if todo:
-            outputs = evaluate_sample(
-                model, tokenizer, sample, [config for config, _ in todo], batch_configs=plan.batch_configs
-            )
-            for (_, row), output in zip(todo, outputs, strict=True):
-                row.update(
-                    output,
-                    references=sample.references,
-                    meta=sample.meta,
-                    score=tasks.score_sample(sample, output["prediction"]),
-                )
+            units.append((sample, todo))
+
+    def here(units, plan):  # one sample at a time, in this process
+        return (sample_rows(model, tokenizer, sample, configs, plan) for sample, configs in units)
+
+    total = sum(len(configs) for _, configs in units)
+    with tqdm(total=total, desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
+        for rows in (executor or here)(units, plan):
+            for row in rows:
                 store.append(row)
+            bar.update(len(rows))
+            bar.set_postfix_str(rows[-1]["task"])
     frame = load_rows([store.rows_path])
     frame = frame[[row_key(row) in keys for row in frame.to_dict("records")]]
     store.write_run(run_record(model, plan, frame, started), path=record_path)

@@ -181,6 +181,11 @@ CASES = [
     ([*SWEEP, "--device", "bogus", *OUT], 2, "unknown device 'bogus'"),
     ([*SWEEP, "--suite", "nope", *OUT], 2, "unknown suite 'nope'"),
     ([*SWEEP, "--model", "{tmp}/empty", *OUT], 2, "has no config.json"),
+    # sweep --ray (the cluster's own refusals: tests/test_ray_sweep.py)
+    ([*SWEEP, "--ray", "--ray-workers", "0", *OUT], 2, "'--ray-workers': 0 is not in the range"),
+    ([*SWEEP, "--ray", "--ray-gpus", "-1", *OUT], 2, "'--ray-gpus': -1.0 is not in the range"),
+    ([*SWEEP, "--ray-gpus", "1", *OUT], 2, "--ray-gpus applies to a sweep with --ray"),
+    ([*RUN, "--ray", *OUT], 2, "No such option '--ray'"),
     # presses, tasks, unknown commands
     (["presses", "extra"], 2, "unexpected extra argument (extra)"),
     (["presses", "--bogus"], 2, "No such option '--bogus'"),

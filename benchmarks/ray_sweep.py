@@ -1,0 +1,65 @@
+"""Time one sweep on Ray with 1 worker x 1 thread and with 2 workers x 1 thread, side by side.
+
+    uv run python benchmarks/ray_sweep.py [--samples 4] [--length 512] [--repeats 1]
+
+Embedded model, RULER niah_single_1 and niah_single_2 (`--samples` of each), no compression plus knorm,
+snapkv, tova and streaming_llm at ratio 0.5: one unit of work per sample. Each run starts a local Ray
+cluster of 2 CPUs, its workers load the model, and the main process writes the rows to a fresh store: the
+times are whole sweeps, Ray's start and the model loads included. Prints both times, the speed-up (goal:
+1.6x or more) and whether both runs wrote the same rows (timings aside). Needs 2 free cores to mean much.
+"""
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from kvbench.engine import Config
+from kvbench.models import EMBEDDED, load_model
+from kvbench.ray_sweep import RayExecutor
+from kvbench.results import ResultsStore
+from kvbench.runner import Plan, run_plan
+
+PRESSES = ("knorm", "snapkv", "tova", "streaming_llm")
+TASKS = ("niah_single_1", "niah_single_2")
+TIMINGS = ("prefill_s", "decode_s")
+
+
+def sweep(model, tokenizer, plan: Plan, workers: int, out: Path) -> tuple[float, list[dict]]:
+    executor = RayExecutor(EMBEDDED, workers=workers, cpus=1)
+    start = time.perf_counter()
+    frame = run_plan(model, tokenizer, plan, ResultsStore(out), progress=False, executor=executor)
+    seconds = time.perf_counter() - start
+    rows = [{k: v for k, v in row.items() if k not in TIMINGS} for row in frame.to_dict("records")]
+    return seconds, sorted(rows, key=lambda row: (row["task"], row["sample_id"], row["config_id"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--samples", type=int, default=4, help="samples per task")
+    parser.add_argument("--length", type=int, default=512, help="tokens per sample")
+    parser.add_argument("--repeats", type=int, default=1, help="pairs of runs, alternating")
+    args = parser.parse_args()
+
+    model, tokenizer = load_model()  # here only to plan: the samples and the rows' model name
+    configs = [Config("none", 0.0), *(Config(press, 0.5) for press in PRESSES)]
+    plan = Plan(configs=configs, tasks=list(TASKS), length=args.length, samples=args.samples)
+    print(
+        f"{len(TASKS) * args.samples} samples x {len(configs)} configs, embedded model, {args.length} tokens"
+    )
+    times = {1: [], 2: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for workers in (1, 2):
+                seconds, rows = sweep(model, tokenizer, plan, workers, Path(tmp) / f"{workers}-{repeat}")
+                times[workers].append((seconds, rows))
+                print(f"{workers} worker(s) x 1 thread: {seconds:.1f} s")
+    one, two = (min(seconds for seconds, _ in times[n]) for n in (1, 2))
+    same = all(rows == times[1][0][1] for runs in times.values() for _, rows in runs)
+    print(f"speed-up of 2 workers: {one / two:.2f}x (fastest of {args.repeats}); rows identical: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Sweeps spread over a Ray cluster: `kvbench sweep --ray [ADDRESS]`.
+
+A sweep's work is cut into units of one (sample, config group): a group is what the engine runs as one
+batch for a sample (up to --batch-configs configs that share one prefill, or one config that needs its own;
+engine.config_groups), so a unit computes exactly the rows a one-process sweep computes for its configs.
+Units go to Ray actors, each of which loads the model once, on its share of the cluster (`cpus` threads,
+`gpus` GPUs), and sends back the scored rows of a unit. The main process stays the single writer: it
+appends each unit's rows to the results store as they arrive, so an interrupted sweep resumes like any
+other (only the rows the store lacks are planned) and a sweep's rows are those of a one-process sweep (the
+timings aside).
+
+Use it when a sweep has many samples and there is more hardware than one process uses: several GPUs (one
+worker per GPU, `--ray-gpus 1`), several machines (`--ray ADDRESS` of a running cluster whose nodes have
+kvbench and the model), or a multi-core CPU where one process's threads stop scaling. For a handful of
+samples, Ray's start (seconds) and each worker's model load cost more than they save.
+
+Ray is an optional dependency: `pip install 'kvbench[ray]'`.
+"""
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kvbench.engine import Config, config_groups
+from kvbench.runner import Plan, sample_rows
+from kvbench.tasks import Sample
+
+logger = logging.getLogger(__name__)
+
+
+class RayUnavailable(ValueError):
+    """Ray is not installed, its cluster cannot be reached, or it lacks the resources asked per worker."""
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("--ray needs Ray: pip install 'kvbench[ray]'") from None
+    return ray
+
+
+class SweepWorker:
+    """One Ray actor: the model, loaded once, answering units of the plan."""
+
+    def __init__(self, model: str, device: str, dtype: str, threads: int, plan: Plan):
+        import torch
+
+        from kvbench.models import load_model
+        from kvbench.presses import press_state
+
+        torch.set_num_threads(threads)
+        self.plan = plan
+        self.model, self.tokenizer = load_model(model, device=device, dtype=dtype)
+        # Rows are keyed by the learned state the main process planned with: this worker must load the same.
+        for config in plan.configs:
+            press = config.build_press()
+            if press is not None and config.press_state is not None:
+                press.post_init_from_model(self.model)
+                if press_state(press) != config.press_state:
+                    raise ValueError(
+                        f"a Ray worker loads other {config.press} state ({press_state(press)}) than the "
+                        f"sweep planned with ({config.press_state}): install the same kvbench on every node"
+                    )
+
+    def rows(self, sample: Sample, configs: list[Config]) -> list[dict]:
+        return sample_rows(self.model, self.tokenizer, sample, configs, self.plan)
+
+
+@dataclass
+class RayExecutor:
+    """Computes a sweep's units on Ray actors (a runner.Executor): `workers` actors (None: as many as the
+    cluster's CPUs, or GPUs, allow), each with `cpus` threads and `gpus` GPUs, on the cluster at `address`
+    (None: a local cluster started for the sweep and stopped after it)."""
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    address: str | None = None
+    workers: int | None = None
+    cpus: int = 1
+    gpus: float = 0.0
+
+    def __call__(self, units: list[tuple[Sample, list[Config]]], plan: Plan) -> Iterator[list[dict]]:
+        tasks = [
+            (sample, group)
+            for sample, configs in units
+            for group in config_groups(configs, plan.batch_configs)
+        ]
+        if not tasks:
+            return
+        count = min(self.start(), len(tasks))
+        ray = import_ray()
+        try:
+            actor = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus)(SweepWorker)
+            pool = ray.util.ActorPool(
+                [actor.remote(self.model, self.device, self.dtype, self.cpus, plan) for _ in range(count)]
+            )
+            logger.info("%d units of work on %d Ray workers", len(tasks), count)
+            results = pool.map_unordered(lambda worker, task: worker.rows.remote(*task), tasks)
+            while True:
+                try:
+                    yield next(results)
+                except StopIteration:
+                    return
+                except ray.exceptions.RayError as error:  # a worker's own error is raised here as itself
+                    raise worker_error(error) from error
+        finally:
+            ray.shutdown()
+
+    def start(self) -> int:
+        """Join the cluster at `address` (or start a local one) and check that it holds a worker; how many
+        workers the sweep gets. The CLI calls it before loading anything, so that a cluster that cannot
+        serve the sweep is a one-line error."""
+        ray = import_ray()
+        if not ray.is_initialized():
+            # A local cluster's workers inherit this process's environment (KVBENCH_CACHE, HF_HOME, ...).
+            options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            try:
+                ray.init(address=self.address, **options)
+            except (ConnectionError, RuntimeError) as error:
+                raise RayUnavailable(f"cannot reach the Ray cluster at {self.address}: {error}") from None
+        return self.worker_count(ray.cluster_resources())
+
+    def worker_count(self, resources: dict) -> int:
+        """`workers`, checked against the cluster's `resources`; by default as many as they hold."""
+        fits = [int(resources.get("CPU", 0) // self.cpus)]
+        if self.gpus:
+            fits.append(int(resources.get("GPU", 0) // self.gpus))
+        held = f"{resources.get('CPU', 0):g} CPUs and {resources.get('GPU', 0):g} GPUs"
+        wanted = f"{self.cpus} CPUs and {self.gpus:g} GPUs"
+        if min(fits) < 1:
+            raise RayUnavailable(f"the Ray cluster has {held}: not enough for one worker of {wanted}")
+        if self.workers is not None and self.workers > min(fits):
+            raise RayUnavailable(
+                f"--ray-workers {self.workers} do not fit the Ray cluster's {held} ({wanted} each)"
+            )
+        return self.workers or min(fits)
+
+
+def worker_error(error: Exception) -> Exception:
+    """The exception a worker raised, out of Ray's wrappers (a failed actor start wraps its task's error)."""
+    while getattr(error, "cause", None) is not None and isinstance(error.cause, Exception):
+        error = error.cause
+    return error

@@ -1,0 +1,92 @@
+"""Sweeps over Ray: a local cluster of two workers writes the rows of a one-process sweep (timings aside),
+resumes from what the store holds, and the workers asked for must fit the cluster."""
+
+import json
+import shutil
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from kvbench.cli import main
+from kvbench.engine import Config, config_groups
+from kvbench.ray_sweep import RayExecutor, RayUnavailable
+
+TIMINGS = ("prefill_s", "decode_s")
+
+
+def rows_of(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return sorted(
+        ({key: value for key, value in row.items() if key not in TIMINGS} for row in rows),
+        key=lambda row: (row["sample_id"], row["config_id"]),
+    )
+
+
+def test_config_groups_are_the_batches_the_engine_runs():
+    configs = [Config("none", 0.0), Config("knorm", 0.5), Config("think", 0.5), Config("tova", 0.5)]
+    configs.append(Config("knorm", 0.5, protocol="streaming", protocol_args=(("chunk", 64),)))
+    assert config_groups(configs, batch_configs=2) == [
+        [configs[0], configs[1]],  # shared prefill, two at a time
+        [configs[3]],
+        [configs[4]],  # streaming
+        [configs[2]],  # ThinK prunes key channels: a prefill of its own
+    ]
+
+
+@pytest.mark.parametrize(
+    ("executor", "resources", "workers"),
+    [
+        (RayExecutor("m"), {"CPU": 4.0}, 4),
+        (RayExecutor("m", cpus=2), {"CPU": 5.0}, 2),
+        (RayExecutor("m", gpus=1), {"CPU": 16.0, "GPU": 2.0}, 2),
+        (RayExecutor("m", gpus=0.5, workers=3), {"CPU": 16.0, "GPU": 2.0}, 3),
+    ],
+)
+def test_workers_default_to_what_the_cluster_holds(executor, resources, workers):
+    assert executor.worker_count(resources) == workers
+
+
+@pytest.mark.parametrize(
+    ("executor", "resources", "message"),
+    [
+        (RayExecutor("m", gpus=1), {"CPU": 16.0}, "has 16 CPUs and 0 GPUs: not enough for one worker"),
+        (RayExecutor("m", cpus=4), {"CPU": 2.0}, "not enough for one worker of 4 CPUs"),
+        (RayExecutor("m", workers=3), {"CPU": 2.0}, "--ray-workers 3 do not fit"),
+    ],
+)
+def test_workers_that_do_not_fit_the_cluster_are_refused(executor, resources, message):
+    with pytest.raises(RayUnavailable, match=message):
+        executor.worker_count(resources)
+
+
+def test_ray_missing_is_one_line_before_any_work(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as when it is not installed
+    args = ["sweep", "--presses", "knorm", "--ratios", "0.5", "--ray", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "--ray needs Ray: pip install 'kvbench[ray]'" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
+def test_a_ray_sweep_on_two_workers_resumes_and_writes_the_rows_of_one_process(tiny_model_dir, tmp_path):
+    sweep = ["sweep", "--presses", "knorm,tova,think", "--ratios", "0.5", "--task", "niah_single_1"]
+    sweep += ["--samples", "2", "--length", "512", "--batch-configs", "2", "--model", tiny_model_dir]
+    one = CliRunner().invoke(main, [*sweep, "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    expected = rows_of(tmp_path / "one")
+    assert len(expected) == 2 * 4  # 2 samples x (none + 3 presses)
+
+    # An interrupted sweep: the first sample's first two batches ([none, knorm], [tova]) are in the store.
+    (tmp_path / "ray").mkdir()
+    done = (tmp_path / "one" / "rows.jsonl").read_text().splitlines(keepends=True)[:3]
+    (tmp_path / "ray" / "rows.jsonl").write_text("".join(done))
+    result = CliRunner().invoke(main, [*sweep, "--ray", "--ray-workers", "2", "--out", str(tmp_path / "ray")])
+    assert result.exit_code == 0, result.output
+    rows = rows_of(tmp_path / "ray")
+    assert rows[:3] == expected[:3]  # kept as they were, timings included: not computed again
+    assert without_timings(rows) == without_timings(expected)  # every row once, as one process wrote it
+    shutil.rmtree(tmp_path / "one")
