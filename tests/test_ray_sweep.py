@@ -2,8 +2,9 @@
 resumes from what the store holds, and the workers asked for must fit the cluster."""
 
 import json
-import shutil
+import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -71,10 +72,11 @@ def test_ray_missing_is_one_line_before_any_work(monkeypatch, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
-def test_a_ray_sweep_on_two_workers_resumes_and_writes_the_rows_of_one_process(tiny_model_dir, tmp_path):
+def sweep_resumed_on_ray(model_dir: str, tmp_path) -> list[dict]:
+    """A sweep run in one process, then on 2 Ray workers into a store that already holds its first rows:
+    checks the Ray sweep kept those and wrote every other row once, as one process wrote it."""
     sweep = ["sweep", "--presses", "knorm,tova,think", "--ratios", "0.5", "--task", "niah_single_1"]
-    sweep += ["--samples", "2", "--length", "512", "--batch-configs", "2", "--model", tiny_model_dir]
+    sweep += ["--samples", "2", "--length", "512", "--batch-configs", "2", "--model", model_dir]
     one = CliRunner().invoke(main, [*sweep, "--out", str(tmp_path / "one")])
     assert one.exit_code == 0, one.output
     expected = rows_of(tmp_path / "one")
@@ -85,8 +87,72 @@ def test_a_ray_sweep_on_two_workers_resumes_and_writes_the_rows_of_one_process(t
     done = (tmp_path / "one" / "rows.jsonl").read_text().splitlines(keepends=True)[:3]
     (tmp_path / "ray" / "rows.jsonl").write_text("".join(done))
     result = CliRunner().invoke(main, [*sweep, "--ray", "--ray-workers", "2", "--out", str(tmp_path / "ray")])
+    if "timed out during startup" in str(result.exception) and os.getloadavg()[0] > 2 * os.cpu_count():
+        pytest.skip(
+            f"Ray's local cluster did not start in its 15 s on this overloaded machine: {os.getloadavg()}"
+        )
     assert result.exit_code == 0, result.output
     rows = rows_of(tmp_path / "ray")
     assert rows[:3] == expected[:3]  # kept as they were, timings included: not computed again
     assert without_timings(rows) == without_timings(expected)  # every row once, as one process wrote it
-    shutil.rmtree(tmp_path / "one")
+    return rows
+
+
+class FakePool:
+    """ray.util.ActorPool over its actors in turn; results come back last first (Ray's as they finish)."""
+
+    def __init__(self, actors):
+        self.actors = actors
+
+    def map_unordered(self, call, tasks):
+        results = [call(self.actors[index % len(self.actors)], task) for index, task in enumerate(tasks)]
+        return iter(results[::-1])
+
+
+class FakeRay:
+    """Ray as RayExecutor uses it, inside this process: a cluster of 2 CPUs whose actors are plain objects."""
+
+    exceptions = SimpleNamespace(RayError=type("RayError", (Exception,), {}))
+    util = SimpleNamespace(ActorPool=FakePool)
+
+    def __init__(self):
+        self.started, self.workers = False, []
+
+    def is_initialized(self):
+        return self.started
+
+    def init(self, address=None, **options):
+        self.started = True
+
+    def shutdown(self):
+        self.started = False
+
+    def cluster_resources(self):
+        return {"CPU": 2.0}
+
+    def remote(self, **resources):
+        def actor_class(cls):
+            def start(*args):
+                self.workers.append(cls(*args))
+                return SimpleNamespace(rows=SimpleNamespace(remote=self.workers[-1].rows))
+
+            return SimpleNamespace(remote=start)
+
+        return actor_class
+
+
+@pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
+def test_a_ray_sweep_sends_the_missing_batches_to_its_workers_and_writes_them_once(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    fake = FakeRay()
+    monkeypatch.setattr("kvbench.ray_sweep.import_ray", lambda: fake)
+    sweep_resumed_on_ray(tiny_model_dir, tmp_path)
+    assert len(fake.workers) == 2 and not fake.started  # two workers, and the cluster left after the sweep
+
+
+@pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
+def test_a_sweep_on_a_local_ray_cluster_of_two_workers_writes_the_rows_of_one_process(
+    tiny_model_dir, tmp_path
+):
+    sweep_resumed_on_ray(tiny_model_dir, tmp_path)
