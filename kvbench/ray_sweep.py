@@ -18,6 +18,7 @@ Ray is an optional dependency: `pip install 'kvbench[ray]'`.
 """
 
 import logging
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -87,11 +88,11 @@ class RayExecutor:
             for sample, configs in units
             for group in config_groups(configs, plan.batch_configs)
         ]
-        if not tasks:
-            return
-        count = min(self.start(), len(tasks))
         ray = import_ray()
         try:
+            if not tasks:
+                return
+            count = min(self.start(), len(tasks))
             actor = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus)(SweepWorker)
             pool = ray.util.ActorPool(
                 [actor.remote(self.model, self.device, self.dtype, self.cpus, plan) for _ in range(count)]
@@ -114,6 +115,7 @@ class RayExecutor:
         serve the sweep is a one-line error."""
         ray = import_ray()
         if not ray.is_initialized():
+            check_reachable(self.address)
             # A local cluster's workers inherit this process's environment (KVBENCH_CACHE, HF_HOME, ...).
             options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
             try:
@@ -136,6 +138,18 @@ class RayExecutor:
                 f"--ray-workers {self.workers} do not fit the Ray cluster's {held} ({wanted} each)"
             )
         return self.workers or min(fits)
+
+
+def check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Refuse a cluster address HOST:PORT that nothing answers on (Ray itself retries for minutes);
+    `auto`, `ray://` client addresses and a local cluster (None) are left to Ray."""
+    host, _, port = (address or "").rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as error:
+        raise RayUnavailable(f"cannot reach the Ray cluster at {address}: {error}") from None
 
 
 def worker_error(error: Exception) -> Exception:

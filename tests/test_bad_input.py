@@ -185,6 +185,7 @@ CASES = [
     ([*SWEEP, "--ray", "--ray-workers", "0", *OUT], 2, "'--ray-workers': 0 is not in the range"),
     ([*SWEEP, "--ray", "--ray-gpus", "-1", *OUT], 2, "'--ray-gpus': -1.0 is not in the range"),
     ([*SWEEP, "--ray-gpus", "1", *OUT], 2, "--ray-gpus applies to a sweep with --ray"),
+    ([*SWEEP, "--ray", "127.0.0.1:1", *OUT], 2, "cannot reach the Ray cluster at 127.0.0.1:1"),
     ([*RUN, "--ray", *OUT], 2, "No such option '--ray'"),
     # presses, tasks, unknown commands
     (["presses", "extra"], 2, "unexpected extra argument (extra)"),
