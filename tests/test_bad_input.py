@@ -13,6 +13,8 @@ from click.testing import CliRunner
 
 from kvbench import models, results
 from kvbench.cli import main, parse_ratio
+from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.checkpoint import save_agents
 from kvbench.results import ResultsStore, ResultsWriteError, load_rows
 from kvbench.tasks import longbench
 
@@ -114,6 +116,22 @@ CASES = [
         2,
         "listcard/card.json",
     ),
+    (
+        [
+            *RUN[:2],
+            "kvp",
+            "--ratio",
+            "0.5",
+            "--press-arg",
+            "agents={tmp}/compact",
+            "--press-arg",
+            "arch=apple",
+            *OUT,
+        ],
+        2,
+        "KVP agents at {tmp}/compact are compact agents, not apple",
+    ),
+    ([*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "arch=wide", *OUT], 2, "unknown KVP arch 'wide'"),
     # run: files and folders
     ([*RUN, "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
     ([*RUN, "--out", "{tmp}/text.txt"], 2, "text.txt' is a file"),
@@ -195,7 +213,17 @@ CASES = [
     # kvp datagen, train, report
     ([*DATAGEN, "--length", "10"], 2, "10 is below the minimum of task 'niah_single_1'"),
     ([*DATAGEN, "--length", "20000"], 2, "20000 exceeds the 8192-token context"),
-    ([*DATAGEN, "--tasks", "nope"], 2, "'nope' is not a RULER task"),
+    ([*DATAGEN, "--tasks", "nope"], 2, "'nope' is not a task"),
+    ([*DATAGEN, "--tasks", ","], 2, "name at least one task"),
+    (
+        [*DATAGEN, "--tasks", "longbench/hotpotqa"],
+        2,
+        "longbench/hotpotqa samples do not change with the seed",
+    ),
+    ([*DATAGEN, "--tasks", "agent_system_fact", "--length", "512"], 2, "512 is below the minimum"),
+    ([*DATAGEN, "--mixture", "nope"], 2, "unknown mixture 'nope' (choose one of: ruler"),
+    ([*DATAGEN, "--mixture", "ruler", "--length", "512"], 2, "--mixture ruler sets the tasks, lengths"),
+    ([*DATAGEN, "--mixture", "ruler", "--tasks", "vt", "--samples", "3"], 2, "drop --tasks, --samples"),
     ([*DATAGEN, "--tasks", "qa_1"], 2, "qa_1 samples do not change with the seed"),
     ([*DATAGEN, "--seed", "5"], 2, "--seed"),
     ([*DATAGEN, "--samples", "0"], 2, "--samples"),
@@ -209,6 +237,7 @@ CASES = [
     ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (bad field 'model')"),
     ([*TRAIN, "--data", "{tmp}/empty", "--layers", "a,b"], 2, "expected comma-separated integers, got 'a,b'"),
     ([*TRAIN, "--data", "{tmp}/empty", "--steps", "0"], 2, "--steps"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--arch", "wide"], 2, "'wide' is not one of 'compact', 'apple'"),
     (["kvp", "report", "{tmp}/empty"], 2, "no KVP agents at {tmp}/empty (missing card.json)"),
     (["kvp", "report", "{tmp}/badcard"], 2, "badcard/card.json: not a KVP agents card"),
     (["kvp", "report", "{tmp}/listcard"], 2, "listcard/card.json: not a KVP agents card"),
@@ -253,6 +282,7 @@ def make_files(tmp: Path) -> None:
         (tmp / name / "card.json").write_text(card)
         (tmp / name / "agents.safetensors").write_bytes(b"\x00garbage" * 8)
     (tmp / "garbage" / "rows.jsonl").write_text("".join(f"garbage line {i}\n" for i in range(100)))
+    save_agents(tmp / "compact", KVPAgents(1, 4, hidden=2), {"model": shape, "heads": [0]})
     (tmp / "badmanifest").mkdir()
     (tmp / "badmanifest" / "manifest.json").write_text("{oops")
     (tmp / "nomodel").mkdir()

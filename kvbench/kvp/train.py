@@ -2,7 +2,9 @@
 
 Per step: a few training prompts, and of each a random subset of its tokens (an agent scores every token
 alone, so ranking random subsets teaches the same pairwise order as ranking whole prompts, at a fraction of
-the cost; positions keep their place in the whole prompt). Each head scores those tokens, K rankings are
+the cost; positions keep their place in the whole prompt). Prompts may differ in length (a mixture): a step
+draws min(tokens, its shortest prompt's length) tokens of each of its prompts, so they stack, and each
+token's position features come from its own prompt's length. Each head scores those tokens, K rankings are
 drawn from the Plackett-Luce distribution of the scores, each ranking's reward is -(normalised cost), and
 REINFORCE with a leave-one-out baseline (RLOO) pushes up the log-probability of the better-than-average
 rankings. AdamW with linear warm-up then cosine decay; an exponential moving average (EMA) of the weights
@@ -11,6 +13,7 @@ EMA weights by validation reward (heads are independent, so the per-head best is
 """
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -19,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from kvbench.kvp.agent import KVPAgents, position_features
+from kvbench.kvp.agent import StackedAgents, build_agents
 from kvbench.kvp.checkpoint import ModelShape, save_agents
 from kvbench.kvp.reward import (
     normalised_cost,
@@ -45,7 +48,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     ema: float = 0.99
     eval_every: int = 100
-    hidden: int = 64
+    arch: str = "compact"  # a name in kvbench.kvp.agent.ARCHS
+    hidden: int | None = None  # the scorer's width; None: the architecture's default (compact 64, apple 256)
     seed: int = 0
 
 
@@ -93,7 +97,8 @@ def select_heads(shape: ModelShape, layers: list[int] | None, kv_heads: list[int
 
 
 def feature_statistics(data: KVPData, heads: list[int]) -> list[torch.Tensor]:
-    """Per-head mean and std of key and value features over the training tokens: 4 x (heads, head_dim)."""
+    """Per-head mean and std of key and value features over all training tokens (every prompt weighs by
+    its length): 4 x (heads, head_dim)."""
     sums = torch.zeros(2, len(heads), data.shape.head_dim, dtype=torch.float64)
     squares = torch.zeros_like(sums)
     count = 0
@@ -109,20 +114,29 @@ def feature_statistics(data: KVPData, heads: list[int]) -> list[torch.Tensor]:
 
 
 def token_batch(data: KVPData, heads: list[int], tokens: int, prompts: int, generator: torch.Generator):
-    """`tokens` random tokens of each of `prompts` random training prompts, stacked over prompts.
+    """Random tokens of `prompts` random training prompts, stacked over prompts: of each prompt the same
+    number, min(tokens, the shortest chosen prompt's length).
 
-    keys, values: (prompts, heads, tokens, head_dim); positions: (prompts, tokens, 3); utility: (prompts,
-    heads, tokens).
+    keys, values: (prompts, heads, T, head_dim); positions (prompts, T): the tokens' places in their
+    prompts; lengths (prompts,): the prompts' lengths; utility: (prompts, heads, T).
     """
+    chosen_prompts = [
+        data.load(data.train[index], heads)
+        for index in torch.randint(len(data.train), (prompts,), generator=generator).tolist()
+    ]
+    count = min(tokens, *(keys.shape[1] for keys, _, _ in chosen_prompts))
     batch = {"keys": [], "values": [], "positions": [], "utility": []}
-    for index in torch.randint(len(data.train), (prompts,), generator=generator).tolist():
-        keys, values, utility = data.load(data.train[index], heads)
-        chosen = torch.randperm(keys.shape[1], generator=generator)[:tokens]
+    for keys, values, utility in chosen_prompts:
+        chosen = torch.randperm(keys.shape[1], generator=generator)[:count]
         batch["keys"].append(keys[:, chosen])
         batch["values"].append(values[:, chosen])
-        batch["positions"].append(position_features(keys.shape[1])[chosen])
+        batch["positions"].append(chosen)
         batch["utility"].append(utility[:, chosen])
-    return [torch.stack(batch[name]) for name in ("keys", "values", "positions", "utility")]
+    lengths = torch.tensor([keys.shape[1] for keys, _, _ in chosen_prompts])
+    keys, values, positions, utility = (
+        torch.stack(batch[name]) for name in ("keys", "values", "positions", "utility")
+    )
+    return keys, values, positions, lengths, utility
 
 
 def reference_rewards(val: list[tuple]) -> dict[str, torch.Tensor]:
@@ -140,7 +154,7 @@ def reference_rewards(val: list[tuple]) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def validation_reward(agents: KVPAgents, val: list[tuple]) -> torch.Tensor:
+def validation_reward(agents: StackedAgents, val: list[tuple]) -> torch.Tensor:
     """Per-head mean reward of the deterministic ranking (sort by score) over the validation prompts."""
     rewards = []
     for keys, values, utility in val:
@@ -171,25 +185,32 @@ def train(
     generator = torch.Generator().manual_seed(config.seed)
     data = KVPData(data_dir)
     heads = select_heads(data.shape, layers, kv_heads)
-    agents = KVPAgents(len(heads), data.shape.head_dim, config.hidden)
+    options = (
+        {"positions": max(shard["prompt_tokens"] for shard in data.train)} if config.arch == "apple" else {}
+    )
+    agents = build_agents(config.arch, len(heads), data.shape.head_dim, config.hidden, **options)
+    config = dataclasses.replace(config, hidden=agents.hidden)  # the card records the width it got
     agents.set_normalisation(*feature_statistics(data, heads))
     ema = copy.deepcopy(agents).requires_grad_(False)
     best = copy.deepcopy(ema)
     val = [data.load(shard, heads) for shard in data.val]
     references = reference_rewards(val)
     best_reward = validation_reward(best, val)
-    log(f"{len(heads)} heads, {len(data.train)} train / {len(data.val)} val prompts")
+    log(
+        f"{len(heads)} {config.arch} agents (hidden {agents.hidden}), "
+        f"{len(data.train)} train / {len(data.val)} val prompts"
+    )
     log("validation reward (mean over heads; -1 = oracle): " + format_rewards(references))
-    tokens = min(config.tokens, *(shard["prompt_tokens"] for shard in data.train))
     optimizer = torch.optim.AdamW(agents.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     train_rewards = []
 
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        keys, values, positions, utility = token_batch(data, heads, tokens, config.prompts, generator)
-
-        scores = agents(keys, values, positions=positions)  # (prompts, heads, T)
+        keys, values, positions, lengths, utility = token_batch(
+            data, heads, config.tokens, config.prompts, generator
+        )
+        scores = agents(keys, values, positions=positions, lengths=lengths)  # (prompts, heads, T)
         rankings = sample_rankings(scores.detach(), config.rankings, generator)  # (prompts, heads, K, T)
         reward = -normalised_cost(utility, rankings)  # (prompts, heads, K)
         baseline = (reward.sum(-1, keepdim=True) - reward) / (config.rankings - 1)  # leave-one-out mean
