@@ -75,6 +75,7 @@ class KVPData:
 
     def summary(self) -> dict:
         return {
+            "mixture": self.manifest.get("mixture"),
             **self.manifest["config"],
             "train_prompts": len(self.train),
             "val_prompts": len(self.val),
