@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from kvbench.kvp.agent import ARCHS, StackedAgents
@@ -53,7 +54,7 @@ def save_agents(directory: Path, agents: StackedAgents, card: dict) -> None:
         "agent": agents.describe(),
     }
     tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file(state, tmp)
+    save_file(state, tmp, metadata={"arch": agents.arch})  # the weights say what they are, card or not
     os.replace(tmp, directory / WEIGHTS_FILE)
     tmp = directory / (CARD_FILE + ".tmp")
     tmp.write_text(json.dumps(card, indent=1) + "\n")
@@ -89,9 +90,15 @@ def load_agents(directory: Path, arch: str | None = None) -> tuple[StackedAgents
     check_arch(made, arch, directory)
     path = directory / WEIGHTS_FILE
     try:
+        with safe_open(path, framework="pt") as weights:
+            weights_arch = (weights.metadata() or {}).get("arch", made)  # files from before: as the card says
+        if weights_arch != made:
+            raise KVPAgentsError(f"{path} holds {weights_arch} agents but {CARD_FILE} says {made}")
         state = load_file(path)
         agents = ARCHS[made].from_state(state)
         agents.load_state_dict(state)
+    except KVPAgentsError:
+        raise
     except Exception as error:  # safetensors' own error type, OSError, a missing or misshapen tensor
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise KVPAgentsError(f"{path}: unreadable {made} KVP agents ({message})") from None

@@ -7,7 +7,7 @@ import click
 from kvbench.kvp.agent import ARCHS
 from kvbench.kvp.train import TrainConfig
 from kvbench.models import EMBEDDED
-from kvbench.tasks.mixture import RULER_TRAINING_TASKS
+from kvbench.tasks.mixture import MIXTURES, RULER_TRAINING_TASKS
 
 DEFAULT_LENGTH, DEFAULT_SAMPLES = 1024, 12  # with RULER_TRAINING_TASKS: the "ruler" mixture
 EVALUATION_SEEDS = 1000  # evaluation draws its samples with seeds 0..999
@@ -63,8 +63,6 @@ def task_list(ctx, param, value: str | None) -> list[str] | None:
 
 
 def mixture_name(ctx, param, value: str | None) -> str | None:
-    from kvbench.tasks.mixture import MIXTURES
-
     if value is not None and value not in MIXTURES:
         raise click.BadParameter(f"unknown mixture {value!r} (choose one of: {', '.join(MIXTURES)})")
     return value
@@ -88,8 +86,8 @@ def kvp():
 @click.option(
     "--mixture",
     callback=mixture_name,
-    help="A training mixture of kvbench.tasks.mixture (tasks at lengths, prompts each); "
-    "instead of --tasks/--length/--samples.",
+    help=f"A training mixture of kvbench.tasks.mixture: {', '.join(MIXTURES)} (tasks at lengths, prompts "
+    "each); instead of --tasks/--length/--samples.",
 )
 @click.option(
     "--tasks",
@@ -128,7 +126,7 @@ def datagen(out, model, device, mixture, tasks, length, samples, seed, gen_token
     from kvbench.kvp.datagen import DatagenConfig, generate_data, plan_shards, read_manifest
     from kvbench.models import check_device, context_limit, load_model, load_tokenizer, resolve
     from kvbench.results import check_writable
-    from kvbench.tasks.mixture import MIXTURES, Part
+    from kvbench.tasks.mixture import Part
 
     if mixture is not None:
         options = {"--tasks": tasks, "--length": length, "--samples": samples}
