@@ -10,6 +10,7 @@ from kvbench.models import EMBEDDED
 from kvbench.tasks.mixture import MIXTURES, RULER_TRAINING_TASKS
 
 DEFAULT_LENGTH, DEFAULT_SAMPLES = 1024, 12  # with RULER_TRAINING_TASKS: the "ruler" mixture
+DEFAULT_TASKS = ",".join(RULER_TRAINING_TASKS)  # DistillCache's datagen takes the same default
 EVALUATION_SEEDS = 1000  # evaluation draws its samples with seeds 0..999
 DEFAULTS = TrainConfig()
 

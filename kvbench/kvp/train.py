@@ -13,10 +13,9 @@ EMA weights by validation reward (heads are independent, so the per-head best is
 """
 
 import copy
-import dataclasses
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -190,7 +189,7 @@ def train(
         {"positions": max(shard["prompt_tokens"] for shard in data.train)} if config.arch == "apple" else {}
     )
     agents = build_agents(config.arch, len(heads), data.shape.head_dim, config.hidden, **options)
-    config = dataclasses.replace(config, hidden=agents.hidden)  # the card records the width it got
+    config = replace(config, hidden=agents.hidden)  # the card records the width it got
     agents.set_normalisation(*feature_statistics(data, heads))
     ema = copy.deepcopy(agents).requires_grad_(False)
     best = copy.deepcopy(ema)
