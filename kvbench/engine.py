@@ -81,6 +81,14 @@ class Prompt:
     context_ids: torch.Tensor  # (1, n): prefilled and compressed
     question_ids: torch.Tensor  # (1, q): question + answer prefix, fed on top of the compressed cache
     regions: torch.Tensor | None = None  # (n,): index in REGIONS of each context token
+    # (q,): the question's region ids: "user" up to the assistant header, "assistant" for the answer prefix
+    question_regions: torch.Tensor | None = None
+
+    def all_regions(self) -> torch.Tensor | None:
+        """Region ids of context + question, positions 0..n+q-1: what a region-aware press is told."""
+        if self.regions is None or self.question_regions is None:
+            return self.regions
+        return torch.cat([self.regions, self.question_regions])
 
 
 @dataclass
@@ -170,12 +178,24 @@ def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
     encoded = tokenizer(context, add_special_tokens=special_tokens, return_offsets_mapping=True)
     context_ids = torch.tensor([encoded["input_ids"]])
     regions = token_regions(context, messages, [start for start, _ in encoded["offset_mapping"]])
-    question_ids = tokenizer.encode(question, return_tensors="pt", add_special_tokens=False)
+    encoded = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)
+    question_ids = torch.tensor([encoded["input_ids"]])
+    # The assistant header belongs to the user's turn (as in token_regions); the answer prefix is the
+    # assistant's own words.
+    prefix_start = len(question) - len(sample.answer_prefix)
+    user, assistant = REGIONS.index("user"), REGIONS.index("assistant")
+    question_regions = torch.tensor(
+        [
+            assistant if start >= prefix_start and sample.answer_prefix else user
+            for start, _ in encoded["offset_mapping"]
+        ],
+        dtype=torch.long,
+    )
     max_length = min(tokenizer.model_max_length, int(1e10))
     if context_ids.shape[1] > max_length:
         logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
         context_ids, regions = context_ids[:, :max_length], regions[:max_length]
-    return Prompt(context_ids, question_ids, regions)
+    return Prompt(context_ids, question_ids, regions, question_regions)
 
 
 def token_regions(context: str, messages: list[dict], token_starts: list[int]) -> torch.Tensor:
@@ -221,12 +241,13 @@ def check_protocol(config: Config) -> None:
 
 
 def prepare_press(press: BasePress | None, model, prompt: Prompt) -> None:
-    """What a press learns before the prefill: the model, and the context regions for those that ask."""
+    """What a press learns before the prefill: the model, and the regions of context and question for those
+    that ask (the question reaches the cache during decode-time compression)."""
     if press is None:
         return
     press.post_init_from_model(model)
     if hasattr(press, "use_regions") and prompt.regions is not None:
-        press.use_regions(prompt.regions)
+        press.use_regions(prompt.all_regions())
 
 
 def log_fallback(runs: list[Run]) -> None:

@@ -10,7 +10,7 @@ import torch
 from kvpress import DecodingPress
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from kvbench.engine import REGIONS
+from kvbench.engine import REGIONS, tokenize_sample
 from kvbench.models import load_model, load_tokenizer, model_name
 from kvbench.presses import build_press
 from kvbench.presses.memdecay import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
@@ -383,7 +383,10 @@ def test_embedded_tokenizer_regions_cover_the_calibration_sample():
     ids, regions = sample_tokens(load_tokenizer(), chat_sample(0))
     assert len(ids) == len(regions)
     assert set(regions.tolist()) == set(range(len(REGIONS)))
-    assert regions[-1] == USER  # the question's last user turn
+    question = tokenize_sample(load_tokenizer(), chat_sample(0)).question_ids.shape[1]
+    prefix = len(load_tokenizer().encode(" Answer:", add_special_tokens=False))
+    assert USER in regions[-question:].tolist()  # the question's last user turn
+    assert regions[-prefix:].tolist() == [ASSISTANT] * prefix  # the answer prefix: the assistant's words
 
 
 @pytest.mark.parametrize(
@@ -400,3 +403,33 @@ def test_engine_runs_the_press_under_every_protocol_within_budget(tiny, tmp_path
     assert isinstance(result["prediction"], str)
     layers_heads = result["kv_total"] // result["context_tokens"]
     assert result["kv_kept"] == int(result["context_tokens"] * 0.5) * layers_heads
+
+
+def test_decode_time_tells_the_question_apart_from_the_generation(tiny, tmp_path):
+    """Under decode-time compression kvpress buffers the question with the decoded tokens; the press still
+    sees the question as "user" and the answer prefix as "assistant", from the engine's region ids."""
+    from kvbench.engine import Config, evaluate_sample
+
+    model, tokenizer = tiny
+    calibration = write_test_calibration(tmp_path, model_name(model))
+    config = Config(
+        "memdecay", 0.5, (("calibration", calibration),), None, None, "decode-time", (("interval", 2),)
+    )
+    added = []
+    original = MemDecayPress.new_regions
+
+    def spy(self, positions, decoding):
+        regions = original(self, positions, decoding)
+        added.append((positions.tolist(), regions.tolist()))
+        return regions
+
+    prompt = tokenize_sample(tokenizer, chat_sample(3))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MemDecayPress, "new_regions", spy)
+        evaluate_sample(model, tokenizer, chat_sample(3), [config])
+    context, question = prompt.context_ids.shape[1], prompt.question_ids.shape[1]
+    seen = {position: region for positions, regions in added for position, region in zip(positions, regions)}
+    expected = prompt.all_regions().tolist()
+    assert [seen[p] for p in range(context, context + question)] == expected[context:]
+    assert expected[-1] == ASSISTANT and USER in expected[context:]
+    assert {seen[p] for p in seen if p >= context + question} == {ASSISTANT}  # generated tokens
