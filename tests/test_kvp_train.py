@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,3 +159,23 @@ def test_agent_forward_is_the_mlp_of_normalised_features():
         x = torch.nn.functional.silu(x @ agents.w2[head] + agents.b2[head])
         expected = (x @ agents.w3[head] + agents.b3[head]).squeeze(-1)
         torch.testing.assert_close(agents(keys, values)[0, head], expected)
+
+
+def test_two_data_folders_train_as_their_union(tmp_path):
+    """A mixture made in parts (one datagen folder each) trains as one: every shard of both, read from its
+    own folder; folders made for different models are refused."""
+    first, second = tmp_path / "ruler", tmp_path / "text"
+    for directory in (first, second):
+        directory.mkdir()
+    write_synthetic_data(first, train=4, val=2)
+    write_synthetic_data(second, train=3, val=1, lengths=lambda index: 90 + index)
+    data = KVPData([first, second])
+    assert (len(data.train), len(data.val)) == (7, 3)
+    assert {Path(s["directory"]) for s in data.train} == {first, second}
+    keys, _, _ = data.load(data.train[-1], [0, 1])
+    assert keys.shape[1] == 92  # the second folder's third prompt, not the first folder's file of that name
+    assert [f["prompts"] for f in data.summary()["folders"]] == [6, 4]
+    manifest = json.loads((second / MANIFEST_FILE).read_text())
+    (second / MANIFEST_FILE).write_text(json.dumps({**manifest, "model": {**SHAPE, "name": "other"}}))
+    with pytest.raises(ValueError, match="different models"):
+        KVPData([first, second])

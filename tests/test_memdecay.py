@@ -428,7 +428,11 @@ def test_decode_time_tells_the_question_apart_from_the_generation(tiny, tmp_path
         patch.setattr(MemDecayPress, "new_regions", spy)
         evaluate_sample(model, tokenizer, chat_sample(3), [config])
     context, question = prompt.context_ids.shape[1], prompt.question_ids.shape[1]
-    seen = {position: region for positions, regions in added for position, region in zip(positions, regions)}
+    seen = {
+        position: region
+        for positions, regions in added
+        for position, region in zip(positions, regions, strict=True)
+    }
     expected = prompt.all_regions().tolist()
     assert [seen[p] for p in range(context, context + question)] == expected[context:]
     assert expected[-1] == ASSISTANT and USER in expected[context:]

@@ -165,7 +165,11 @@ def datagen(out, model, device, mixture, tasks, length, samples, seed, gen_token
 
 @kvp.command()
 @click.option(
-    "--data", required=True, type=click.Path(file_okay=False, path_type=Path), help="Datagen folder."
+    "--data",
+    required=True,
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Datagen folder; repeat to train on several (one model's), e.g. one per mixture part.",
 )
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Agents folder.")
 @click.option("--layers", callback=int_list, help="Comma-separated layers to train (default: all).")
@@ -210,7 +214,7 @@ def train(data, out, layers, heads, steps, prompts, tokens, rankings, lr, arch, 
     from kvbench.kvp.train import train as train_agents
     from kvbench.results import check_writable
 
-    KVPData(data)  # a missing or corrupt manifest fails before any work
+    KVPData(list(data))  # a missing or corrupt manifest fails before any work
     check_writable(out)
     config = TrainConfig(
         steps=steps,
@@ -224,7 +228,7 @@ def train(data, out, layers, heads, steps, prompts, tokens, rankings, lr, arch, 
         hidden=hidden,
         seed=seed,
     )
-    train_agents(data, out, config, layers=layers, kv_heads=heads, log=click.echo)
+    train_agents(list(data), out, config, layers=layers, kv_heads=heads, log=click.echo)
 
 
 @kvp.command()

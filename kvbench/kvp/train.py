@@ -53,32 +53,56 @@ class TrainConfig:
 
 
 class KVPData:
-    """The shards of a datagen folder, each read on demand for a subset of the heads."""
+    """The shards of one or more datagen folders made for one model, each read on demand for some heads.
 
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.manifest = read_manifest(self.directory, "kvp", "kvbench kvp datagen --out DIR")
-        self.shape = ModelShape(**self.manifest["model"])
-        self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
-        self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
+    Several folders train one set of agents on their union (e.g. `--mixture ruler` and `--mixture text`
+    made apart): a mixture is data, so a part made once serves every mixture that holds it.
+    """
+
+    def __init__(self, directories: Path | list[Path]):
+        directories = [directories] if isinstance(directories, (str, Path)) else directories
+        self.directories = [Path(directory) for directory in directories]
+        manifests = [read_manifest(d, "kvp", "kvbench kvp datagen --out DIR") for d in self.directories]
+        models = [manifest["model"] for manifest in manifests]
+        if any(model != models[0] for model in models):
+            names = ", ".join(f"{d} ({m.get('name')})" for d, m in zip(self.directories, models, strict=True))
+            raise ValueError(f"KVP data folders made for different models: {names}")
+        self.shape = ModelShape(**models[0])
+        self.manifests = manifests
+        shards = [
+            {**shard, "directory": str(directory)}
+            for directory, manifest in zip(self.directories, manifests, strict=True)
+            for shard in manifest["shards"]
+        ]
+        self.train = [s for s in shards if s["split"] == "train"]
+        self.val = [s for s in shards if s["split"] == "val"]
         if not self.train or not self.val:
+            where = ", ".join(map(str, self.directories))
             raise ValueError(
-                f"KVP data at {directory} needs train and val shards; "
+                f"KVP data at {where} needs train and val shards; "
                 f"it has {len(self.train)} train and {len(self.val)} val"
             )
 
     def load(self, shard: dict, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """keys, values (fp16, (heads, P, head_dim)) and utility (fp32, (heads, P)) of one prompt."""
-        with safe_open(self.directory / shard["file"], framework="pt") as f:
+        with safe_open(Path(shard["directory"]) / shard["file"], framework="pt") as f:
             return tuple(f.get_tensor(name).flatten(0, 1)[heads] for name in ("keys", "values", "utility"))
 
     def summary(self) -> dict:
+        folders = [
+            {
+                "folder": str(directory),
+                "mixture": manifest.get("mixture"),
+                **manifest["config"],
+                "prompts": len(manifest["shards"]),
+            }
+            for directory, manifest in zip(self.directories, self.manifests, strict=True)
+        ]
         return {
-            "mixture": self.manifest.get("mixture"),
-            **self.manifest["config"],
+            **(folders[0] if len(folders) == 1 else {"folders": folders}),
             "train_prompts": len(self.train),
             "val_prompts": len(self.val),
-            "prompt_tokens": sum(s["prompt_tokens"] for s in self.manifest["shards"]),
+            "prompt_tokens": sum(s["prompt_tokens"] for s in self.train + self.val),
         }
 
 
@@ -172,7 +196,7 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 
 def train(
-    data_dir: Path,
+    data_dir: Path | list[Path],
     out_dir: Path,
     config: TrainConfig,
     layers: list[int] | None = None,
