@@ -1,18 +1,24 @@
 """Held-out kinds, generated offline: task kinds that no training mixture holds (see TRAINING.md's rule and
 kvbench.tasks.mixture), to test whether a learned press generalises beyond what it was trained on.
 
-Each differs from every training kind (kvbench.tasks.text, RULER) in what the context is made of, in what
-the question asks, and in its instruction wrapper:
+Each differs from every training kind (kvbench.tasks.text, RULER) in the structure of its material, in how
+the answer is written and asked, and in its instruction wrapper:
 
-- heldout_email_sender: an inbox of e-mails (headers, then a body of reference prose); who sent the e-mail
-  with a subject. The sender's line comes before the subject: the answer precedes its key.
-- heldout_story_place: a story of people moving objects between places; where a person hid an object,
-  among sentences that hide, carry and find other objects.
-- heldout_patch_value: a unified diff of settings files; the new value of a changed setting, whose old
-  value is on the line just above.
-- heldout_changelog_date: a Markdown changelog (Keep a Changelog style); the release date of a version.
-- heldout_html_link: an HTML page of navigation lists and paragraphs; the address a link's label points
-  to, written before the label.
+- heldout_email_attachment: a mailbox export (From/To/Date/Subject headers, bodies of reference prose);
+  the file attached to the one e-mail with an attachment, named by its subject.
+- heldout_story_place: a story in paragraphs where people carry, clean and talk about objects; where a
+  person hid an object (the story's one hiding).
+- heldout_patch_value: a unified diff of settings files, one changed setting per hunk; the new value of a
+  setting, whose old value is on the line just above.
+- heldout_transcript_number: `Speaker: remark` lines of a meeting; the room a speaker says the workshop
+  moved to, the only number said.
+- heldout_html_link: an HTML page of navigation lists and paragraphs; the address of its one download link.
+
+Each answer sits in a line of a shape that the material holds once (an Attachment header, a hiding, a
+room number, a download link) or next to a look-alike (the old value): the embedded 135M model finds such a
+line (>= 70 uncompressed, measured in tasks/heldout.yaml) but not a key among many look-alike records (the
+training kinds' records, RULER's multikey needles), and a held-out suite it cannot answer uncompressed
+would measure nothing.
 
 The answer prefix repeats the words that lead to the value, as in the training kinds. Layouts (the
 instruction wrappers; each sample draws one): the material between <document> tags with the instruction
@@ -27,13 +33,9 @@ from kvbench.tasks import agent, generated, ruler
 from kvbench.tasks.base import Sample
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
-LAYOUTS = (
-    Layout(
-        "tagged",
-        lambda d: Placed(f"<document>\n{d.body}\n</document>\n\n", f"{d.instruction}\n{d.question}"),
-    ),
-    Layout("hand-off", lambda d: hand_off(d)),
-)
+
+def tagged(draft: Draft) -> Placed:
+    return Placed(f"<document>\n{draft.body}\n</document>\n\n", f"{draft.instruction}\n{draft.question}")
 
 
 def hand_off(draft: Draft) -> Placed:
@@ -43,6 +45,9 @@ def hand_off(draft: Draft) -> Placed:
         {"role": "user", "content": draft.body},
     ]
     return Placed(agent.transcript(messages), draft.question, messages)
+
+
+LAYOUTS = (Layout("tagged", tagged), Layout("hand-off", hand_off))
 
 
 # ---- E-mails: the file attached to one of them ----
@@ -250,7 +255,9 @@ def html_block(rng: random.Random) -> str:
 def html_link(seed: str, units: int) -> Draft:
     """Navigation lists of documentation links; one link, of class "download", points elsewhere."""
     rng = random.Random(f"{seed}/needle")
-    href = f"/releases/{agent.noun(rng)}-{rng.randint(1, 9)}.{rng.randint(0, 20)}.tar.gz"
+    # An absolute address: after `href="` the model writes "https://" whatever follows in the context
+    # (measured: 2 of 20 relative /releases/... addresses copied).
+    href = f"https://downloads.example.org/{agent.noun(rng)}-{rng.randint(1, 9)}.{rng.randint(0, 20)}.tar.gz"
     depth = rng.random()
     blocks = generated.fillers(seed, units - 1, [href], html_block)
     needle = f'<p>Get the latest release: <a class="download" href="{href}">download</a></p>'
@@ -303,7 +310,7 @@ GENERATORS = {
         html_link,
         min_units=1,
         max_units=generated.fixed(10**4),
-        max_new_tokens=20,
+        max_new_tokens=24,
     ),
 }
 TASKS = {name: generator.description for name, generator in GENERATORS.items()}

@@ -1,24 +1,25 @@
 """Training kinds for learned presses, generated offline: prose, records, logs, code and multi-document
 contexts, each under three instruction wrappers (see TRAINING.md and kvbench.tasks.mixture).
 
-Every task asks for one value that appears verbatim, once, in the material, under a key that appears
+Every task asks for one value that appears verbatim in the material right after a key that appears
 nowhere else, so it can only be answered from the context:
 
-- text_prose_quote: passages of the Python language reference (`pydoc_data.topics`); quote how a sentence
-  goes on after its first eight words.
-- text_json_records: a JSON array of account records, one per line; one field of the record with an id.
-- text_csv_table: a CSV inventory table; one column of the row with a SKU.
-- text_log_lines: web-server log lines; how long the request with an id took.
+- text_prose_quote: passages of the Python language reference (`pydoc_data.topics`); how a sentence goes
+  on after its first eight words.
+- text_json_records: a JSON array of account records, one per line; the field that follows an owner.
+- text_csv_table: a CSV inventory table; the column that follows a product.
+- text_log_lines: logfmt access-log lines; the duration of a named request.
 - text_code_signature: Python standard library source (the running interpreter's own files); the
   parameters of a function, by name.
-- text_multidoc_author: several documents (sections of the language reference) with a metadata header each;
-  the author of the document with a title.
+- text_multidoc_author: sections of the language reference as documents with a metadata header each; the
+  author of the document with a title.
 
-The answer prefix repeats the words that lead to the value (as RULER's prefixes repeat its needles, and as
-kvbench.tasks.agent found necessary for the embedded 135M model). Scores: RULER's `string_match_all` on the
-one reference. Layouts (the instruction wrappers; each sample draws one): the instruction before the
-material in the user turn, the instruction in a system turn, or the material first and the instruction
-with the question. The held-out suite's families use none of them (kvbench.tasks.heldout).
+The answer prefix repeats the key's text as it stands in the material (`{"owner": "calm otter",
+"balance": "`, `def wrap(`), as RULER's prefixes repeat its needles: with a paraphrase ("The owner of record
+R-60418 is") the embedded 135M model answered none of 5 JSON and none of 5 CSV samples. Scores: RULER's
+`string_match_all` on the one reference. Layouts (the instruction wrappers; each sample draws one): the
+instruction before the material in the user turn, the instruction in a system turn, or the material first
+and the instruction with the question. The held-out family uses none of them (kvbench.tasks.heldout).
 """
 
 import functools
@@ -33,23 +34,24 @@ from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 # ---- Layouts ----
 
+
+def instruction_first(draft: Draft) -> Placed:
+    return Placed(f"{draft.instruction}\n\n{draft.body}\n\n", draft.question)
+
+
+def system_instruction(draft: Draft) -> Placed:
+    messages = [{"role": "system", "content": draft.instruction}, {"role": "user", "content": draft.body}]
+    return Placed(agent.transcript(messages), draft.question, messages)
+
+
+def instruction_last(draft: Draft) -> Placed:
+    return Placed(f"{draft.body}\n\n", f"{draft.instruction}\n{draft.question}")
+
+
 LAYOUTS = (
-    Layout(
-        "instruction-first",
-        lambda d: Placed(f"{d.instruction}\n\n{d.body}\n\n", d.question),
-    ),
-    Layout(
-        "system-instruction",
-        lambda d: Placed(
-            f"{d.instruction}\n\n{d.body}",
-            d.question,
-            [{"role": "system", "content": d.instruction}, {"role": "user", "content": d.body}],
-        ),
-    ),
-    Layout(
-        "instruction-last",
-        lambda d: Placed(f"{d.body}\n\n", f"{d.instruction}\n{d.question}"),
-    ),
+    Layout("instruction-first", instruction_first),
+    Layout("system-instruction", system_instruction),
+    Layout("instruction-last", instruction_last),
 )
 
 
