@@ -1,19 +1,20 @@
-"""Task registry: RULER and agent traces (generated offline), LongBench (hub or local JSONL), YAML suites."""
+"""Task registry: RULER, agent traces and the text/held-out kinds (generated offline), LongBench (hub or local
+JSONL), YAML suites."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from kvbench.tasks import agent, longbench, ruler
+from kvbench.tasks import agent, heldout, longbench, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = ["Sample", "TaskUnavailable", "Suite", "TASK_FAMILIES", "METRICS", "load_samples", "score_sample"]
 
 # Each family module exposes: TASKS {name: one-line description}, METRICS {name: fn(prediction, sample)},
 # min_length(task) -> int, make_samples(task, length, samples, seed, tokenizer, data_dir) -> list[Sample].
-TASK_FAMILIES = {"ruler": ruler, "agent": agent, "longbench": longbench}
-METRICS = {**ruler.METRICS, **agent.METRICS, **longbench.METRICS}
+TASK_FAMILIES = {"ruler": ruler, "agent": agent, "text": text, "heldout": heldout, "longbench": longbench}
+METRICS = {**ruler.METRICS, **agent.METRICS, **text.METRICS, **heldout.METRICS, **longbench.METRICS}
 SUITES_DIR = Path(__file__).resolve().parents[2] / "tasks"
 
 
