@@ -149,6 +149,6 @@ def test_an_unknown_mixture_is_a_one_line_key_error():
     with pytest.raises(KeyError) as error:
         mixture("nope")
     assert isinstance(error.value, UnknownMixture)
-    assert str(error.value) == "unknown mixture 'nope': choose one of ruler, broad"
+    assert str(error.value) == "unknown mixture 'nope': choose one of ruler, text, broad"
     with pytest.raises(KeyError):
         mixture_kinds("nope")
