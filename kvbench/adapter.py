@@ -41,6 +41,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, create_causal_mask, sdpa_mask
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
+from kvbench.errors import BadInput
 from kvbench.presses.kvp import KVPPress
 
 __all__ = ["DynamicCache"]
@@ -119,7 +120,7 @@ def decoding_press(
     The DecodingPress sets the press's ratio at each compression."""
     codec = getattr(press, "shares_prefill", False)
     if not isinstance(press, ScorerPress) and not codec:
-        raise ValueError(
+        raise BadInput(
             f"{type(press).__name__} cannot compress during decoding: kvpress's DecodingPress takes scorers"
         )
     if not codec:

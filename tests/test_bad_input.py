@@ -12,8 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvbench import models, results
-from kvbench.cli import main, parse_ratio
-from kvbench.results import ResultsStore, ResultsWriteError, load_rows
+from kvbench.cli import main
+from kvbench.errors import ResultsWriteError
+from kvbench.planning import parse_ratio
+from kvbench.results import ResultsStore, Row, load_rows
 from kvbench.tasks import longbench
 
 RUN = ["run", "--press", "snapkv", "--ratio", "0.5"]
@@ -337,8 +339,8 @@ def short_then_full_disk(monkeypatch, short: int):
     monkeypatch.setattr(results.os, "write", write)
 
 
-def row(sample_id: str) -> dict:
-    return {"config_id": "c", "task": "t", "length": 1, "seed": 0, "sample_id": sample_id, "score": 1.0}
+def row(sample_id: str) -> Row:
+    return Row("c", "m", "knorm", 0.5, "t", 1, 0, sample_id, content_hash="h", score=1.0)
 
 
 def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monkeypatch):
@@ -351,7 +353,7 @@ def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monke
     assert (tmp_path / "rows.jsonl").read_bytes() == before
     assert not store.has(row("1")) and store.has(row("0"))
     monkeypatch.undo()
-    assert ResultsStore(tmp_path).done == {tuple(row("0")[key] for key in results.KEY_FIELDS)}
+    assert ResultsStore(tmp_path).done == {row("0").key}
 
 
 def test_a_full_disk_during_a_run_is_one_line_exit_1(tmp_path, monkeypatch, tiny_model_dir):

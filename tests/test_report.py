@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvbench.report import build_leaderboards, collect, press_styles, render_report, report
+from kvbench.leaderboard import build_leaderboards, collect, press_styles, render_report, report
 from kvbench.results import ResultsStore, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

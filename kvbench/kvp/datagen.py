@@ -24,6 +24,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from kvbench.engine import tokenize_sample
+from kvbench.errors import BadInput, DataFileError
 from kvbench.tasks import load_samples
 from kvbench.training import MANIFEST_FILE, manifest_method, model_shape, write_atomically
 
@@ -102,7 +103,7 @@ def read_manifest(directory: Path) -> dict | None:
         if not isinstance(manifest, dict) or not {"model", "config", "shards"} <= manifest.keys():
             raise ValueError("it lacks model, config and shards")
     except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a KVP datagen manifest ({str(error).splitlines()[0]})") from None
+        raise DataFileError(f"{path}: not a KVP datagen manifest ({str(error).splitlines()[0]})") from None
     return manifest
 
 
@@ -113,7 +114,7 @@ def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: 
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
     manifest = read_manifest(out) or {"method": METHOD, **head, "shards": []}
     if manifest_method(manifest) != METHOD or {key: manifest.get(key) for key in head} != head:
-        raise ValueError(
+        raise BadInput(
             f"{out} holds {manifest_method(manifest)} data made with other settings "
             f"({manifest.get('model')}, {manifest.get('config')}); "
             "use another --out folder"

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kvbench.errors import BadInput, TrainingFileError
 from kvbench.kvp.agent import KVPAgents, position_features
 from kvbench.kvp.checkpoint import ModelShape, save_agents
 from kvbench.kvp.reward import (
@@ -59,7 +60,7 @@ class KVPData:
         self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
         self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
         if not self.train or not self.val:
-            raise ValueError(
+            raise TrainingFileError(
                 f"KVP data at {directory} needs train and val shards; "
                 f"it has {len(self.train)} train and {len(self.val)} val"
             )
@@ -88,7 +89,7 @@ def select_heads(shape: ModelShape, layers: list[int] | None, kv_heads: list[int
     ):
         bad = [i for i in chosen if not 0 <= i < limit]
         if bad:
-            raise ValueError(f"{name} {bad[0]} out of range: {shape.name} has {limit}")
+            raise BadInput(f"{name} {bad[0]} out of range: {shape.name} has {limit}")
     return [layer * shape.num_kv_heads + head for layer in layers for head in kv_heads]
 
 

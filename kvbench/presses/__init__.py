@@ -14,11 +14,9 @@ from dataclasses import dataclass
 
 import yaml
 
+from kvbench.errors import BadInput, KvbenchError, UnknownPress
+
 DEFAULT_INNER = "snapkv"
-
-
-class UnknownPress(ValueError):
-    """The press name is not in the registry."""
 
 
 @dataclass(frozen=True)
@@ -217,17 +215,22 @@ SPECS = [
 PRESSES: dict[str, PressSpec] = {spec.name: spec for spec in SPECS}
 
 
+def list_presses() -> list[PressSpec]:
+    """Every press of the registry: name, description, what it needs, whether it is a codec."""
+    return list(PRESSES.values())
+
+
 def parse_press_args(pairs: list[str]) -> dict:
     """['window_size=32', 'inner=tova'] -> {'window_size': 32, 'inner': 'tova'} (values typed as YAML)."""
     args = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"press argument {pair!r} is not key=value")
+            raise BadInput(f"press argument {pair!r} is not key=value")
         try:
             args[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
-            raise ValueError(f"press argument {pair!r}: cannot read the value {value!r}") from None
+            raise BadInput(f"press argument {pair!r}: cannot read the value {value!r}") from None
     return args
 
 
@@ -280,11 +283,9 @@ def check_press_args(name: str, press_args: dict) -> None:
             continue
         if key not in fields:
             known = ", ".join(sorted(fields | set(factory.own_args)))
-            raise ValueError(f"press {name!r} has no argument {key!r} (it takes: {known})")
+            raise BadInput(f"press {name!r} has no argument {key!r} (it takes: {known})")
         if key in hints and not value_fits(value, hints[key]):
-            raise ValueError(
-                f"bad press argument for {name!r}: {key}={value!r} is not {type_name(hints[key])}"
-            )
+            raise BadInput(f"bad press argument for {name!r}: {key}={value!r} is not {type_name(hints[key])}")
 
 
 def check_press_runnable(name: str) -> None:
@@ -308,19 +309,23 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
     if name not in PRESSES:
         raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
     if not 0 <= ratio < 1:
-        raise ValueError(f"ratio must be in [0, 1), got {ratio}")
+        raise BadInput(f"ratio must be in [0, 1), got {ratio}")
     spec = PRESSES[name]
     if spec.factory is None:
         if press_args:
-            raise ValueError(f"press 'none' takes no press arguments, got {', '.join(press_args)}")
+            raise BadInput(f"press 'none' takes no press arguments, got {', '.join(press_args)}")
         return None
     check_press_args(name, press_args)
     if spec.codec:
         press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
     try:
         return spec.factory(ratio, **press_args)
+    except KvbenchError:
+        raise
     except TypeError as error:
-        raise ValueError(f"bad press argument for {name!r}: {error}") from None
+        raise BadInput(f"bad press argument for {name!r}: {error}") from None
+    except ValueError as error:  # the press's own check of its arguments (a value, a budget it cannot reach)
+        raise BadInput(str(error)) from None
 
 
 def press_state(press) -> str | None:
