@@ -43,25 +43,17 @@ LAZY_COMMANDS = {
 }
 
 
-class OneLineError(click.ClickException):
-    """What the user sees of a KvbenchError or a usage error: `Error: <one line>`, and the exit code."""
-
-    def __init__(self, message: str, exit_code: int = 2):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 class Group(click.Group):
     """Loads heavy commands lazily; the one place where errors become one line and an exit code."""
 
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
-    def get_command(self, ctx, name):
-        if name in LAZY_COMMANDS:
-            module, attribute = LAZY_COMMANDS[name][0].split(":")
+    def get_command(self, ctx, cmd_name):
+        if cmd_name in LAZY_COMMANDS:
+            module, attribute = LAZY_COMMANDS[cmd_name][0].split(":")
             return getattr(importlib.import_module(module), attribute)
-        return super().get_command(ctx, name)
+        return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx, formatter):
         names = self.list_commands(ctx)
@@ -81,9 +73,11 @@ class Group(click.Group):
             try:
                 return super().invoke(ctx)
             except click.UsageError as error:  # click's own: one line too, without the usage block
-                raise OneLineError(error.format_message()) from None
+                click.echo(f"Error: {error.format_message()}", err=True)
+                ctx.exit(2)
             except KvbenchError as error:
-                raise OneLineError(first_line(error), error.exit_code) from None
+                click.echo(f"Error: {first_line(error)}", err=True)
+                ctx.exit(error.exit_code)
             except KeyboardInterrupt:
                 click.echo("interrupted", err=True)
                 ctx.exit(130)

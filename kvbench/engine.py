@@ -67,7 +67,7 @@ class Run:
     config: Config
     press: BasePress | None
     needs_attentions: bool  # the press scores with attention weights
-    cache: DynamicCache = field(default_factory=DynamicCache)
+    cache: DynamicCache | None = field(default_factory=DynamicCache)
     compress_s: float = 0.0
     result: dict = field(default_factory=dict)
 

@@ -226,7 +226,7 @@ class CompressedContext:
             ).logits[0]
         # Back to the compressed context for the next continuation (layers that held nothing hold nothing).
         for index, layer in enumerate(self.cache.layers):
-            layer.crop(self.layer_lengths[index] if index < len(self.layer_lengths) else 0)
+            layer.crop(self.layer_lengths[index] if index < len(self.layer_lengths) else 0)  # ty: ignore[missing-attribute]
         logprobs = F.log_softmax(logits.float(), dim=-1)
         targets = torch.tensor(continuation_ids, device=logprobs.device)
         return logprobs.gather(1, targets[:, None]).sum().item(), bool((logprobs.argmax(-1) == targets).all())
@@ -288,7 +288,7 @@ def check_length(length: int | None, names: list[str], limit: int | None, model:
 HUB_MODULES = ("huggingface_hub", "datasets", "requests", "urllib3", "httpx", "fsspec", "aiohttp")
 
 
-def needs_hub(error: BaseException) -> bool:
+def needs_hub(error: BaseException | None) -> bool:
     """Whether an error (or one it came from) is a failed download: a task whose data is on the hub."""
     while error is not None:
         if isinstance(error, ConnectionError) or type(error).__module__.split(".")[0] in HUB_MODULES:

@@ -212,7 +212,7 @@ def load_model(
         raise ModelNotFound(f"cannot load model {name!r}: {first_line(error)}") from None
     model.config.kvbench_name = name
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.pad_token = tokenizer.eos_token  # ty: ignore[invalid-assignment]
     return model.to(device).eval(), tokenizer
 
 

@@ -27,7 +27,7 @@ import socket
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -179,7 +179,7 @@ class ResultsStore:
         self.close()
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> Generator[None, None, None]:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -355,7 +355,7 @@ def append_line(path: Path, line: bytes) -> int:
 
 
 @contextmanager
-def suppress_os_error() -> Iterator[None]:
+def suppress_os_error() -> Generator[None, None, None]:
     try:
         yield
     except (OSError, ValueError):

@@ -336,7 +336,7 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
         },
         "summary": {
             f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
-            for (press, budget), scores in table.iterrows()
+            for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
         },
         "versions": package_versions(),
         "git_commit": git_commit(),

@@ -6,6 +6,8 @@ import errno
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -394,3 +396,33 @@ def test_an_lm_eval_task_that_needs_the_hub_is_one_line(tmp_path, monkeypatch):
         "cannot reach the hub for dataset 'x'"
     )
     assert not out.exists()
+
+
+# `kvbench presses` whose listing has a bug: kvbench's own errors are one line, anything else is a bug.
+BUGGY_LISTING = """
+import sys
+import kvbench.presses
+def listing():
+    raise {error}("a bug")
+kvbench.presses.list_presses = listing
+from kvbench.cli import main
+main(["presses"])
+"""
+
+
+@pytest.mark.parametrize("error", ["ZeroDivisionError", "ValueError", "KeyError"])
+def test_an_internal_bug_shows_its_traceback_and_exits_1(error):
+    """Even a ValueError or KeyError: only kvbench's error types are the user's fault."""
+    code = BUGGY_LISTING.format(error=error)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr and f"{error}: " in result.stderr
+    assert "in listing" in result.stderr  # down to the line that failed
+
+
+def test_kvbench_errors_keep_their_one_line_from_python_too():
+    from kvbench.errors import BadInput, KvbenchError
+
+    with pytest.raises(KvbenchError) as info:
+        parse_ratio("1.5")
+    assert isinstance(info.value, BadInput) and isinstance(info.value, ValueError)

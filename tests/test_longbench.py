@@ -308,29 +308,15 @@ def test_a_truncated_prompt_is_cut_in_the_middle_and_warned_about(tmp_path, toke
     assert "filler" not in short.context
 
 
-def test_without_length_the_cli_truncates_to_the_models_own_limit(tmp_path, tokenizer, caplog):
+def test_without_length_the_cli_truncates_to_the_models_own_limit(tmp_path, tokenizer, caplog, tiny_model):
     """A 1500-token model: THUDM's rule gives 1000 - 500 = 500 tokens; the row records that length."""
     from click.testing import CliRunner
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvbench.cli import main
     from kvbench.results import load_rows
 
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=1500,
-        eos_token_id=2,
-        pad_token_id=2,
-        bos_token_id=None,
-    )
     model_dir = tmp_path / "model"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tiny_model("llama", len(tokenizer), max_position_embeddings=1500).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = tmp_path / "data"
     data.mkdir()

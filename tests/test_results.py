@@ -14,7 +14,7 @@ import pytest
 import kvbench.runner as runner
 from kvbench.engine import Config
 from kvbench.models import load_model
-from kvbench.results import ResultsStore, Row, config_id, load_rows, load_runs, read_rows
+from kvbench.results import ResultsStore, Row, config_id, load_rows, load_runs
 
 
 def row(sample_id, score=50.0, press="knorm", ratio=0.5, content="c0", references=("x",)) -> Row:

@@ -23,7 +23,7 @@ DEFAULT_INNER = "snapkv"
 class PressSpec:
     name: str
     description: str
-    factory: Callable  # (ratio, **press_args) -> BasePress, or None for no compression
+    factory: "Factory | None"  # (ratio, **press_args) -> BasePress, or None for no compression
     needs: tuple[str, ...] = ()  # "eager" (attention weights), "hub" (downloads from the HF hub), "gpu"
     codec: bool = False  # keeps entries at fewer bits or a lower rank: built from a memory budget
 
@@ -35,22 +35,29 @@ def press_class(path: str) -> type:
     return getattr(importlib.import_module(module or "kvpress"), name)
 
 
-def builds(path: str, *own_args: str):
-    """Mark a factory with the press class it builds and the arguments it takes itself (`inner`), so that
-    press arguments are checked against the class's fields before anything is built."""
+@dataclass(frozen=True)
+class Factory:
+    """Builds a press from (ratio, **press_args); knows the press class it builds ("module:Class") and the
+    arguments it takes itself (`inner`), so that press arguments are checked against the class's fields
+    before anything is built."""
 
-    def mark(factory: Callable) -> Callable:
-        factory.press_path, factory.own_args = path, own_args
-        return factory
+    build: Callable
+    press_path: str
+    own_args: tuple[str, ...] = ()
 
-    return mark
+    def __call__(self, ratio: float, **press_args):
+        return self.build(ratio, **press_args)
 
 
-def scorer(path: str, ratio_field: str = "compression_ratio") -> Callable:
+def builds(path: str, *own_args: str) -> Callable[[Callable], Factory]:
+    return lambda build: Factory(build, path, own_args)
+
+
+def scorer(path: str, ratio_field: str = "compression_ratio") -> Factory:
     return builds(path)(lambda ratio, **args: press_class(path)(**{ratio_field: ratio}, **args))
 
 
-def wrapper(path: str) -> Callable:
+def wrapper(path: str) -> Factory:
     @builds(path, "inner")
     def build(ratio, inner=DEFAULT_INNER, **args):
         if not isinstance(inner, str) or inner not in PRESSES or PRESSES[inner].factory is None:
@@ -73,7 +80,7 @@ def build_random(ratio, seed=0, **args):
     return press_class("RandomPress")(compression_ratio=ratio, seed=seed, **args)
 
 
-def codec(path: str) -> Callable:
+def codec(path: str) -> Factory:
     """A codec press is built from its memory budget alone (the registry passes memory=...)."""
     return builds(path)(lambda ratio, **args: press_class(path)(**args))
 
@@ -269,10 +276,9 @@ def check_press_args(name: str, press_args: dict) -> None:
     """Refuse unknown press arguments and values that do not fit the press's dataclass fields
     (`window_size=abc`), so that a typo fails in the CLI instead of deep inside the first prefill."""
     factory = PRESSES[name].factory
-    path = getattr(factory, "press_path", None)
-    if path is None:
+    if factory is None:
         return
-    cls = press_class(path)
+    cls = press_class(factory.press_path)
     fields = {field.name for field in dataclasses.fields(cls) if field.init}
     try:
         hints = typing.get_type_hints(cls)

@@ -151,7 +151,7 @@ def family(task: str) -> str:
 
 
 def min_length(task: str) -> int:
-    return MIN_LENGTH.get(task, MIN_LENGTH.get(family(task)))
+    return MIN_LENGTH[task] if task in MIN_LENGTH else MIN_LENGTH[family(task)]
 
 
 # ---- Metrics (RULER scripts/eval/synthetic/constants.py and evaluate.py) ----
@@ -413,9 +413,9 @@ def fwe_vocabulary(rng: random.Random, size: int) -> list[str]:
     vocabulary: set[str] = set()
     while len(vocabulary) < size:
         vocabulary.add("".join(rng.choices(string.ascii_lowercase, k=6)))
-    vocabulary = sorted(vocabulary)
-    rng.shuffle(vocabulary)
-    return ["...", *vocabulary[1:]]
+    words = sorted(vocabulary)
+    rng.shuffle(words)
+    return ["...", *words[1:]]
 
 
 def fwe_draft(vocabulary: list[str], num_words: int, rng: random.Random) -> Draft:
