@@ -160,7 +160,7 @@ def task_options(command):
             type=click.Path(path_type=Path),
             default=Path("results"),
             show_default=True,
-            help="Results folder (appended to; finished rows are never recomputed).",
+            help="Results folder (appended to; finished rows are never recomputed; processes may share it).",
         ),
         click.option("--force", is_flag=True, help="Recompute rows that are already in --out."),
         click.option(

@@ -216,6 +216,7 @@ def plan_tasks(
 ) -> TaskPlan:
     """The suite's tasks (the default suite without tasks or suite), or the tasks named; the suite's
     length and samples unless given. Checked against the registry and each task's minimum length."""
+    task_list = [task_list] if isinstance(task_list, str) else list(task_list)
     suite_spec = None
     if suite or not task_list:
         name = suite or DEFAULT_SUITE

@@ -1,10 +1,11 @@
 """Run configs over tasks, resumably, into a results store: the library behind `kvbench run`/`sweep`.
 
 `run` and `sweep` are the Python API (`kvbench.run`, `kvbench.sweep`): they plan exactly as the command line
-does (kvbench.planning), load the model, key learned presses by their state, and score what the results
-folder lacks. Work is cut into units (`Unit`: one sample under up to `batch_configs` configs, which share one
-prefill); `evaluate_unit` computes a unit's rows without touching any store, so that a scheduler can spread
-units over workers and write their rows from one place (`ResultsStore.claim`, then `append`).
+does (kvbench.planning), load the model, key learned presses by their state (`prepare_plan`), and score
+what the results folder lacks (`run_plan`). Work is cut into units (`Unit`: one sample under up to
+`batch_configs` configs, which share one prefill); `evaluate_unit` computes a unit's rows without touching
+any store, so that a scheduler can spread units over workers and write their rows from one place
+(`ResultsStore.claim`, then `append`).
 """
 
 import platform
@@ -56,6 +57,7 @@ class Plan:
     device: str = "cpu"
     dtype: str = "float32"
     lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
+    out: Path = Path("results")  # the results folder
 
     def task_length(self, task: str) -> int | None:
         return self.lengths.get(task, self.length)
@@ -83,7 +85,7 @@ def run(
 ) -> pd.DataFrame:
     """Score one press at one compression ratio (fraction of KV entries removed) or memory budget
     (fraction of the 16-bit full cache) on a suite or tasks; the rows of this run, as `kvbench run` scores
-    them. `setup`: the keywords of `run_configs` (tasks, suite, length, samples, out, model, ...)."""
+    them. `setup`: the keywords of `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
     return run_configs(configs_for_run(press, ratio, memory, press_args, protocol, interval, chunk), **setup)
 
 
@@ -98,11 +100,19 @@ def sweep(
     **setup,
 ) -> pd.DataFrame:
     """Score every press at every ratio (or memory budget), plus no compression, as `kvbench sweep` does;
-    the rows of this sweep. `setup`: the keywords of `run_configs`."""
+    the rows of this sweep. `setup`: the keywords of `prepare_plan`."""
     return run_configs(configs_for_sweep(presses, ratios, memory, protocol, interval, chunk), **setup)
 
 
-def run_configs(
+def run_configs(configs: list[Config], *, progress: bool = True, **setup) -> pd.DataFrame:
+    """Score `configs` on a suite (default ruler-smoke) or `tasks`, appending what `out` lacks; the rows of
+    this run. `setup`: the keywords of `prepare_plan`."""
+    plan, llm, tokenizer = prepare_plan(configs, **setup)
+    with ResultsStore(plan.out) as store:
+        return run_plan(llm, tokenizer, plan, store, progress=progress)
+
+
+def prepare_plan(
     configs: list[Config],
     *,
     tasks: Sequence[str] = (),
@@ -117,12 +127,11 @@ def run_configs(
     model: str = models.EMBEDDED,
     device: str = "cpu",
     dtype: str = "float32",
-    progress: bool = True,
-) -> pd.DataFrame:
-    """Score `configs` on a suite (default ruler-smoke) or `tasks`, appending what `out` lacks; the rows of
-    this run. Everything is checked before the model loads, cheap checks first (names, numbers, files,
-    press arguments, the device, the lengths against the model's context); errors are one-line
-    KvbenchErrors. `force` recomputes rows `out` already holds."""
+):
+    """(plan, model, tokenizer): everything checked before the model loads, cheap checks first (names,
+    numbers, files, press arguments, the device, the lengths against the model's context; errors are
+    one-line KvbenchErrors), then the model loaded and the configs keyed by their presses' learned state.
+    `force` recomputes rows `out` already holds."""
     task_plan = plan_tasks(suite, tasks, length, samples)
     data_dir = Path(data_dir) if data_dir is not None else None
     if data_dir is not None and not data_dir.is_dir():
@@ -158,9 +167,9 @@ def run_configs(
         model=model,
         device=device,
         dtype=dtype,
+        out=Path(out),
     )
-    with ResultsStore(Path(out)) as store:
-        return run_plan(llm, tokenizer, plan, store, progress=progress)
+    return plan, llm, tokenizer
 
 
 def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
