@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -57,8 +58,8 @@ def test_api_rows_are_the_cli_rows(tmp_path, tiny_llama_dir):
     cli_rows = kvbench.load_results(cli_out).drop(columns=TIMINGS)
     api_rows = kvbench.load_results(api_out).drop(columns=TIMINGS)
     assert len(api_rows) == 3 and set(api_rows.press) == {"none", "knorm", "tova"}
-    assert cli_rows.to_dict("records") == api_rows.to_dict("records")
-    assert returned.drop(columns=TIMINGS).to_dict("records") == api_rows.to_dict("records")
+    pd.testing.assert_frame_equal(cli_rows, api_rows)
+    pd.testing.assert_frame_equal(returned.drop(columns=TIMINGS), api_rows)
     # Bad input is the same one-line error type from Python as from the command line.
     with pytest.raises(kvbench.BadInput, match="ratio must be in"):
         kvbench.run("knorm", 1.5, out=api_out)
