@@ -267,7 +267,7 @@ class ResultsStore:
         try:
             self.claims_dir.mkdir(exist_ok=True)
             if self.alive is None:
-                self.alive = FileLock(str(self.claims_dir / f"{self.owner}.lock"))
+                self.alive = FileLock(str(self.claims_dir / f"{self.owner}.lock"), thread_local=False)
                 self.alive.acquire()
             path = self.claims_dir / f"{self.owner}.json"
             tmp = path.with_suffix(".tmp")
