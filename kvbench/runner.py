@@ -22,10 +22,10 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvbench import models
-from kvbench.engine import Config, evaluate_sample
 from kvbench.errors import BadInput
 from kvbench.planning import (
     DEFAULT_PROTOCOL,
+    Config,
     check_configs,
     configs_for_run,
     configs_for_sweep,
@@ -233,6 +233,16 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
     ]
 
 
+def evaluate_sample(
+    model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int
+) -> list[dict]:
+    """The engine's (kvbench.engine.evaluate_sample), imported when a model first runs: planning, claiming
+    and writing rows need no torch."""
+    from kvbench import engine
+
+    return engine.evaluate_sample(model, tokenizer, sample, configs, batch_configs=batch_configs)
+
+
 def evaluate_unit(model, tokenizer, unit: Unit, plan: Plan) -> list[Row]:
     """The scored rows of `unit`, one per config in order; writes nothing. The model must be the plan's
     (`models.load_model(plan.model, ...)`)."""
@@ -256,27 +266,26 @@ def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool =
     units = plan_units(plan, plan_samples(plan, tokenizer))
     # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
     record_path = store.write_run(run_record(plan, None, started))
-    bar = tqdm(total=len(units), desc="units", unit="unit", disable=not progress, file=sys.stderr)
     pending = units
-    while pending:
-        waiting = []
-        for unit in pending:
-            bar.set_postfix_str(unit.sample.task)
-            rows = unit_rows(plan, unit)
-            todo = {row.key for row in store.claim(rows, force=plan.force)}
-            configs = tuple(config for config, row in zip(unit.configs, rows, strict=True) if row.key in todo)
-            if configs:
-                for row in evaluate_unit(model, tokenizer, Unit(unit.sample, configs), plan):
-                    store.append(row, force=plan.force)
-            if all(store.is_done(row, plan.force) for row in rows):
-                bar.update()
-            else:  # claimed by another writer
-                waiting.append(unit)
-        store.release()
-        if waiting:
-            time.sleep(CLAIM_POLL_S)
-        pending = waiting
-    bar.close()
+    with tqdm(total=len(units), desc="units", unit="unit", disable=not progress, file=sys.stderr) as bar:
+        while pending:
+            waiting = []
+            for unit in pending:
+                bar.set_postfix_str(unit.sample.task)
+                rows = unit_rows(plan, unit)
+                todo = {row.key for row in store.claim(rows, force=plan.force)}
+                configs = tuple(c for c, row in zip(unit.configs, rows, strict=True) if row.key in todo)
+                if configs:
+                    for row in evaluate_unit(model, tokenizer, Unit(unit.sample, configs), plan):
+                        store.append(row, force=plan.force)
+                if all(store.is_done(row, plan.force) for row in rows):
+                    bar.update()
+                else:  # claimed by another writer
+                    waiting.append(unit)
+            store.release()
+            if waiting:
+                time.sleep(CLAIM_POLL_S)
+            pending = waiting
     wanted = {row.sample_key for unit in units for row in unit_rows(plan, unit)}
     frame = load_rows([store.rows_path])
     frame = frame[[key in wanted for key in zip(*(frame[name] for name in SAMPLE_FIELDS), strict=True)]]

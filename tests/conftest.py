@@ -31,7 +31,8 @@ def embedded_model():
 def build_tiny_model(architecture: str = "llama", vocab_size: int = 128, **config):
     """The tests' model: 2 layers, 4 query heads over 2 KV heads of 16 dims (hidden 64), random weights
     from seed 0, in eval mode. `config` changes the shape or adds fields, e.g. initializer_range=0.1 for
-    peaked attention (so that which entries a press keeps changes the answer)."""
+    peaked attention (so that which entries a press keeps changes the answer). (A pad_token_id zeroes that
+    token's embedding at init: it is set only where asked.)"""
     torch.manual_seed(0)
     shape = dict(
         hidden_size=64,
@@ -41,10 +42,7 @@ def build_tiny_model(architecture: str = "llama", vocab_size: int = 128, **confi
         num_key_value_heads=2,
         vocab_size=vocab_size,
         head_dim=16,  # kvpress reads config.head_dim, which Qwen2Config does not define
-        max_position_embeddings=8192,
         eos_token_id=2,
-        pad_token_id=2,
-        bos_token_id=None,
     )
     shape.update(config)
     if architecture == "qwen2":
@@ -62,13 +60,22 @@ def tiny_model():
 def tiny_model_dir(request, tmp_path_factory, embedded_tokenizer):
     """The tiny model with the embedded tokenizer, saved as a local folder (loadable by name), once per
     architecture."""
-    return save_tiny_model(tmp_path_factory, embedded_tokenizer, request.param)
+    return save_tiny_model(
+        tmp_path_factory,
+        embedded_tokenizer,
+        request.param,
+        max_position_embeddings=8192,
+        pad_token_id=2,
+        bos_token_id=None,
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, embedded_tokenizer):
     """The llama one only, with peaked attention: for tests of the bridges around the engine."""
-    return save_tiny_model(tmp_path_factory, embedded_tokenizer, "llama", initializer_range=0.1)
+    return save_tiny_model(
+        tmp_path_factory, embedded_tokenizer, "llama", initializer_range=0.1, bos_token_id=None
+    )
 
 
 def save_tiny_model(tmp_path_factory, tokenizer, architecture: str, **config) -> str:

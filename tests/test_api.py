@@ -63,3 +63,12 @@ def test_api_rows_are_the_cli_rows(tmp_path, tiny_llama_dir):
     # Bad input is the same one-line error type from Python as from the command line.
     with pytest.raises(kvbench.BadInput, match="ratio must be in"):
         kvbench.run("knorm", 1.5, out=api_out)
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_keeps_and_counts_what_a_cpu_run_does(tmp_path, tiny_llama_dir):
+    setup = dict(tasks=["niah_single_1"], length=512, samples=1, model=tiny_llama_dir, progress=False)
+    cpu = kvbench.sweep(["knorm", "tova"], [0.5], out=tmp_path / "cpu", **setup)
+    cuda = kvbench.sweep(["knorm", "tova"], [0.5], device="cuda", out=tmp_path / "cuda", **setup)
+    columns = ["config_id", "sample_id", "content_hash", "context_tokens", "kv_kept", "kv_total", "kv_bytes"]
+    pd.testing.assert_frame_equal(cpu[columns], cuda[columns])

@@ -354,6 +354,7 @@ def test_first_line_keeps_the_first_non_empty_line(tokenizer):
     assert engine.decode_prediction(tokenizer, ids, word_soup_sample(1)).endswith("in France.")
 
 
+@pytest.mark.slow
 def test_embedded_model_matches_the_pipeline(monkeypatch):
     model, tokenizer = load_model()
     needle = "The secret code of the blue door is 4711."

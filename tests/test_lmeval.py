@@ -107,6 +107,7 @@ def test_task_yamls_cover_every_ruler_task_with_its_generation_budget():
     assert group["task"] == [f"kvbench_{task}" for task in ruler.TASKS]
 
 
+@pytest.mark.slow
 def test_our_ruler_task_in_lm_eval_scores_as_kvbench_run(monkeypatch, tmp_path):
     monkeypatch.setattr(lmeval, "cache_dir", lambda: tmp_path)  # no request cache from an earlier run
     lm = KVBenchLM("smollm2-135m", "snapkv", 0.5)
@@ -129,6 +130,7 @@ def invoke(*args):
     return CliRunner().invoke(lm_eval_command, [*args])
 
 
+@pytest.mark.slow
 def test_cli_runs_lm_evals_own_ruler_offline_into_the_results_store(monkeypatch, tmp_path, model_dir):
     monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "results"
@@ -209,4 +211,4 @@ def test_multiple_choice_rows_hold_the_most_likely_choice_and_accuracy_on_0_100(
         apply_chat_template=True,
         bootstrap_iters=0,
     )
-    assert 100 * plain["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(r["score"] for r in rows) / 2)
+    assert 100 * plain["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(row.score for row in rows) / 2)

@@ -282,12 +282,14 @@ def test_longbench_e_buckets_by_word_length():
 
 
 def test_hub_zip_comes_from_the_cache_or_not_at_all_when_offline(monkeypatch, tmp_path):
+    import huggingface_hub  # read by hub_data_zip when called
+
     monkeypatch.setattr(lb, "hub_data_zip", HUB_DATA_ZIP)
-    monkeypatch.setattr(lb, "is_offline_mode", lambda: True)
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: True)
     monkeypatch.setattr(lb, "hub_is_reachable", lambda: pytest.fail("offline mode must not probe the hub"))
-    monkeypatch.setattr(lb, "try_to_load_from_cache", lambda *args, **kwargs: None)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
     assert lb.hub_data_zip() is None
-    monkeypatch.setattr(lb, "try_to_load_from_cache", lambda *args, **kwargs: str(tmp_path / "data.zip"))
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: str(tmp_path / "data.zip"))
     assert lb.hub_data_zip() == tmp_path / "data.zip"
 
 
