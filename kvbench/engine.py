@@ -21,7 +21,6 @@ import bisect
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from kvpress import BasePress
@@ -43,37 +42,15 @@ from kvbench.adapter import (
     pad_caches,
 )
 from kvbench.decoder import BatchedDecoder
-from kvbench.presses import PRESSES, build_press, needs_eager, seed_press
+from kvbench.errors import BadInput
+from kvbench.planning import PROTOCOL_ARGS, Config
+from kvbench.presses import PRESSES, needs_eager, seed_press
 from kvbench.tasks.base import Sample
 
 logger = logging.getLogger(__name__)
 
-PROTOCOLS = {
-    "query-agnostic": (),  # protocol name: the arguments it takes
-    "decode-time": ("interval",),
-    "streaming": ("chunk",),
-}
+PROTOCOLS = {name: (arg[0],) if arg else () for name, arg in PROTOCOL_ARGS.items()}  # name: its arguments
 BYTES_PER_VALUE = 2  # memory is counted as a 16-bit cache stores it, whatever dtype the run computes in
-
-
-@dataclass(frozen=True)
-class Config:
-    """One point of a sweep. `press_args` and `protocol_args` are sorted tuples of (key, value) so configs
-    are hashable; `press_state` is the digest of the learned state the press loads (`presses.press_state`);
-    `memory` is the budget asked for (fraction of the 16-bit full cache) when the config was given one."""
-
-    press: str
-    ratio: float
-    press_args: tuple[tuple[str, Any], ...] = ()
-    press_state: str | None = None
-    memory: float | None = None
-    protocol: str = "query-agnostic"
-    protocol_args: tuple[tuple[str, int], ...] = ()
-
-    def build_press(self) -> BasePress | None:
-        if self.press == "none":
-            return None
-        return build_press(self.press, self.ratio, memory=self.memory, **dict(self.press_args))
 
 
 @dataclass
@@ -98,7 +75,7 @@ class Run:
     config: Config
     press: BasePress | None
     needs_attentions: bool  # the press scores with attention weights
-    cache: DynamicCache = field(default_factory=DynamicCache)
+    cache: DynamicCache | None = field(default_factory=DynamicCache)
     compress_s: float = 0.0
     result: dict = field(default_factory=dict)
 
@@ -115,7 +92,7 @@ def evaluate_sample(
     add up to the wall time over configs. Configs are processed `batch_configs` at a time to bound memory.
     """
     if batch_configs < 1:
-        raise ValueError(f"batch_configs must be at least 1, got {batch_configs}")
+        raise BadInput(f"batch_configs must be at least 1, got {batch_configs}")
     prompt = tokenize_sample(tokenizer, sample)
     # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
     runs = [
@@ -222,18 +199,18 @@ def token_regions(context: str, messages: list[dict], token_starts: list[int]) -
 def check_protocol(config: Config) -> None:
     """Fail before any work if a protocol is unknown, lacks its arguments, or cannot run the press."""
     if config.protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {config.protocol!r} (one of {', '.join(PROTOCOLS)})")
+        raise BadInput(f"unknown protocol {config.protocol!r} (one of {', '.join(PROTOCOLS)})")
     args = dict(config.protocol_args)
     if sorted(args) != sorted(PROTOCOLS[config.protocol]):
         wanted = ", ".join(PROTOCOLS[config.protocol]) or "no arguments"
-        raise ValueError(f"protocol {config.protocol!r} takes {wanted}, got {sorted(args) or 'none'}")
+        raise BadInput(f"protocol {config.protocol!r} takes {wanted}, got {sorted(args) or 'none'}")
     for name, value in args.items():
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"--{name} must be a whole number of at least 1, got {value}")
+            raise BadInput(f"--{name} must be a whole number of at least 1, got {value}")
     if config.protocol != "query-agnostic" and config.press != "none":
         press = config.build_press()
         if compresses_decoding(press) or not is_shareable(press):
-            raise ValueError(
+            raise BadInput(
                 f"press {config.press!r} cannot run under the {config.protocol} protocol: it changes the "
                 "forward or compresses while decoding by itself; kvpress's DecodingPress takes scorers"
             )

@@ -1,9 +1,19 @@
-"""Run a grid of (press, ratio) configs over tasks, resumably, into a results store."""
+"""Run configs over tasks, resumably, into a results store: the library behind `kvbench run`/`sweep`.
+
+`run` and `sweep` are the Python API (`kvbench.run`, `kvbench.sweep`): they plan exactly as the command line
+does (kvbench.planning), load the model, key learned presses by their state (`prepare_plan`), and score
+what the results folder lacks (`run_plan`). Work is cut into units (`Unit`: one sample under up to
+`batch_configs` configs, which share one prefill); `evaluate_unit` computes a unit's rows without touching
+any store, so that a scheduler can spread units over workers and write their rows from one place
+(`ResultsStore.claim`, then `append`).
+"""
 
 import platform
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -11,11 +21,22 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from kvbench import tasks
-from kvbench.engine import Config, evaluate_sample
-from kvbench.models import model_name
-from kvbench.results import ResultsStore, config_id, load_rows, row_key
+from kvbench import models
+from kvbench.errors import BadInput
+from kvbench.planning import (
+    DEFAULT_PROTOCOL,
+    Config,
+    check_configs,
+    configs_for_run,
+    configs_for_sweep,
+    key_by_learned_state,
+    plan_tasks,
+    task_lengths,
+)
+from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
+from kvbench.tasks import Sample, check_data, load_samples, score_sample
 
+CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
 PACKAGES = ("kvbench", "torch", "transformers", "kvpress", "datasets", "lm-eval", "accelerate", "flash-attn")
 
 
@@ -32,11 +53,244 @@ class Plan:
     data_dir: Path | None = None
     batch_configs: int = 16
     force: bool = False
-    extra: dict = field(default_factory=dict)  # model/device/dtype as given, recorded in the run record
+    model: str = models.EMBEDDED  # as the user named it: what rows record (`models.model_name`)
+    device: str = "cpu"
+    dtype: str = "float32"
     lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
+    out: Path = Path("results")  # the results folder
 
-    def task_length(self, task: str) -> int:
+    def task_length(self, task: str) -> int | None:
         return self.lengths.get(task, self.length)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of work: one sample under some configs (at most the plan's `batch_configs`), computed
+    together: the configs that compress inside kvpress's hook share one prefill and one batched decoding."""
+
+    sample: Sample
+    configs: tuple[Config, ...]
+
+
+def run(
+    press: str,
+    ratio: float | str | None = None,
+    *,
+    memory: float | str | None = None,
+    press_args: dict | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    interval: int | None = None,
+    chunk: int | None = None,
+    **setup,
+) -> pd.DataFrame:
+    """Score one press at one compression ratio (fraction of KV entries removed) or memory budget
+    (fraction of the 16-bit full cache) on a suite or tasks; the rows of this run, as `kvbench run` scores
+    them. `setup`: the keywords of `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
+    return run_configs(configs_for_run(press, ratio, memory, press_args, protocol, interval, chunk), **setup)
+
+
+def sweep(
+    presses: Sequence[str] | str,
+    ratios: Sequence[float | str] | str | None = None,
+    *,
+    memory: Sequence[float | str] | str | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    interval: int | None = None,
+    chunk: int | None = None,
+    **setup,
+) -> pd.DataFrame:
+    """Score every press at every ratio (or memory budget), plus no compression, as `kvbench sweep` does;
+    the rows of this sweep. `setup`: the keywords of `prepare_plan`."""
+    return run_configs(configs_for_sweep(presses, ratios, memory, protocol, interval, chunk), **setup)
+
+
+def run_configs(configs: list[Config], *, progress: bool = True, **setup) -> pd.DataFrame:
+    """Score `configs` on a suite (default ruler-smoke) or `tasks`, appending what `out` lacks; the rows of
+    this run. `setup`: the keywords of `prepare_plan`."""
+    plan, llm, tokenizer = prepare_plan(configs, **setup)
+    with ResultsStore(plan.out) as store:
+        return run_plan(llm, tokenizer, plan, store, progress=progress)
+
+
+def prepare_plan(
+    configs: list[Config],
+    *,
+    tasks: Sequence[str] = (),
+    suite: str | None = None,
+    length: int | None = None,
+    samples: int | None = None,
+    seed: int = 0,
+    data_dir: Path | str | None = None,
+    out: Path | str = "results",
+    force: bool = False,
+    batch_configs: int = 16,
+    model: str = models.EMBEDDED,
+    device: str = "cpu",
+    dtype: str = "float32",
+):
+    """(plan, model, tokenizer): everything checked before the model loads, cheap checks first (names,
+    numbers, files, press arguments, the device, the lengths against the model's context; errors are
+    one-line KvbenchErrors), then the model loaded and the configs keyed by their presses' learned state.
+    `force` recomputes rows `out` already holds."""
+    task_plan = plan_tasks(suite, tasks, length, samples)
+    data_dir = Path(data_dir) if data_dir is not None else None
+    if data_dir is not None and not data_dir.is_dir():
+        raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
+    for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
+        check_data(name, data_dir)
+    presses = check_configs(configs)  # bad press arguments fail here (`none` takes none)
+    if batch_configs < 1:
+        raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
+    if dtype not in models.DTYPES:
+        raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(models.DTYPES)}")
+    check_writable(Path(out))
+    models.check_device(device)
+    models.resolve(model)
+    limit = models.context_limit(model)
+    names, asked = task_plan.tasks, task_plan.length
+    lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None
+    # The engine switches to eager attention itself for the configs that need attention weights.
+    llm, tokenizer = models.load_model(model, device=device, dtype=dtype)
+    if lengths is None:  # a hub model whose config was not at hand: its context is known now
+        lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
+    plan = Plan(
+        configs=key_by_learned_state(llm, configs, presses),
+        tasks=names,
+        length=asked,
+        lengths={name: value for name, value in lengths.items() if value != asked},
+        samples=task_plan.samples,
+        seed=seed,
+        suite=task_plan.suite,
+        data_dir=data_dir,
+        batch_configs=batch_configs,
+        force=force,
+        model=model,
+        device=device,
+        dtype=dtype,
+        out=Path(out),
+    )
+    return plan, llm, tokenizer
+
+
+def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
+    """Every sample of the plan, task by task (RULER's are sized with the model's tokenizer)."""
+    return [
+        sample
+        for task in plan.tasks
+        for sample in load_samples(
+            task,
+            length=plan.task_length(task),
+            samples=plan.samples,
+            seed=plan.seed,
+            tokenizer=tokenizer,
+            data_dir=plan.data_dir,
+        )
+    ]
+
+
+def plan_units(plan: Plan, samples: list[Sample]) -> list[Unit]:
+    """Each sample under the plan's configs, `batch_configs` at a time."""
+    step = plan.batch_configs
+    return [
+        Unit(sample, tuple(plan.configs[start : start + step]))
+        for sample in samples
+        for start in range(0, len(plan.configs), step)
+    ]
+
+
+def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
+    """The rows of a unit before scoring: which config on which sample (and its content), one per config."""
+    sample, content = unit.sample, unit.sample.content_hash()
+    return [
+        Row(
+            config_id=config_id(
+                plan.model,
+                config.press,
+                config.ratio,
+                dict(config.press_args),
+                config.press_state,
+                config.memory,
+                config.protocol,
+                dict(config.protocol_args),
+            ),
+            model=plan.model,
+            press=config.press,
+            ratio=config.ratio,
+            task=sample.task,
+            length=plan.task_length(sample.task),
+            seed=plan.seed,
+            sample_id=sample.id,
+            press_args=dict(config.press_args),
+            press_state=config.press_state,
+            memory=config.memory,
+            protocol=config.protocol,
+            protocol_args=dict(config.protocol_args),
+            content_hash=content,
+            references=list(sample.references),
+            meta=sample.meta,
+        )
+        for config in unit.configs
+    ]
+
+
+def evaluate_sample(
+    model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int
+) -> list[dict]:
+    """The engine's (kvbench.engine.evaluate_sample), imported when a model first runs: planning, claiming
+    and writing rows need no torch."""
+    from kvbench import engine
+
+    return engine.evaluate_sample(model, tokenizer, sample, configs, batch_configs=batch_configs)
+
+
+def evaluate_unit(model, tokenizer, unit: Unit, plan: Plan) -> list[Row]:
+    """The scored rows of `unit`, one per config in order; writes nothing. The model must be the plan's
+    (`models.load_model(plan.model, ...)`)."""
+    outputs = evaluate_sample(
+        model, tokenizer, unit.sample, list(unit.configs), batch_configs=plan.batch_configs
+    )
+    return [
+        replace(row, **output, score=score_sample(unit.sample, output["prediction"]))
+        for row, output in zip(unit_rows(plan, unit), outputs, strict=True)
+    ]
+
+
+def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool = True) -> pd.DataFrame:
+    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan.
+
+    Units whose rows another live writer of the folder has claimed are left to it and waited for (polled
+    every CLAIM_POLL_S); should that writer die, its claims lapse and this one computes them."""
+    if models.model_name(model) != plan.model:
+        raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
+    started = datetime.now(timezone.utc).isoformat()
+    units = plan_units(plan, plan_samples(plan, tokenizer))
+    # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
+    record_path = store.write_run(run_record(plan, None, started))
+    pending = units
+    with tqdm(total=len(units), desc="units", unit="unit", disable=not progress, file=sys.stderr) as bar:
+        while pending:
+            waiting = []
+            for unit in pending:
+                bar.set_postfix_str(unit.sample.task)
+                rows = unit_rows(plan, unit)
+                todo = {row.key for row in store.claim(rows, force=plan.force)}
+                configs = tuple(c for c, row in zip(unit.configs, rows, strict=True) if row.key in todo)
+                if configs:
+                    for row in evaluate_unit(model, tokenizer, Unit(unit.sample, configs), plan):
+                        store.append(row, force=plan.force)
+                if all(store.is_done(row, plan.force) for row in rows):
+                    bar.update()
+                else:  # claimed by another writer
+                    waiting.append(unit)
+            store.release()
+            if waiting:
+                time.sleep(CLAIM_POLL_S)
+            pending = waiting
+    wanted = {row.sample_key for unit in units for row in unit_rows(plan, unit)}
+    frame = load_rows([store.rows_path])
+    frame = frame[[key in wanted for key in zip(*(frame[name] for name in SAMPLE_FIELDS), strict=True)]]
+    store.write_run(run_record(plan, frame, started), path=record_path)
+    return frame.reset_index(drop=True)
 
 
 def package_versions() -> dict:
@@ -65,69 +319,6 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
-def base_row(model, config: Config, sample: tasks.Sample, plan: Plan) -> dict:
-    name = model_name(model)
-    press_args, protocol_args = dict(config.press_args), dict(config.protocol_args)
-    identity = (config.press_state, config.memory, config.protocol, protocol_args)
-    return {
-        "config_id": config_id(name, config.press, config.ratio, press_args, *identity),
-        "model": name,
-        "press": config.press,
-        "ratio": config.ratio,
-        "memory": config.memory,
-        "protocol": config.protocol,
-        "protocol_args": protocol_args,
-        "press_args": press_args,
-        "press_state": config.press_state,
-        "task": sample.task,
-        "length": plan.task_length(sample.task),
-        "seed": plan.seed,
-        "sample_id": sample.id,
-    }
-
-
-def run_plan(model, tokenizer, plan: Plan, store: ResultsStore, progress: bool = True) -> pd.DataFrame:
-    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan."""
-    started = datetime.now(timezone.utc).isoformat()
-    samples = [
-        sample
-        for task in plan.tasks
-        for sample in tasks.load_samples(
-            task,
-            length=plan.task_length(task),
-            samples=plan.samples,
-            seed=plan.seed,
-            tokenizer=tokenizer,
-            data_dir=plan.data_dir,
-        )
-    ]
-    # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
-    record_path = store.write_run(run_record(model, plan, None, started))
-    keys = set()
-    bar = tqdm(samples, desc="samples", unit="sample", disable=not progress, file=sys.stderr)
-    for sample in bar:
-        bar.set_postfix_str(sample.task)
-        rows = [(config, base_row(model, config, sample, plan)) for config in plan.configs]
-        keys.update(row_key(row) for _, row in rows)
-        todo = [(config, row) for config, row in rows if plan.force or not store.has(row)]
-        if todo:
-            outputs = evaluate_sample(
-                model, tokenizer, sample, [config for config, _ in todo], batch_configs=plan.batch_configs
-            )
-            for (_, row), output in zip(todo, outputs, strict=True):
-                row.update(
-                    output,
-                    references=sample.references,
-                    meta=sample.meta,
-                    score=tasks.score_sample(sample, output["prediction"]),
-                )
-                store.append(row)
-    frame = load_rows([store.rows_path])
-    frame = frame[[row_key(row) in keys for row in frame.to_dict("records")]]
-    store.write_run(run_record(model, plan, frame, started), path=record_path)
-    return frame
-
-
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     """Score per task (columns) for each (press, budget), plus the average over tasks; the budget is the
     ratio, or `memory=M` for configs given a memory budget."""
@@ -143,13 +334,13 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def run_record(model, plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
+def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     """The run's full config, versions and commit; with `frame`, its scores and finish time too."""
     table = summarize(frame) if frame is not None else pd.DataFrame()
     return {
         "command": " ".join(["kvbench", *sys.argv[1:]]),
         "config": {
-            "model": model_name(model),
+            "model": plan.model,
             "configs": [asdict(config) for config in plan.configs],
             "tasks": plan.tasks,
             "suite": plan.suite,
@@ -158,11 +349,12 @@ def run_record(model, plan: Plan, frame: pd.DataFrame | None, started: str) -> d
             "samples": plan.samples,
             "seed": plan.seed,
             "data_dir": str(plan.data_dir) if plan.data_dir else None,
-            **plan.extra,
+            "device": plan.device,
+            "dtype": plan.dtype,
         },
         "summary": {
             f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
-            for (press, budget), scores in table.iterrows()
+            for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
         },
         "versions": package_versions(),
         "git_commit": git_commit(),

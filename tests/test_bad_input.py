@@ -6,16 +6,20 @@ import errno
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kvbench import models, results
-from kvbench.cli import main, parse_ratio
+from kvbench.cli import main
+from kvbench.errors import ResultsWriteError
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import save_agents
-from kvbench.results import ResultsStore, ResultsWriteError, load_rows
+from kvbench.planning import parse_ratio
+from kvbench.results import ResultsStore, Row, load_rows
 from kvbench.tasks import longbench
 
 RUN = ["run", "--press", "snapkv", "--ratio", "0.5"]
@@ -367,8 +371,8 @@ def short_then_full_disk(monkeypatch, short: int):
     monkeypatch.setattr(results.os, "write", write)
 
 
-def row(sample_id: str) -> dict:
-    return {"config_id": "c", "task": "t", "length": 1, "seed": 0, "sample_id": sample_id, "score": 1.0}
+def row(sample_id: str) -> Row:
+    return Row("c", "m", "knorm", 0.5, "t", 1, 0, sample_id, content_hash="h", score=1.0)
 
 
 def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monkeypatch):
@@ -381,7 +385,7 @@ def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monke
     assert (tmp_path / "rows.jsonl").read_bytes() == before
     assert not store.has(row("1")) and store.has(row("0"))
     monkeypatch.undo()
-    assert ResultsStore(tmp_path).done == {tuple(row("0")[key] for key in results.KEY_FIELDS)}
+    assert ResultsStore(tmp_path).done == {row("0").key}
 
 
 def test_a_full_disk_during_a_run_is_one_line_exit_1(tmp_path, monkeypatch, tiny_model_dir):
@@ -422,3 +426,33 @@ def test_an_lm_eval_task_that_needs_the_hub_is_one_line(tmp_path, monkeypatch):
         "cannot reach the hub for dataset 'x'"
     )
     assert not out.exists()
+
+
+# `kvbench presses` whose listing has a bug: kvbench's own errors are one line, anything else is a bug.
+BUGGY_LISTING = """
+import sys
+import kvbench.presses
+def listing():
+    raise {error}("a bug")
+kvbench.presses.list_presses = listing
+from kvbench.cli import main
+main(["presses"])
+"""
+
+
+@pytest.mark.parametrize("error", ["ZeroDivisionError", "ValueError", "KeyError"])
+def test_an_internal_bug_shows_its_traceback_and_exits_1(error):
+    """Even a ValueError or KeyError: only kvbench's error types are the user's fault."""
+    code = BUGGY_LISTING.format(error=error)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr and f"{error}: " in result.stderr
+    assert "in listing" in result.stderr  # down to the line that failed
+
+
+def test_kvbench_errors_keep_their_one_line_from_python_too():
+    from kvbench.errors import BadInput, KvbenchError
+
+    with pytest.raises(KvbenchError) as info:
+        parse_ratio("1.5")
+    assert isinstance(info.value, BadInput) and isinstance(info.value, ValueError)

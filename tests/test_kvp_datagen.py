@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache
 
 from kvbench.cli import main
 from kvbench.kvp import datagen
@@ -14,18 +14,8 @@ from kvbench.presses.kvp import KVPPress
 from kvbench.tasks.mixture import MIXTURES, Part
 
 
-def test_utility_is_the_teacher_forced_attention_of_the_later_queries():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=97,
-        eos_token_id=1,
-    )
-    model = LlamaForCausalLM(config).eval()
+def test_utility_is_the_teacher_forced_attention_of_the_later_queries(tiny_model):
+    model = tiny_model(vocab_size=97, eos_token_id=1)
     context, question = list(range(3, 23)), [30, 31, 32]
     captured = capture_prompt(model, context, question, gen_tokens=5)
     assert len(captured["generated"]) == 5

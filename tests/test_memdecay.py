@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from kvpress import DecodingPress
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache
 
 from kvbench.engine import REGIONS, tokenize_sample
 from kvbench.models import load_model, load_tokenizer, model_name
@@ -36,20 +36,13 @@ def write_test_calibration(directory, name: str, **changes) -> str:
     return str(directory)
 
 
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
-    model = LlamaForCausalLM(config).eval()
+@pytest.fixture
+def tiny_llama(tiny_model):
+    """The tiny model, named, its layers given the rotary embedding as kvpress's press(model) does."""
+    model = tiny_model()
     model.config.kvbench_name = "tiny-test"
     for layer in model.model.layers:
-        layer.self_attn.rotary_emb = model.model.rotary_emb  # what kvpress's press(model) sets
+        layer.self_attn.rotary_emb = model.model.rotary_emb
     return model
 
 
@@ -170,10 +163,10 @@ def assert_matches(press, module, kept, states, keys, values, new_keys, new_valu
 
 
 @pytest.mark.parametrize("pin", ["", "system", "system,tool"])
-def test_press_matches_the_reference_over_two_successive_compressions(tmp_path, pin):
+def test_press_matches_the_reference_over_two_successive_compressions(tmp_path, pin, tiny_llama):
     """Decay score, age reset by the threshold, pages and pinning, on a prefill then a decode-time call: the
     state (region, age, accumulated attention) follows the kept entries into the second call."""
-    model = tiny_llama()
+    model = tiny_llama
     module = model.model.layers[1].self_attn
     press = make_press(tmp_path, model, compression_ratio=0.5, pin=pin, page_size=4, beta=1.0)
     known = [SYSTEM] * 6 + [USER] * 9 + [TOOL] * 12 + [SCRATCHPAD] * 7 + [ASSISTANT] * 6
@@ -199,8 +192,8 @@ def test_press_matches_the_reference_over_two_successive_compressions(tmp_path, 
     assert new_keys.shape[2] == 21
 
 
-def test_new_entries_fed_whole_are_user_and_decoded_ones_assistant(tmp_path):
-    model = tiny_llama()
+def test_new_entries_fed_whole_are_user_and_decoded_ones_assistant(tmp_path, tiny_llama):
+    model = tiny_llama
     module = model.model.layers[0].self_attn
     press = make_press(tmp_path, model, compression_ratio=0.0)
     press.use_regions(torch.tensor([SYSTEM] * 10))
@@ -344,13 +337,13 @@ def test_press_under_kvpress_decoding_press_holds_the_target_size(tiny, tmp_path
         assert (state.region[0, :, -4:] == ASSISTANT).all()  # the last decoded tokens
 
 
-def test_bad_inputs_are_one_line_errors(tmp_path):
+def test_bad_inputs_are_one_line_errors(tmp_path, tiny_llama):
     with pytest.raises(
         ValueError, match="unknown region 'memory' in pin; valid regions: system, user"
     ) as error:
         build_press("memdecay", 0.5, pin="system,memory")
     assert "\n" not in str(error.value)
-    model = tiny_llama()
+    model = tiny_llama
     press = MemDecayPress(compression_ratio=0.5, calibration=str(tmp_path / "none"))
     with pytest.raises(MemDecayError, match="kvbench memdecay calibrate --model tiny-test") as error:
         press.post_init_from_model(model)

@@ -20,6 +20,8 @@ import math
 import torch
 from torch import nn
 
+from kvbench.errors import BadInput
+
 COMPACT_POSITION_FEATURES = ("relative_position", "log_distance_to_end", "log_distance_to_start")
 LOG_SCALE = math.log(4096)  # brings the log distances to about [0, 1] at typical lengths
 
@@ -259,6 +261,6 @@ ARCHS: dict[str, type[StackedAgents]] = {"compact": KVPAgents, "apple": AppleAge
 def build_agents(arch: str, num_heads: int, head_dim: int, hidden: int | None = None, **options):
     """New agents of architecture `arch` (hidden None: the architecture's default width)."""
     if arch not in ARCHS:
-        raise ValueError(f"unknown KVP arch {arch!r} (choose one of: {', '.join(ARCHS)})")
+        raise BadInput(f"unknown KVP arch {arch!r} (choose one of: {', '.join(ARCHS)})")
     cls = ARCHS[arch]
     return cls(num_heads, head_dim, hidden or cls.default_hidden, **options)

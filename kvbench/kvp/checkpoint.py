@@ -12,6 +12,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from kvbench.errors import KVPAgentsError
 from kvbench.kvp.agent import ARCHS, StackedAgents
 from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
     CARD_FILE,
@@ -25,10 +26,6 @@ from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are par
 
 WEIGHTS_FILE = "agents.safetensors"
 METHOD = "kvp"
-
-
-class KVPAgentsError(TrainingFileError):
-    """Agents that cannot be used: missing, or made for another model. The message is one line."""
 
 
 def default_agents_dir(name: str) -> Path:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from kvbench.engine import tokenize_sample
+from kvbench.errors import BadInput, DataFileError
 from kvbench.tasks import Sample, load_samples
 from kvbench.tasks.mixture import Part
 from kvbench.training import MANIFEST_FILE, folder_name, manifest_method, model_shape, write_atomically
@@ -49,7 +50,7 @@ class DatagenConfig:
         pairs = [(part.task, part.length) for part in self.parts]
         duplicate = next((pair for pair in pairs if pairs.count(pair) > 1), None)
         if duplicate:
-            raise ValueError(f"the mixture holds task {duplicate[0]!r} at length {duplicate[1]} twice")
+            raise BadInput(f"the mixture holds task {duplicate[0]!r} at length {duplicate[1]} twice")
 
     def part_seeds(self) -> list[int]:
         """Each part's sample seed: `seed` for a task's first part, seed + k for its k-th after that."""
@@ -128,7 +129,7 @@ def read_manifest(directory: Path) -> dict | None:
         if not isinstance(manifest, dict) or not {"model", "config", "shards"} <= manifest.keys():
             raise ValueError("it lacks model, config and shards")
     except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a KVP datagen manifest ({str(error).splitlines()[0]})") from None
+        raise DataFileError(f"{path}: not a KVP datagen manifest ({str(error).splitlines()[0]})") from None
     return manifest
 
 
@@ -140,7 +141,7 @@ def check_seed_changes_samples(task: str, length: int, seed: int, tokenizer) -> 
         for s in (seed, EVALUATION_SEED)
     )
     if (ours.context, ours.question, ours.messages) == (theirs.context, theirs.question, theirs.messages):
-        raise ValueError(f"{task} samples do not change with the seed: they would overlap evaluation")
+        raise BadInput(f"{task} samples do not change with the seed: they would overlap evaluation")
 
 
 def plan_shards(config: DatagenConfig, tokenizer) -> list[PlannedShard]:
@@ -182,7 +183,7 @@ def generate_data(
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
     manifest = read_manifest(out) or {"method": METHOD, "mixture": mixture, **head, "shards": []}
     if manifest_method(manifest) != METHOD or {key: manifest.get(key) for key in head} != head:
-        raise ValueError(
+        raise BadInput(
             f"{out} holds {manifest_method(manifest)} data made with other settings "
             f"({manifest.get('model')}, {manifest.get('config')}); "
             "use another --out folder"

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kvbench.errors import BadInput, TrainingFileError
 from kvbench.kvp.agent import StackedAgents, build_agents
 from kvbench.kvp.checkpoint import ModelShape, save_agents
 from kvbench.kvp.reward import (
@@ -66,7 +67,7 @@ class KVPData:
         models = [manifest["model"] for manifest in manifests]
         if any(model != models[0] for model in models):
             names = ", ".join(f"{d} ({m.get('name')})" for d, m in zip(self.directories, models, strict=True))
-            raise ValueError(f"KVP data folders made for different models: {names}")
+            raise TrainingFileError(f"KVP data folders made for different models: {names}")
         self.shape = ModelShape(**models[0])
         self.manifests = manifests
         shards = [
@@ -78,7 +79,7 @@ class KVPData:
         self.val = [s for s in shards if s["split"] == "val"]
         if not self.train or not self.val:
             where = ", ".join(map(str, self.directories))
-            raise ValueError(
+            raise TrainingFileError(
                 f"KVP data at {where} needs train and val shards; "
                 f"it has {len(self.train)} train and {len(self.val)} val"
             )
@@ -116,7 +117,7 @@ def select_heads(shape: ModelShape, layers: list[int] | None, kv_heads: list[int
     ):
         bad = [i for i in chosen if not 0 <= i < limit]
         if bad:
-            raise ValueError(f"{name} {bad[0]} out of range: {shape.name} has {limit}")
+            raise BadInput(f"{name} {bad[0]} out of range: {shape.name} has {limit}")
     return [layer * shape.num_kv_heads + head for layer in layers for head in kv_heads]
 
 

@@ -22,15 +22,11 @@ from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench import models
 from kvbench.engine import REGIONS
+from kvbench.errors import MemDecayError
 
 CALIBRATION_FILE = "calibration.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUERY_CHUNK = 512  # query rows whose attention is held at once: bounds memory on long prefills
-
-
-class MemDecayError(ValueError):
-    """A calibration that cannot be used (missing, or made for another model), or a bad press argument.
-    The message is one line."""
 
 
 def default_calibration_dir(model_name: str) -> Path:

@@ -34,6 +34,7 @@ import torch
 
 from kvbench import models
 from kvbench.engine import REGIONS, tokenize_sample
+from kvbench.errors import BadInput
 from kvbench.presses.memdecay import CALIBRATION_FILE
 
 CARD_FILE = "card.json"
@@ -48,7 +49,7 @@ def sample_tokens(tokenizer, sample) -> tuple[torch.Tensor, torch.Tensor]:
     user turn and the answer prefix; token ids and the region id of each ("user" for the question,
     "assistant" for the answer prefix)."""
     if not sample.messages:
-        raise ValueError(
+        raise BadInput(
             f"sample {sample.task}/{sample.id} has no chat turns (Sample.messages) to calibrate on"
         )
     prompt = tokenize_sample(tokenizer, sample)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks import agent, ruler
 from kvbench.tasks.base import Sample
 
@@ -237,10 +238,10 @@ def make_samples(
 ) -> list[Sample]:
     """`samples` samples of `task` whose input + max_new_tokens fill `length` tokens at most."""
     if task not in generators:
-        raise ValueError(f"unknown task {task!r}: choose one of {', '.join(generators)}")
+        raise UnknownTask(f"unknown task {task!r}: choose one of {', '.join(generators)}")
     generator = generators[task]
     if length < generator.min_length:
-        raise ValueError(f"{task} needs a length of at least {generator.min_length} tokens, got {length}")
+        raise BadInput(f"{task} needs a length of at least {generator.min_length} tokens, got {length}")
     result, units = [], None
     for i in range(samples):
         sample_seed, sample_id = f"{task}/{seed}/{i}", f"{seed}-{i}"
@@ -253,9 +254,7 @@ def make_samples(
         tokens_at = functools.cache(lambda n, sample_at=sample_at: input_tokens(tokenizer, sample_at(n)))
         low, budget = generator.min_units, length - generator.max_new_tokens
         if tokens_at(low) > budget:
-            raise ValueError(
-                f"{task} does not fit in {length} tokens with this tokenizer: use a larger length"
-            )
+            raise BadInput(f"{task} does not fit in {length} tokens with this tokenizer: use a larger length")
         # Samples differ little, so the previous sample's size is a good first guess.
         units = ruler.largest_fitting(tokens_at, budget, low, generator.max_units(), units)
         result.append(sample_at(units))

@@ -8,6 +8,7 @@ only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), w
 
 from dataclasses import dataclass
 
+from kvbench.errors import BadInput
 from kvbench.tasks import heldout, longbench, ruler, text
 
 
@@ -67,7 +68,7 @@ KINDS: dict[str, str] = {
 }
 
 
-class UnknownMixture(KeyError):
+class UnknownMixture(BadInput, KeyError):
     """A mixture name that is not in MIXTURES; str() is the one-line message (KeyError's would quote it)."""
 
     def __str__(self) -> str:
