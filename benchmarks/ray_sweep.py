@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvbench.engine import Config
-from kvbench.models import EMBEDDED, load_model
+from kvbench.models import load_model
+from kvbench.planning import Config
 from kvbench.ray_sweep import RayExecutor
 from kvbench.results import ResultsStore
 from kvbench.runner import Plan, run_plan
@@ -26,9 +26,10 @@ TIMINGS = ("prefill_s", "decode_s")
 
 
 def sweep(model, tokenizer, plan: Plan, workers: int, out: Path) -> tuple[float, list[dict]]:
-    executor = RayExecutor(EMBEDDED, workers=workers, cpus=1)
+    executor = RayExecutor(workers=workers, cpus=1)
     start = time.perf_counter()
-    frame = run_plan(model, tokenizer, plan, ResultsStore(out), progress=False, executor=executor)
+    with ResultsStore(out) as store:
+        frame = run_plan(model, tokenizer, plan, store, progress=False, executor=executor)
     seconds = time.perf_counter() - start
     rows = [{k: v for k, v in row.items() if k not in TIMINGS} for row in frame.to_dict("records")]
     return seconds, sorted(rows, key=lambda row: (row["task"], row["sample_id"], row["config_id"]))

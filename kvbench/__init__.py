@@ -1,6 +1,117 @@
-"""kvbench: benchmark and comparison harness for KV-cache compression."""
+"""kvbench: benchmark and comparison harness for KV-cache compression.
 
+The Python API is what the `kvbench` command line calls, and scores the same rows:
+
+    import kvbench
+
+    rows = kvbench.sweep(["knorm", "snapkv"], [0.25, 0.5], tasks=["niah_single_1"], samples=2, out="results")
+    kvbench.report("results", out="reports/mine")
+
+`run`, `sweep` (kvbench.runner), `report` (kvbench.leaderboard), `load_results` (a DataFrame of the rows of
+results folders), the look-ups `list_presses`, `list_tasks`, `list_suites`, `load_samples`, and the
+dataclasses `Row`, `Config`, `Plan`, `Unit`, `Sample`, `Suite`. Names load on first use, so that
+`import kvbench` (and `kvbench --help`) stays fast; errors are kvbench.errors' types.
+"""
+
+import importlib
 import sys
+from typing import TYPE_CHECKING
+
+from kvbench.errors import (
+    BadInput,
+    DataFileError,
+    KvbenchError,
+    KvbenchWarning,
+    ModelNotFound,
+    ResultsWriteError,
+    TaskUnavailable,
+    UnknownPress,
+    UnknownTask,
+)
+
+if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
+    from kvbench.engine import evaluate_sample
+    from kvbench.leaderboard import render_report as report
+    from kvbench.models import load_model
+    from kvbench.planning import Config
+    from kvbench.presses import PressSpec, build_press, list_presses
+    from kvbench.results import ResultsStore, Row
+    from kvbench.results import load_rows as load_results
+    from kvbench.runner import Plan, Unit, evaluate_unit, run, run_configs, sweep
+    from kvbench.tasks import Sample, Suite, TaskInfo, list_suites, list_tasks, load_samples
+
+LAZY = {
+    "run": "kvbench.runner:run",
+    "sweep": "kvbench.runner:sweep",
+    "run_configs": "kvbench.runner:run_configs",
+    "evaluate_unit": "kvbench.runner:evaluate_unit",
+    "Plan": "kvbench.runner:Plan",
+    "Unit": "kvbench.runner:Unit",
+    "report": "kvbench.leaderboard:render_report",
+    "load_results": "kvbench.results:load_rows",
+    "Row": "kvbench.results:Row",
+    "ResultsStore": "kvbench.results:ResultsStore",
+    "Config": "kvbench.planning:Config",
+    "list_presses": "kvbench.presses:list_presses",
+    "build_press": "kvbench.presses:build_press",
+    "PressSpec": "kvbench.presses:PressSpec",
+    "list_tasks": "kvbench.tasks:list_tasks",
+    "list_suites": "kvbench.tasks:list_suites",
+    "load_samples": "kvbench.tasks:load_samples",
+    "Sample": "kvbench.tasks:Sample",
+    "Suite": "kvbench.tasks:Suite",
+    "TaskInfo": "kvbench.tasks:TaskInfo",
+    "load_model": "kvbench.models:load_model",
+    "evaluate_sample": "kvbench.engine:evaluate_sample",
+}
+
+__all__ = [  # the lazy names above, kvbench's errors, and the console script
+    "run",
+    "sweep",
+    "run_configs",
+    "evaluate_unit",
+    "Plan",
+    "Unit",
+    "report",
+    "load_results",
+    "Row",
+    "ResultsStore",
+    "Config",
+    "list_presses",
+    "build_press",
+    "PressSpec",
+    "list_tasks",
+    "list_suites",
+    "load_samples",
+    "Sample",
+    "Suite",
+    "TaskInfo",
+    "load_model",
+    "evaluate_sample",
+    "BadInput",
+    "DataFileError",
+    "KvbenchError",
+    "KvbenchWarning",
+    "ModelNotFound",
+    "ResultsWriteError",
+    "TaskUnavailable",
+    "UnknownPress",
+    "UnknownTask",
+    "main",
+]
+
+
+def __getattr__(name: str):
+    if name not in LAZY:
+        raise AttributeError(f"module 'kvbench' has no attribute {name!r}")
+    module, attribute = LAZY[name].split(":")
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(LAZY))
 
 
 def main():

@@ -41,6 +41,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, create_causal_mask, sdpa_mask
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
+from kvbench.errors import BadInput
 from kvbench.presses.kvp import KVPPress
 
 __all__ = ["DynamicCache"]
@@ -119,10 +120,10 @@ def decoding_press(
     The DecodingPress sets the press's ratio at each compression."""
     codec = getattr(press, "shares_prefill", False)
     if not isinstance(press, ScorerPress) and not codec:
-        raise ValueError(
+        raise BadInput(
             f"{type(press).__name__} cannot compress during decoding: kvpress's DecodingPress takes scorers"
         )
-    if not codec:
+    if isinstance(press, ScorerPress) and not codec:  # (a scorer, unless it is a codec)
         press.compression_ratio = 0.0  # (DecodingPress warns of a ratio it will override)
     return (CodecDecodingPress if codec else DecodingPress)(
         base_press=press,
@@ -196,7 +197,7 @@ RATIO_FREE_SCORERS = (
 
 
 @contextlib.contextmanager
-def scores_shared(press: BasePress, layer_scores: dict):
+def scores_shared(press: ScorerPress, layer_scores: dict):
     """Within one layer's hook, let configs of the same scorer and arguments at different ratios compute
     the scores once: kvpress's own `compress` still does the rest (top-k, gather), so results stay exact."""
     if type(press) not in RATIO_FREE_SCORERS or getattr(press, "seed", 0) is None:
@@ -211,7 +212,7 @@ def scores_shared(press: BasePress, layer_scores: dict):
             layer_scores[key] = score(*args)
         return layer_scores[key]
 
-    press.score = shared_score  # the instance attribute shadows the method for this call only
+    press.score = shared_score  # ty: ignore[invalid-assignment] (shadows the method for this call only)
     try:
         yield
     finally:
@@ -337,9 +338,10 @@ def pad_caches(caches: list[DynamicCache], room: int) -> tuple[DynamicCache, tor
         value_buffer = layers[0].values.new_empty(
             len(caches), heads, longest + room, layers[0].values.shape[3]
         )
-        batch.layers.append(BufferedLayer(key_buffer, value_buffer, longest))
+        buffered = BufferedLayer(key_buffer, value_buffer, longest)
+        batch.layers.append(buffered)
         for row, layer in enumerate(layers):
-            batch.layers[-1].replace_row(row, layer.keys, layer.values)
+            buffered.replace_row(row, layer.keys, layer.values)
     if (lengths == longest).all():
         return batch, None
     padding = torch.arange(longest) >= longest - lengths.unsqueeze(-1)

@@ -58,8 +58,8 @@ class BatchedDecoder:
         ):
             return batched_logits(self.model, self.cache, input_ids, position, self.masks, **kwargs)
 
-    def keep_rows(self, running: list[bool]) -> None:
-        """Drop the finished rows, moving as few rows as possible."""
+    def keep_rows(self, running: list[bool]) -> torch.Tensor:
+        """Drop the finished rows, moving as few rows as possible; the rows kept."""
         order = compaction_order(row_groups(self.masks, len(self.active)), running)
         keep = torch.tensor(order, device=self.model.device)
         self.cache.batch_select_indices(keep)

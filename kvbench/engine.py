@@ -21,7 +21,6 @@ import bisect
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from kvpress import BasePress
@@ -43,37 +42,15 @@ from kvbench.adapter import (
     pad_caches,
 )
 from kvbench.decoder import BatchedDecoder
-from kvbench.presses import PRESSES, build_press, needs_eager, seed_press
+from kvbench.errors import BadInput
+from kvbench.planning import PROTOCOL_ARGS, Config
+from kvbench.presses import PRESSES, needs_eager, seed_press
 from kvbench.tasks.base import Sample
 
 logger = logging.getLogger(__name__)
 
-PROTOCOLS = {
-    "query-agnostic": (),  # protocol name: the arguments it takes
-    "decode-time": ("interval",),
-    "streaming": ("chunk",),
-}
+PROTOCOLS = {name: (arg[0],) if arg else () for name, arg in PROTOCOL_ARGS.items()}  # name: its arguments
 BYTES_PER_VALUE = 2  # memory is counted as a 16-bit cache stores it, whatever dtype the run computes in
-
-
-@dataclass(frozen=True)
-class Config:
-    """One point of a sweep. `press_args` and `protocol_args` are sorted tuples of (key, value) so configs
-    are hashable; `press_state` is the digest of the learned state the press loads (`presses.press_state`);
-    `memory` is the budget asked for (fraction of the 16-bit full cache) when the config was given one."""
-
-    press: str
-    ratio: float
-    press_args: tuple[tuple[str, Any], ...] = ()
-    press_state: str | None = None
-    memory: float | None = None
-    protocol: str = "query-agnostic"
-    protocol_args: tuple[tuple[str, int], ...] = ()
-
-    def build_press(self) -> BasePress | None:
-        if self.press == "none":
-            return None
-        return build_press(self.press, self.ratio, memory=self.memory, **dict(self.press_args))
 
 
 @dataclass
@@ -81,6 +58,14 @@ class Prompt:
     context_ids: torch.Tensor  # (1, n): prefilled and compressed
     question_ids: torch.Tensor  # (1, q): question + answer prefix, fed on top of the compressed cache
     regions: torch.Tensor | None = None  # (n,): index in REGIONS of each context token
+    # (q,): the question's region ids: "user" up to the assistant header, "assistant" for the answer prefix
+    question_regions: torch.Tensor | None = None
+
+    def all_regions(self) -> torch.Tensor | None:
+        """Region ids of context + question, positions 0..n+q-1: what a region-aware press is told."""
+        if self.regions is None or self.question_regions is None:
+            return self.regions
+        return torch.cat([self.regions, self.question_regions])
 
 
 @dataclass
@@ -90,7 +75,7 @@ class Run:
     config: Config
     press: BasePress | None
     needs_attentions: bool  # the press scores with attention weights
-    cache: DynamicCache = field(default_factory=DynamicCache)
+    cache: DynamicCache | None = field(default_factory=DynamicCache)
     compress_s: float = 0.0
     result: dict = field(default_factory=dict)
 
@@ -107,7 +92,7 @@ def evaluate_sample(
     add up to the wall time over configs. Configs are processed `batch_configs` at a time to bound memory.
     """
     if batch_configs < 1:
-        raise ValueError(f"batch_configs must be at least 1, got {batch_configs}")
+        raise BadInput(f"batch_configs must be at least 1, got {batch_configs}")
     prompt = tokenize_sample(tokenizer, sample)
     # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
     runs = [
@@ -118,10 +103,9 @@ def evaluate_sample(
         )
         for config in configs
     ]
-    kinds = [batch_kind(run.config, run.press) for run in runs]
-    shared, streaming, alone = (
-        [run for run, k in zip(runs, kinds, strict=True) if k == kind] for kind in BATCH_KINDS
-    )
+    streaming = [run for run in runs if run.config.protocol == "streaming"]
+    shared = [run for run in runs if run not in streaming and is_shareable(run.press)]
+    alone = [run for run in runs if run not in streaming and not is_shareable(run.press)]
     with torch.no_grad():
         for group, process in ((shared, run_shared), (streaming, run_streaming)):
             for start in range(0, len(group), batch_configs):
@@ -135,30 +119,6 @@ def evaluate_sample(
     for run in runs:
         run.result["prediction"] = decode_prediction(tokenizer, run.result.pop("tokens"), sample)
     return [run.result for run in runs]
-
-
-BATCH_KINDS = ("shared", "streaming", "alone")
-
-
-def batch_kind(config: Config, press: BasePress | None) -> str:
-    """How evaluate_sample runs a config: with others `batch_configs` at a time, one prefill per batch
-    ("shared": the press only replaces keys/values in kvpress's hook; "streaming": the streaming protocol),
-    or "alone" with its own prefill."""
-    if config.protocol == "streaming":
-        return "streaming"
-    return "shared" if is_shareable(press) else "alone"
-
-
-def config_groups(configs: list[Config], batch_configs: int) -> list[list[Config]]:
-    """A sample's configs in the batches evaluate_sample runs them in: evaluating one group alone computes
-    what evaluating them all computes for its configs (kvbench.ray_sweep's units are these groups)."""
-    kinds = [batch_kind(config, config.build_press()) for config in configs]
-    groups = []
-    for kind in BATCH_KINDS:
-        members = [config for config, k in zip(configs, kinds, strict=True) if k == kind]
-        size = 1 if kind == "alone" else batch_configs
-        groups += [members[start : start + size] for start in range(0, len(members), size)]
-    return groups
 
 
 # Region of each context token, from the chat template's spans (region-aware presses such as MemDecay).
@@ -195,12 +155,24 @@ def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
     encoded = tokenizer(context, add_special_tokens=special_tokens, return_offsets_mapping=True)
     context_ids = torch.tensor([encoded["input_ids"]])
     regions = token_regions(context, messages, [start for start, _ in encoded["offset_mapping"]])
-    question_ids = tokenizer.encode(question, return_tensors="pt", add_special_tokens=False)
+    encoded = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)
+    question_ids = torch.tensor([encoded["input_ids"]])
+    # The assistant header belongs to the user's turn (as in token_regions); the answer prefix is the
+    # assistant's own words.
+    prefix_start = len(question) - len(sample.answer_prefix)
+    user, assistant = REGIONS.index("user"), REGIONS.index("assistant")
+    question_regions = torch.tensor(
+        [
+            assistant if start >= prefix_start and sample.answer_prefix else user
+            for start, _ in encoded["offset_mapping"]
+        ],
+        dtype=torch.long,
+    )
     max_length = min(tokenizer.model_max_length, int(1e10))
     if context_ids.shape[1] > max_length:
         logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
         context_ids, regions = context_ids[:, :max_length], regions[:max_length]
-    return Prompt(context_ids, question_ids, regions)
+    return Prompt(context_ids, question_ids, regions, question_regions)
 
 
 def token_regions(context: str, messages: list[dict], token_starts: list[int]) -> torch.Tensor:
@@ -227,18 +199,18 @@ def token_regions(context: str, messages: list[dict], token_starts: list[int]) -
 def check_protocol(config: Config) -> None:
     """Fail before any work if a protocol is unknown, lacks its arguments, or cannot run the press."""
     if config.protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {config.protocol!r} (one of {', '.join(PROTOCOLS)})")
+        raise BadInput(f"unknown protocol {config.protocol!r} (one of {', '.join(PROTOCOLS)})")
     args = dict(config.protocol_args)
     if sorted(args) != sorted(PROTOCOLS[config.protocol]):
         wanted = ", ".join(PROTOCOLS[config.protocol]) or "no arguments"
-        raise ValueError(f"protocol {config.protocol!r} takes {wanted}, got {sorted(args) or 'none'}")
+        raise BadInput(f"protocol {config.protocol!r} takes {wanted}, got {sorted(args) or 'none'}")
     for name, value in args.items():
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"--{name} must be a whole number of at least 1, got {value}")
+            raise BadInput(f"--{name} must be a whole number of at least 1, got {value}")
     if config.protocol != "query-agnostic" and config.press != "none":
         press = config.build_press()
         if compresses_decoding(press) or not is_shareable(press):
-            raise ValueError(
+            raise BadInput(
                 f"press {config.press!r} cannot run under the {config.protocol} protocol: it changes the "
                 "forward or compresses while decoding by itself; kvpress's DecodingPress takes scorers"
             )
@@ -246,12 +218,13 @@ def check_protocol(config: Config) -> None:
 
 
 def prepare_press(press: BasePress | None, model, prompt: Prompt) -> None:
-    """What a press learns before the prefill: the model, and the context regions for those that ask."""
+    """What a press learns before the prefill: the model, and the regions of context and question for those
+    that ask (the question reaches the cache during decode-time compression)."""
     if press is None:
         return
     press.post_init_from_model(model)
     if hasattr(press, "use_regions") and prompt.regions is not None:
-        press.use_regions(prompt.regions)
+        press.use_regions(prompt.all_regions())
 
 
 def log_fallback(runs: list[Run]) -> None:

@@ -23,6 +23,8 @@ Decoding is the engine's (greedy, stops at EOS, then `until` cuts).
 """
 
 import contextlib
+import hashlib
+import json
 import logging
 import sys
 import time
@@ -41,10 +43,11 @@ from transformers import DynamicCache
 
 from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, moves_positions
 from kvbench.engine import Config, Prompt, Run, cache_entries, kv_counts, run_alone, run_shared
+from kvbench.errors import BadInput, TaskUnavailable, UnknownTask
 from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, load_tokenizer, model_name
 from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state, seed_press
 from kvbench.resources import lm_eval_tasks_dir
-from kvbench.results import ResultsStore, check_writable, config_id
+from kvbench.results import ResultsStore, Row, check_writable, config_id
 from kvbench.tasks import ruler
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
@@ -88,7 +91,7 @@ class KVBenchLM(HFLM):
         **more_press_args,
     ):
         if str(batch_size) != "1":
-            raise ValueError(
+            raise BadInput(
                 f"the kvbench model answers one request at a time: batch_size must be 1, not {batch_size}"
             )
         self.press_name = press
@@ -167,9 +170,7 @@ class KVBenchLM(HFLM):
             text, gen_kwargs = request.args
             kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
             if kwargs["do_sample"]:
-                raise ValueError(
-                    "the kvbench model decodes greedily; this task asks for sampling (do_sample)"
-                )
+                raise BadInput("the kvbench model decodes greedily; this task asks for sampling (do_sample)")
             prompt, protocol = self.split_prompt(text, request.task_name, request.doc)
             result = generate(self.model, self.new_run(), prompt, kwargs["max_gen_toks"])
             # The engine stops at EOS only; other stop strings cut the text afterwards.
@@ -210,7 +211,7 @@ class KVBenchLM(HFLM):
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise ValueError(
+        raise BadInput(
             "the kvbench model does not score perplexity tasks (loglikelihood_rolling): a document scored "
             "from its first token has no context to compress"
         )
@@ -224,13 +225,13 @@ def question_start(text: str, task: str, doc: dict | None) -> int | None:
     question = (doc or {}).get(QUESTION_FIELD)
     if question:
         if question not in text:
-            raise ValueError(f"the prompt does not contain the doc's {QUESTION_FIELD} text")
+            raise BadInput(f"the prompt does not contain the doc's {QUESTION_FIELD} text")
         return text.rindex(question)
     if task in LM_EVAL_RULER:
         question = ruler.TEMPLATES[LM_EVAL_RULER[task]].question.split("{")[0]
         starts = [text.rfind(marker) for marker in (question, ruler.singular(question))]
         if max(starts) < 0:
-            raise ValueError(f"the prompt of lm-eval's RULER task {task!r} does not hold RULER's question")
+            raise BadInput(f"the prompt of lm-eval's RULER task {task!r} does not hold RULER's question")
         return max(starts)
     return None
 
@@ -258,9 +259,7 @@ class CompressedContext:
 
     def __init__(self, model, press, context_ids: list[int]):
         if isinstance(press, DecodingPress):
-            raise ValueError(
-                "decoding presses compress while generating; loglikelihood needs a prefill press"
-            )
+            raise BadInput("decoding presses compress while generating; loglikelihood needs a prefill press")
         self.model, self.context_ids = model, context_ids
         self.cache = DynamicCache()
         prefix = torch.tensor([context_ids[:-1]], device=model.device)
@@ -290,7 +289,7 @@ class CompressedContext:
             ).logits[0]
         # Back to the compressed context for the next continuation (layers that held nothing hold nothing).
         for index, layer in enumerate(self.cache.layers):
-            layer.crop(self.layer_lengths[index] if index < len(self.layer_lengths) else 0)
+            layer.crop(self.layer_lengths[index] if index < len(self.layer_lengths) else 0)  # ty: ignore[missing-attribute]
         logprobs = F.log_softmax(logits.float(), dim=-1)
         targets = torch.tensor(continuation_ids, device=logprobs.device)
         return logprobs.gather(1, targets[:, None]).sum().item(), bool((logprobs.argmax(-1) == targets).all())
@@ -329,7 +328,7 @@ def check_tasks(manager, names: list[str]) -> None:
     known = set(manager.all_tasks)
     for name in names:
         if name not in known:
-            raise ValueError(f"unknown lm-eval task {name!r} (see `lm_eval ls tasks`, or tasks/lm_eval)")
+            raise UnknownTask(f"unknown lm-eval task {name!r} (see `lm_eval ls tasks`, or tasks/lm_eval)")
 
 
 def check_length(length: int | None, names: list[str], limit: int | None, model: str) -> None:
@@ -342,15 +341,15 @@ def check_length(length: int | None, names: list[str], limit: int | None, model:
             continue
         minimum = min(ruler.min_length(t) for t in ([task] if task in ruler.TASKS else ruler.TASKS))
         if length < minimum:
-            raise ValueError(f"--length {length} is below the minimum of task {name!r} ({minimum})")
+            raise BadInput(f"--length {length} is below the minimum of task {name!r} ({minimum})")
     if limit is not None and length > limit:
-        raise ValueError(f"--length {length} exceeds the {limit}-token context of model {model!r}")
+        raise BadInput(f"--length {length} exceeds the {limit}-token context of model {model!r}")
 
 
 HUB_MODULES = ("huggingface_hub", "datasets", "requests", "urllib3", "httpx", "fsspec", "aiohttp")
 
 
-def needs_hub(error: BaseException) -> bool:
+def needs_hub(error: BaseException | None) -> bool:
     """Whether an error (or one it came from) is a failed download: a task whose data is on the hub."""
     while error is not None:
         if isinstance(error, ConnectionError) or type(error).__module__.split(".")[0] in HUB_MODULES:
@@ -404,11 +403,13 @@ def main_metric(sample: dict, length) -> str:
     return str(length) if str(length) in sample["metrics"] else sample["metrics"][0]
 
 
-def rows_from_results(results: dict, lm: KVBenchLM) -> list[dict]:
+def rows_from_results(results: dict, lm: KVBenchLM) -> list[Row]:
     """One results-store row per (task, doc): task = "lm-eval/<task>", score = the main metric on 0-100.
 
     A task with several filters (e.g. strict and flexible answer extraction) logs a doc once per filter;
-    the row takes the first, the task's main one.
+    the row takes the first, the task's main one. The row's content hash is that of the request's arguments
+    (the prompt) and the target: a changed task is scored again. Its protocol (`protocol_of`) enters its
+    config_id as in `kvbench run`'s rows: a query-aware row never shares an id with a query-agnostic one.
     """
     config = lm.run_config
     rows = []
@@ -422,46 +423,45 @@ def rows_from_results(results: dict, lm: KVBenchLM) -> list[dict]:
             length = doc.get("max_length")
             target = sample["target"]
             value = sample[main_metric(sample, length)]
+            content = json.dumps([sample.get("arguments"), target], sort_keys=True, default=str)
+            protocol = protocol_of(task, sample)
             task_rows.append(
-                {
-                    "config_id": config_id(**config),
+                Row(
+                    config_id=config_id(**config, protocol=protocol),
                     **config,
-                    "protocol": protocol_of(task, sample),
-                    "task": f"lm-eval/{task}",
-                    "length": length,
-                    "seed": doc.get("seed", 0),
-                    "sample_id": str(doc.get("sample_id", sample["doc_id"])),
-                    "prediction": prediction_of(sample),
-                    "references": [str(t) for t in target] if isinstance(target, list) else [str(target)],
-                    "score": float(value) if isinstance(value, (int, float)) else None,
+                    protocol=protocol,
+                    task=f"lm-eval/{task}",
+                    length=length,
+                    seed=doc.get("seed", 0),
+                    sample_id=str(doc.get("sample_id", sample["doc_id"])),
+                    content_hash=hashlib.sha1(content.encode()).hexdigest()[:12],
+                    prediction=prediction_of(sample),
+                    references=[str(t) for t in target] if isinstance(target, list) else [str(target)],
+                    score=float(value) if isinstance(value, (int, float)) else None,
                     **lm.stats.get((task, sample["doc_id"]), {}),
-                }
+                )
             )
         # Metrics in [0, 1] (accuracy, RULER's string match) go to kvbench's 0-100 scale.
-        scores = [row["score"] for row in task_rows if row["score"] is not None]
+        scores = [row.score for row in task_rows if row.score is not None]
         if scores and all(0 <= score <= 1 for score in scores):
             for row in task_rows:
-                row["score"] = None if row["score"] is None else 100 * row["score"]
+                row.score = None if row.score is None else 100 * row.score
         rows.extend(task_rows)
     return rows
 
 
-def store_rows(rows: list[dict], store: ResultsStore) -> int:
+def store_rows(rows: list[Row], store: ResultsStore) -> int:
     """Append the rows the store does not hold yet; how many were new."""
-    new = [row for row in rows if not store.has(row)]
-    for row in new:
-        store.append(row)
-    return len(new)
+    return sum(store.append(row) for row in rows)
 
 
-def run_record(lm: KVBenchLM, rows: list[dict], *, limit, length, started: str) -> dict:
+def run_record(lm: KVBenchLM, rows: list[Row], *, limit, length, started: str) -> dict:
     from kvbench.runner import git_commit, package_versions
 
     config = lm.run_config
-    tasks = sorted({row["task"] for row in rows})
+    tasks = sorted({row.task for row in rows})
     scores = {
-        task: [row["score"] for row in rows if row["task"] == task and row["score"] is not None]
-        for task in tasks
+        task: [row.score for row in rows if row.task == task and row.score is not None] for task in tasks
     }
     return {
         "command": " ".join(["kvbench", *sys.argv[1:]]),
@@ -538,23 +538,23 @@ def lm_eval_command(
     \b
     Example: kvbench lm-eval --press snapkv --ratio 0.5 --tasks niah_single_1,ruler_vt --length 1024
     """
-    from kvbench.cli import USER_ERRORS, UserError, parse_ratio
     from kvbench.models import check_device, context_limit, resolve
+    from kvbench.planning import parse_ratio
     from kvbench.presses import build_press
 
     started = datetime.now(timezone.utc).isoformat()
     ratio = parse_ratio(ratio)
     names = [name.strip() for name in task_names.split(",") if name.strip()]
     if not names:
-        raise UserError("--tasks must name at least one task")
+        raise BadInput("--tasks must name at least one task")
+    # Cheap checks first, so that a typo fails in a second, not after the model loads.
+    check_press_runnable(press)
+    build_press(press, ratio, **parse_press_args(press_args))
+    check_writable(out)
+    check_device(device)
+    resolve(model)
+    check_length(length, names, context_limit(model), model)
     try:
-        # Cheap checks first, so that a typo fails in a second, not after the model loads.
-        check_press_runnable(press)
-        build_press(press, ratio, **parse_press_args(press_args))
-        check_writable(out)
-        check_device(device)
-        resolve(model)
-        check_length(length, names, context_limit(model), model)
         manager = task_manager(include_paths, task_metadata(model, limit=limit, length=length))
         check_tasks(manager, names)
         lm = KVBenchLM(model, press, ratio, parse_press_args(press_args), device=device, dtype=dtype)
@@ -562,16 +562,14 @@ def lm_eval_command(
     except Exception as error:
         if needs_hub(error):
             hub = "an lm-eval task needs the Hugging Face hub, which is not reachable"
-            raise UserError(f"{hub}: {first_line(error)}") from None
-        if isinstance(error, USER_ERRORS):
-            raise UserError(first_line(error)) from None
+            raise TaskUnavailable(f"{hub}: {first_line(error)}") from error
         raise
     rows = rows_from_results(results, lm)
-    store = ResultsStore(out)
-    new = store_rows(rows, store)
-    store.write_run(run_record(lm, rows, limit=limit, length=length, started=started))
-    for task in sorted({row["task"] for row in rows}):
-        scores = [row["score"] for row in rows if row["task"] == task and row["score"] is not None]
+    with ResultsStore(out) as store:
+        new = store_rows(rows, store)
+        store.write_run(run_record(lm, rows, limit=limit, length=length, started=started))
+    for task in sorted({row.task for row in rows}):
+        scores = [row.score for row in rows if row.task == task and row.score is not None]
         mean = f"{sum(scores) / len(scores):.1f}" if scores else "n/a"
         click.echo(f"{task:<40} {mean:>6}  ({len(scores)} samples)")
     click.echo(f"results: {out}/rows.jsonl ({new} new rows)")

@@ -50,13 +50,14 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
     """Measure how long each region's tokens stay attended, fit half-lives and base priorities, write
     calibration.json (read by the memdecay press), card.json and attention_vs_age.png to --out."""
     from kvbench import tasks
-    from kvbench.cli import DEFAULT_LENGTH, plan_tasks
     from kvbench.models import load_model
+    from kvbench.planning import DEFAULT_LENGTH, plan_tasks
     from kvbench.presses.memdecay_calibration import measure, write_calibration
 
     suite = suite or (None if task_list else DEFAULT_SUITE)
-    suite_name, names, length, samples = plan_tasks(suite, task_list, length, samples)
-    length = length or DEFAULT_LENGTH  # tasks named without a suite, as `kvbench run` does
+    plan = plan_tasks(suite, task_list, length, samples)
+    suite_name, names, samples = plan.suite, plan.tasks, plan.samples
+    length = plan.length or DEFAULT_LENGTH  # tasks named without a suite, as `kvbench run` does
     llm, tokenizer = load_model(model, device=device)
     chosen = [
         sample

@@ -14,6 +14,8 @@ import shutil
 import socket
 from pathlib import Path
 
+from kvbench.errors import BadInput, ModelNotFound
+
 logger = logging.getLogger(__name__)
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
@@ -22,10 +24,6 @@ EMBEDDED = "smollm2-135m"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MAX_LENGTH = 8192
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ModelNotFound(Exception):
-    """The model name is neither the embedded alias, a local folder, nor a reachable hub id."""
 
 
 def cache_dir() -> Path:
@@ -158,13 +156,13 @@ def check_device(device: str) -> None:
     try:
         kind = torch.device(device).type
     except (RuntimeError, ValueError):
-        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
+        raise BadInput(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+        raise BadInput(f"device {device!r}: CUDA is not available on this machine")
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+        raise BadInput(f"device {device!r}: MPS is not available on this machine")
     if kind not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device {device!r} is not supported: use cpu, cuda or mps")
+        raise BadInput(f"device {device!r} is not supported: use cpu, cuda or mps")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -197,7 +195,7 @@ def load_model(
 ):
     """(model, tokenizer), in eval mode on `device`. `model_name(model)` gives back `name`."""
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -214,7 +212,7 @@ def load_model(
         raise ModelNotFound(f"cannot load model {name!r}: {first_line(error)}") from None
     model.config.kvbench_name = name
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.pad_token = tokenizer.eos_token  # ty: ignore[invalid-assignment]
     return model.to(device).eval(), tokenizer
 
 

@@ -1,13 +1,13 @@
 """Sweeps spread over a Ray cluster: `kvbench sweep --ray [ADDRESS]`.
 
-A sweep's work is cut into units of one (sample, config group): a group is what the engine runs as one
-batch for a sample (up to --batch-configs configs that share one prefill, or one config that needs its own;
-engine.config_groups), so a unit computes exactly the rows a one-process sweep computes for its configs.
-Units go to Ray actors, each of which loads the model once, on its share of the cluster (`cpus` threads,
-`gpus` GPUs), and sends back the scored rows of a unit. The main process stays the single writer: it
-appends each unit's rows to the results store as they arrive, so an interrupted sweep resumes like any
-other (only the rows the store lacks are planned) and a sweep's rows are those of a one-process sweep (the
-timings aside).
+A sweep's work is the runner's units (`runner.plan_units`: one sample under up to --batch-configs
+configs), so a unit computes exactly the rows a one-process sweep computes for its configs. Units go to Ray
+actors, each of which loads the model once, on its share of the cluster (`cpus` threads, `gpus` GPUs), and
+sends back a unit's scored rows (`runner.evaluate_unit`). The main process stays the single writer: it
+claims the units' rows in the results store, then appends each unit's rows as they arrive
+(`runner.run_plan`), so an interrupted sweep resumes like any other (only the rows the store lacks are
+computed), other writers of the folder are not duplicated, and a sweep's rows are those of a one-process
+sweep (the timings aside).
 
 Use it when a sweep has many samples and there is more hardware than one process uses: several GPUs (one
 worker per GPU, `--ray-gpus 1`), several machines (`--ray ADDRESS` of a running cluster whose nodes have
@@ -22,15 +22,11 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvbench.engine import Config, config_groups
-from kvbench.runner import Plan, sample_rows
-from kvbench.tasks import Sample
+from kvbench.errors import RayUnavailable
+from kvbench.results import Row
+from kvbench.runner import Plan, Unit, evaluate_unit
 
 logger = logging.getLogger(__name__)
-
-
-class RayUnavailable(ValueError):
-    """Ray is not installed, its cluster cannot be reached, or it lacks the resources asked per worker."""
 
 
 def import_ray():
@@ -44,7 +40,7 @@ def import_ray():
 class SweepWorker:
     """One Ray actor: the model, loaded once, answering units of the plan."""
 
-    def __init__(self, model: str, device: str, dtype: str, threads: int, plan: Plan):
+    def __init__(self, threads: int, plan: Plan):
         import torch
 
         from kvbench.models import load_model
@@ -52,53 +48,44 @@ class SweepWorker:
 
         torch.set_num_threads(threads)
         self.plan = plan
-        self.model, self.tokenizer = load_model(model, device=device, dtype=dtype)
+        self.model, self.tokenizer = load_model(plan.model, device=plan.device, dtype=plan.dtype)
         # Rows are keyed by the learned state the main process planned with: this worker must load the same.
         for config in plan.configs:
             press = config.build_press()
             if press is not None and config.press_state is not None:
                 press.post_init_from_model(self.model)
                 if press_state(press) != config.press_state:
-                    raise ValueError(
+                    raise RayUnavailable(
                         f"a Ray worker loads other {config.press} state ({press_state(press)}) than the "
                         f"sweep planned with ({config.press_state}): install the same kvbench on every node"
                     )
 
-    def rows(self, sample: Sample, configs: list[Config]) -> list[dict]:
-        return sample_rows(self.model, self.tokenizer, sample, configs, self.plan)
+    def rows(self, unit: Unit) -> list[Row]:
+        return evaluate_unit(self.model, self.tokenizer, unit, self.plan)
 
 
 @dataclass
 class RayExecutor:
     """Computes a sweep's units on Ray actors (a runner.Executor): `workers` actors (None: as many as the
-    cluster's CPUs, or GPUs, allow), each with `cpus` threads and `gpus` GPUs, on the cluster at `address`
-    (None: a local cluster started for the sweep and stopped after it)."""
+    cluster's CPUs, or GPUs, allow), each with `cpus` threads and `gpus` GPUs, loading the plan's model on
+    the plan's device, on the cluster at `address` (None: a local cluster started for the sweep and stopped
+    after it)."""
 
-    model: str
-    device: str = "cpu"
-    dtype: str = "float32"
     address: str | None = None
     workers: int | None = None
     cpus: int = 1
     gpus: float = 0.0
 
-    def __call__(self, units: list[tuple[Sample, list[Config]]], plan: Plan) -> Iterator[list[dict]]:
-        tasks = [
-            (sample, group)
-            for sample, configs in units
-            for group in config_groups(configs, plan.batch_configs)
-        ]
+    def __call__(self, units: list[Unit], plan: Plan) -> Iterator[list[Row]]:
         ray = import_ray()
         try:
-            if not tasks:
+            if not units:
                 return
-            count = min(self.start(), len(tasks))
+            count = min(self.start(), len(units))
             actor = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus)(SweepWorker)
-            pool = ray.util.ActorPool(
-                [actor.remote(self.model, self.device, self.dtype, self.cpus, plan) for _ in range(count)]
-            )
-            logger.info("%d units of work on %d Ray workers", len(tasks), count)
-            results = pool.map_unordered(lambda worker, task: worker.rows.remote(*task), tasks)
+            pool = ray.util.ActorPool([actor.remote(self.cpus, plan) for _ in range(count)])
+            logger.info("%d units of work on %d Ray workers", len(units), count)
+            results = pool.map_unordered(lambda worker, unit: worker.rows.remote(unit), units)
             while True:
                 try:
                     yield next(results)
@@ -111,8 +98,8 @@ class RayExecutor:
 
     def start(self) -> int:
         """Join the cluster at `address` (or start a local one) and check that it holds a worker; how many
-        workers the sweep gets. The CLI calls it before loading anything, so that a cluster that cannot
-        serve the sweep is a one-line error."""
+        workers the sweep gets. `runner.prepare_plan` calls it before the model loads, so that a cluster
+        that cannot serve the sweep is a one-line error."""
         ray = import_ray()
         if not ray.is_initialized():
             check_reachable(self.address)

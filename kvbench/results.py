@@ -1,21 +1,51 @@
-"""Results store: a folder with `rows.jsonl` (one JSON row per (config, sample)) and `runs/*.json`.
+"""Results store: a folder with `rows.jsonl` (one JSON `Row` per (config, sample)) and `runs/*.json`.
 
 Rows are only ever appended, one `write` per line on an O_APPEND file, then fsync'd, so a run killed at any
-point (even kill -9) leaves at most one torn last line. Opening the store cuts such a torn tail, and a rerun
-computes only the (config, sample) keys that are missing. Run records are written whole (tmp + rename).
+point (even kill -9) leaves at most one torn last line, which the next writer cuts. A rerun computes only
+the keys that are missing.
+
+A row's key is (config_id, task, length, seed, sample_id, content_hash): the config, which sample, and a hash
+of the sample's content (`Sample.content_hash`: prompt, question, references, ...), so that regenerated task
+data with the same ids is scored again, never served old rows. Rows written before content hashes existed
+(`content_hash` null, e.g. the committed reference folders) still load, and still resume: such a row counts
+as done for a sample whose references are the ones it recorded, the only content it holds. A rule that
+accepts both kinds, rather than a migration, because stamping today's hash on an old row would claim a
+content nobody checked. When a sample's content changed, its new row and the old one share the same
+(config_id, task, length, seed, sample_id), and `load_rows` keeps the one written last.
+
+Several processes may write one folder at once (two sweeps on one --out, split by hand or not): appends
+and claims go under a file lock (`rows.jsonl.lock`), and before computing, a writer claims the rows it is
+about to compute (`claims/<writer>.json`): rows that another live writer has claimed or written are left to
+it. A writer holds a lock on `claims/<writer>.lock` while it lives, so the claims of a killed writer are
+recognised as stale (its lock is free) and dropped. Run records are written whole (tmp + rename).
 """
 
 import hashlib
 import json
 import os
+import socket
 import tempfile
+import uuid
 import warnings
+from collections.abc import Generator, Iterable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from kvbench.errors import BadInput, KvbenchWarning, ResultsWriteError
 
 ROWS_FILE = "rows.jsonl"
 RUNS_DIR = "runs"
-KEY_FIELDS = ("config_id", "task", "length", "seed", "sample_id")
+LOCK_FILE = "rows.jsonl.lock"
+CLAIMS_DIR = "claims"
+SAMPLE_FIELDS = ("config_id", "task", "length", "seed", "sample_id")  # which config on which sample
+KEY_FIELDS = (*SAMPLE_FIELDS, "content_hash")  # ... on which content
+REQUIRED_FIELDS = ("config_id", "model", "press", "ratio", "task", "sample_id")
+DEFAULT_PROTOCOL = "query-agnostic"
 
 
 def config_id(
@@ -25,7 +55,7 @@ def config_id(
     press_args: dict,
     press_state: str | None = None,
     memory: float | None = None,
-    protocol: str = "query-agnostic",
+    protocol: str = DEFAULT_PROTOCOL,
     protocol_args: dict | None = None,
 ) -> str:
     """A short stable id of (model, press, ratio, press arguments) and, for presses that load learned state
@@ -34,14 +64,75 @@ def config_id(
     spec = [model, press, float(ratio), press_args] + ([press_state] if press_state else [])
     if memory is not None:
         spec.append({"memory": float(memory)})
-    if protocol != "query-agnostic":
+    if protocol != DEFAULT_PROTOCOL:
         spec.append({"protocol": protocol, **(protocol_args or {})})
-    spec = json.dumps(spec, sort_keys=True, default=str)
-    return hashlib.sha1(spec.encode()).hexdigest()[:12]
+    text = json.dumps(spec, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def row_key(row: dict) -> tuple:
-    return tuple(row.get(field) for field in KEY_FIELDS)
+@dataclass
+class Row:
+    """One scored (config, sample): a line of rows.jsonl, written by `kvbench run`/`sweep` and by the lm-eval
+    bridge, read by the report. Fields a row of an older version lacks take their defaults; fields this
+    version does not know (e.g. the legacy `kv_bytes_kept`) are kept in `extra` and written back as read."""
+
+    # Which config: model, press and budget (see `config_id`).
+    config_id: str
+    model: str
+    press: str
+    ratio: float
+    # Which sample: task, context length (None: lm-eval tasks that size themselves), seed, id, content.
+    task: str
+    length: int | None
+    seed: int
+    sample_id: str
+    press_args: dict[str, Any] = field(default_factory=dict)
+    press_state: str | None = None  # digest of the press's learned state (KVP agents), if any
+    memory: float | None = None  # the memory budget asked for (fraction of the 16-bit full cache), if any
+    protocol: str = DEFAULT_PROTOCOL
+    protocol_args: dict[str, Any] = field(default_factory=dict)
+    content_hash: str | None = None  # Sample.content_hash; None in rows written before it existed
+    # What came out.
+    prediction: str | None = None
+    references: list[str] = field(default_factory=list)
+    score: float | None = None  # 0-100
+    context_tokens: int | None = None
+    kv_kept: int | None = None  # KV entries (tokens x layers x KV heads) after compression
+    kv_total: int | None = None  # ... and before
+    kv_bytes: int | None = None  # what a 16-bit store of the compressed cache holds, metadata included
+    kv_bytes_full: int | None = None  # ... of the full cache
+    prefill_s: float | None = None  # this config's share of the shared prefill, plus its own compression
+    decode_s: float | None = None  # its share of the batched decoding
+    meta: dict[str, Any] = field(default_factory=dict)  # the sample's, e.g. LongBench-E's length bucket
+    extra: dict[str, Any] = field(default_factory=dict)  # fields of other versions, kept as read
+
+    @property
+    def key(self) -> tuple:
+        """What makes a row unique in a store: a rerun computes only the keys a store lacks."""
+        return tuple(getattr(self, name) for name in KEY_FIELDS)
+
+    @property
+    def sample_key(self) -> tuple:
+        """The key without the content hash: the same config on the same sample id, whatever its content."""
+        return tuple(getattr(self, name) for name in SAMPLE_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the row, `extra` merged back in."""
+        data = asdict(self)
+        return {**data, **data.pop("extra")}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Row":
+        """A row from its JSON object; ValueError when it is not one (not an object, identity missing)."""
+        if not isinstance(data, dict):
+            raise ValueError("not a results row (a JSON object)")
+        missing = [name for name in REQUIRED_FIELDS if data.get(name) is None]
+        if missing:
+            raise ValueError(f"not a results row (no {', '.join(missing)})")
+        known = {item.name for item in fields(cls)} - {"extra"}
+        values = {name: value for name, value in data.items() if name in known and value is not None}
+        extra = {name: value for name, value in data.items() if name not in known}
+        return cls(**{"length": None, "seed": 0, **values}, extra=extra)
 
 
 def check_writable(folder: Path) -> None:
@@ -51,69 +142,174 @@ def check_writable(folder: Path) -> None:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise ValueError(f"results folder {str(folder)!r} is not writable: {str(probe)!r} is a file")
+        raise BadInput(f"results folder {str(folder)!r} is not writable: {str(probe)!r} is a file")
     try:  # a real probe: os.access says yes to root even on a read-only file system
         tempfile.TemporaryFile(dir=probe).close()
     except OSError:
-        raise ValueError(f"results folder {str(folder)!r} is not writable") from None
+        raise BadInput(f"results folder {str(folder)!r} is not writable") from None
     rows = folder / ROWS_FILE
     if rows.exists() and not os.access(rows, os.W_OK):
-        raise ValueError(f"results file {str(rows)!r} is not writable")
-
-
-class ResultsWriteError(OSError):
-    """The results store could not be written (disk full, permissions): one line, exit code 1."""
+        raise BadInput(f"results file {str(rows)!r} is not writable")
 
 
 class ResultsStore:
-    """The folder is created by the first write, so a run that fails before scoring anything leaves none."""
+    """A results folder open for writing; several processes may hold one on the same folder (see the
+    module's docstring). The folder is created by the first write, so a run that fails before scoring
+    anything leaves none. Use as a context manager, or call `close()`, to drop this writer's claims."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.rows_path = self.folder / ROWS_FILE
-        self.cut_torn_tail()
-        self.done = {row_key(row) for row in read_rows(self.rows_path)}
+        self.owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.lock = FileLock(str(self.folder / LOCK_FILE))
+        self.alive: FileLock | None = None  # held while this writer has claims
+        self.offset = 0  # bytes of rows.jsonl read so far (whole lines)
+        self.done: set[tuple] = set()  # keys of every row in the file
+        self.fresh: set[tuple] = set()  # keys of rows written since this store opened (what --force keeps)
+        self.legacy: dict[tuple, tuple] = {}  # sample_key -> references, of rows without a content hash
+        if self.rows_path.exists():
+            with self.locked():
+                self.cut_torn_tail()
+                self.refresh(fresh=False)
+
+    def __enter__(self) -> "ResultsStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def locked(self) -> Generator[None, None, None]:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ResultsWriteError(f"cannot write results to {self.folder}: {error.strerror}") from None
+        with self.lock:
+            yield
 
     def cut_torn_tail(self) -> None:
-        """Drop a last line without its newline: the row being written when a run was killed."""
+        """Drop a last line without its newline: the row being written when a writer was killed. Only
+        under the lock, where no live writer is half-way through a line."""
         if not self.rows_path.exists() or self.rows_path.stat().st_size == 0:
             return
         with open(self.rows_path, "rb+") as file:
-            data = file.read()
-            if data.endswith(b"\n"):
+            size = file.seek(0, os.SEEK_END)
+            file.seek(size - 1)
+            if file.read(1) == b"\n":
                 return
-            file.truncate(data.rfind(b"\n") + 1)
+            start = max(self.offset, 0)
+            file.seek(start)
+            tail = file.read()
+            cut = tail.rfind(b"\n")
+            file.truncate(start + cut + 1 if cut >= 0 else start)
 
-    def has(self, row: dict) -> bool:
-        return row_key(row) in self.done
+    def refresh(self, fresh: bool = True) -> None:
+        """Read the whole lines written since the last read (by this writer or another)."""
+        if not self.rows_path.exists():
+            return
+        with open(self.rows_path, "rb") as file:
+            file.seek(self.offset)
+            data = file.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for row in parse_rows(data[:end].decode("utf-8", errors="replace").splitlines(), self.rows_path):
+            self.done.add(row.key)
+            if fresh:
+                self.fresh.add(row.key)
+            if row.content_hash is None:
+                self.legacy[row.sample_key] = tuple(row.references)
 
-    def append(self, row: dict) -> None:
-        """Append one row; it counts as done only once all its bytes are written and fsync'd. A failed
-        write (disk full) is cut back off the file, so no torn row stays behind, and raises."""
-        line = (json.dumps(row, default=str) + "\n").encode()
+    def is_done(self, row: Row, force: bool = False) -> bool:
+        """Whether the store holds `row`'s key; with `force`, only rows written since it opened count.
+        A row without a content hash (an older version's) counts for a sample with the same references."""
+        if row.key in (self.fresh if force else self.done):
+            return True
+        if force or row.content_hash is None:
+            return False
+        return self.legacy.get(row.sample_key) == tuple(row.references)
+
+    def has(self, row: Row) -> bool:
+        return self.is_done(row)
+
+    def claim(self, rows: Iterable[Row], force: bool = False) -> list[Row]:
+        """The rows of `rows` that nobody has written or claimed, now claimed by this writer (until the next
+        claim, `release()` or `close()`): the rows this writer should compute."""
+        rows = list(rows)
+        with self.locked():
+            self.refresh()
+            taken = self.claimed_by_others()
+            todo = [row for row in rows if not self.is_done(row, force) and row.key not in taken]
+            self.write_claim([row.key for row in todo])
+        return todo
+
+    def release(self) -> None:
+        if self.alive is not None:
+            with self.locked():
+                self.write_claim([])
+
+    def close(self) -> None:
+        """Drop this writer's claims; its liveness lock is released and removed."""
+        if self.alive is None:
+            return
+        with self.locked():
+            (self.claims_dir / f"{self.owner}.json").unlink(missing_ok=True)
+            self.alive.release()
+            Path(self.alive.lock_file).unlink(missing_ok=True)
+            self.alive = None
+            with suppress_os_error():
+                self.claims_dir.rmdir()  # only when no other writer has claims
+
+    @property
+    def claims_dir(self) -> Path:
+        return self.folder / CLAIMS_DIR
+
+    def write_claim(self, keys: list[tuple]) -> None:
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.rows_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self.claims_dir.mkdir(exist_ok=True)
+            if self.alive is None:
+                self.alive = FileLock(str(self.claims_dir / f"{self.owner}.lock"), thread_local=False)
+                self.alive.acquire()
+            path = self.claims_dir / f"{self.owner}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(keys, default=str))
+            tmp.rename(path)
         except OSError as error:
-            raise ResultsWriteError(f"cannot write results to {self.rows_path}: {error.strerror}") from None
-        start = os.fstat(fd).st_size
-        try:
-            written = 0
-            while written < len(line):
-                count = os.write(fd, line[written:])
-                if count <= 0:
-                    raise OSError(28, os.strerror(28))  # no progress: as good as a full disk
-                written += count
-            os.fsync(fd)
-        except OSError as error:
+            raise ResultsWriteError(f"cannot write claims to {self.claims_dir}: {error.strerror}") from None
+
+    def claimed_by_others(self) -> set[tuple]:
+        """Keys claimed by other live writers; the claims of dead ones (their lock is free) are removed."""
+        taken: set[tuple] = set()
+        if not self.claims_dir.is_dir():
+            return taken
+        for path in self.claims_dir.glob("*.json"):
+            if path.stem == self.owner:
+                continue
+            owner_lock = FileLock(str(path.with_suffix(".lock")))
             try:
-                os.ftruncate(fd, start)
-            except OSError:
-                pass  # the next open cuts the torn tail
-            raise ResultsWriteError(f"cannot write results to {self.rows_path}: {error.strerror}") from None
-        finally:
-            os.close(fd)
-        self.done.add(row_key(row))
+                owner_lock.acquire(blocking=False)
+            except Timeout:  # the writer lives
+                with suppress_os_error():
+                    taken.update(tuple(key) for key in json.loads(path.read_text()))
+                continue
+            path.unlink(missing_ok=True)  # a killed writer's claims
+            owner_lock.release()
+            Path(owner_lock.lock_file).unlink(missing_ok=True)
+        return taken
+
+    def append(self, row: Row, force: bool = False) -> bool:
+        """Append one row unless the store already holds its key (another writer's, or with `force`, one
+        written since this store opened); True if written. It counts as done only once all its bytes are
+        written and fsync'd."""
+        line = (json.dumps(row.to_dict(), default=str) + "\n").encode()
+        with self.locked():
+            self.cut_torn_tail()
+            self.refresh()
+            if row.key in (self.fresh if force else self.done):
+                return False
+            self.offset = append_line(self.rows_path, line)
+            self.done.add(row.key)
+            self.fresh.add(row.key)
+        return True
 
     def write_run(self, record: dict, path: Path | None = None) -> Path:
         """Write (or, given its `path`, replace) a run record whole."""
@@ -131,29 +327,66 @@ class ResultsStore:
         return path
 
 
-def read_rows(path: Path) -> list[dict]:
-    """Rows of one rows.jsonl; bad lines are skipped with one warning per file (how many, the first)."""
+def append_line(path: Path, line: bytes) -> int:
+    """Append `line` with O_APPEND and fsync it; the file's new size. A failed write (disk full) is cut back
+    off the file, so no torn row stays behind, and raises."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ResultsWriteError(f"cannot write results to {path}: {error.strerror}") from None
+    start = os.fstat(fd).st_size
+    try:
+        written = 0
+        while written < len(line):
+            count = os.write(fd, line[written:])
+            if count <= 0:
+                raise OSError(28, os.strerror(28))  # no progress: as good as a full disk
+            written += count
+        os.fsync(fd)
+    except OSError as error:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass  # the next writer cuts the torn tail
+        raise ResultsWriteError(f"cannot write results to {path}: {error.strerror}") from None
+    finally:
+        os.close(fd)
+    return start + len(line)
+
+
+@contextmanager
+def suppress_os_error() -> Generator[None, None, None]:
+    try:
+        yield
+    except (OSError, ValueError):
+        pass
+
+
+def parse_rows(lines: Iterable[str], path: Path) -> list[Row]:
+    """The rows of some lines of `path`; bad lines are skipped with one warning (how many, the first)."""
     rows, bad = [], []
-    if not Path(path).is_file():
-        return rows
-    with open(path, encoding="utf-8", errors="replace") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict) or "config_id" not in row:
-                    raise ValueError("not a results row")
-            except ValueError as error:
-                bad.append((number, str(error).splitlines()[0] if str(error) else "unreadable"))
-                continue
-            rows.append(row)
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(Row.from_dict(json.loads(line)))
+        except (ValueError, TypeError) as error:
+            bad.append((number, str(error).splitlines()[0] if str(error) else "unreadable"))
     if bad:
-        (first, error), lines = bad[0], ", ".join(str(number) for number, _ in bad[:5])
-        what = "a corrupt results row" if len(bad) == 1 else f"{len(bad)} corrupt results rows (lines {lines}"
-        what += "" if len(bad) == 1 else (", ...)" if len(bad) > 5 else ")")
-        warnings.warn(f"{path}:{first}: skipped {what}: {error}", stacklevel=2)
+        (first, error), numbers = bad[0], ", ".join(str(number) for number, _ in bad[:5])
+        what = "a corrupt results row"
+        if len(bad) > 1:
+            what = f"{len(bad)} corrupt results rows (lines {numbers}{', ...' if len(bad) > 5 else ''})"
+        warnings.warn(f"{path}:{first}: skipped {what}: {error}", KvbenchWarning, stacklevel=3)
     return rows
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The rows of one rows.jsonl; bad lines are skipped with one warning per file (how many, the first)."""
+    if not Path(path).is_file():
+        return []
+    with open(path, encoding="utf-8", errors="replace") as file:
+        return parse_rows(file, Path(path))
 
 
 def results_files(paths, recursive: bool = True) -> list[Path]:
@@ -170,23 +403,28 @@ def results_files(paths, recursive: bool = True) -> list[Path]:
     return files
 
 
+NUMERIC_FIELDS = ("ratio", "memory", "score", "context_tokens", "kv_kept", "kv_total", "kv_bytes")
+NUMERIC_FIELDS += ("kv_bytes_full", "prefill_s", "decode_s")
+
+
 def load_rows(paths):
-    """All rows under `paths` as one DataFrame (`source` names the folder); a duplicate keeps the last."""
+    """All rows under `paths` as one DataFrame, a column per `Row` field (`source` names the folder). Of
+    rows of one config on one sample id, the last written is kept: a --force rerun, or a rerun after the
+    task's data changed (see the module's docstring)."""
     import pandas as pd
 
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    frames = []
-    for file in results_files(paths):
-        rows = read_rows(file)
-        if rows:
-            frame = pd.DataFrame(rows)
-            frame["source"] = str(file.parent)
-            frames.append(frame)
-    if not frames:
-        return pd.DataFrame(columns=[*KEY_FIELDS, "model", "press", "ratio", "score", "source"])
-    frame = pd.concat(frames, ignore_index=True)
-    return frame.drop_duplicates(subset=list(KEY_FIELDS), keep="last").reset_index(drop=True)
+    records = [
+        {**row.to_dict(), "source": str(file.parent)}
+        for file in results_files(paths)
+        for row in read_rows(file)
+    ]
+    columns = [item.name for item in fields(Row) if item.name != "extra"] + ["source"]
+    frame = pd.DataFrame(records, columns=None if records else columns)
+    for name in NUMERIC_FIELDS:
+        frame[name] = pd.to_numeric(frame[name])
+    return frame.drop_duplicates(subset=list(SAMPLE_FIELDS), keep="last").reset_index(drop=True)
 
 
 def load_runs(paths) -> list[dict]:

@@ -1,23 +1,45 @@
-"""Run a grid of (press, ratio) configs over tasks, resumably, into a results store."""
+"""Run configs over tasks, resumably, into a results store: the library behind `kvbench run`/`sweep`.
+
+`run` and `sweep` are the Python API (`kvbench.run`, `kvbench.sweep`): they plan exactly as the command line
+does (kvbench.planning), load the model, key learned presses by their state (`prepare_plan`), and score
+what the results folder lacks (`run_plan`). Work is cut into units (`Unit`: one sample under up to
+`batch_configs` configs, which share one prefill); `evaluate_unit` computes a unit's rows without touching
+any store, so that a scheduler can spread units over workers and write their rows from one place
+(`ResultsStore.claim`, then `append`): `run_plan` does so with an `Executor` (kvbench.ray_sweep's computes
+units on Ray actors).
+"""
 
 import platform
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from kvbench import tasks
-from kvbench.engine import Config, evaluate_sample
-from kvbench.models import model_name
+from kvbench import models
+from kvbench.errors import BadInput
+from kvbench.planning import (
+    DEFAULT_PROTOCOL,
+    Config,
+    check_configs,
+    configs_for_run,
+    configs_for_sweep,
+    key_by_learned_state,
+    plan_tasks,
+    task_lengths,
+)
 from kvbench.resources import checkout_root
-from kvbench.results import ResultsStore, config_id, load_rows, row_key
+from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
+from kvbench.tasks import Sample, check_data, load_samples, score_sample
 
+CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
 PACKAGES = ("kvbench", "torch", "transformers", "kvpress", "datasets", "lm-eval", "accelerate", "flash-attn")
 
 
@@ -34,11 +56,304 @@ class Plan:
     data_dir: Path | None = None
     batch_configs: int = 16
     force: bool = False
-    extra: dict = field(default_factory=dict)  # model/device/dtype as given, recorded in the run record
+    model: str = models.EMBEDDED  # as the user named it: what rows record (`models.model_name`)
+    device: str = "cpu"
+    dtype: str = "float32"
     lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
+    out: Path = Path("results")  # the results folder
 
-    def task_length(self, task: str) -> int:
+    def task_length(self, task: str) -> int | None:
         return self.lengths.get(task, self.length)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of work: one sample under some configs (at most the plan's `batch_configs`), computed
+    together: the configs that compress inside kvpress's hook share one prefill and one batched decoding."""
+
+    sample: Sample
+    configs: tuple[Config, ...]
+
+
+class Executor(Protocol):
+    """Computes units away from the process that plans and writes them (kvbench.ray_sweep.RayExecutor)."""
+
+    def start(self) -> int:
+        """Check that it can serve a plan (e.g. reach its cluster), before the model loads; its workers."""
+        ...
+
+    def __call__(self, units: list[Unit], plan: Plan) -> Iterator[list[Row]]:
+        """The scored rows of each unit (`evaluate_unit`'s), yielded as each is ready, in any order."""
+        ...
+
+
+def run(
+    press: str,
+    ratio: float | str | None = None,
+    *,
+    memory: float | str | None = None,
+    press_args: dict | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    interval: int | None = None,
+    chunk: int | None = None,
+    **setup,
+) -> pd.DataFrame:
+    """Score one press at one compression ratio (fraction of KV entries removed) or memory budget
+    (fraction of the 16-bit full cache) on a suite or tasks; the rows of this run, as `kvbench run` scores
+    them. `setup`: the keywords of `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
+    return run_configs(configs_for_run(press, ratio, memory, press_args, protocol, interval, chunk), **setup)
+
+
+def sweep(
+    presses: Sequence[str] | str,
+    ratios: Sequence[float | str] | str | None = None,
+    *,
+    memory: Sequence[float | str] | str | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    interval: int | None = None,
+    chunk: int | None = None,
+    **setup,
+) -> pd.DataFrame:
+    """Score every press at every ratio (or memory budget), plus no compression, as `kvbench sweep` does;
+    the rows of this sweep. `setup`: the keywords of `prepare_plan`."""
+    return run_configs(configs_for_sweep(presses, ratios, memory, protocol, interval, chunk), **setup)
+
+
+def run_configs(
+    configs: list[Config], *, progress: bool = True, executor: Executor | None = None, **setup
+) -> pd.DataFrame:
+    """Score `configs` on a suite (default ruler-smoke) or `tasks`, appending what `out` lacks; the rows of
+    this run, computed here or by `executor`. `setup`: the keywords of `prepare_plan`."""
+    plan, llm, tokenizer = prepare_plan(configs, executor=executor, **setup)
+    with ResultsStore(plan.out) as store:
+        return run_plan(llm, tokenizer, plan, store, progress=progress, executor=executor)
+
+
+def prepare_plan(
+    configs: list[Config],
+    *,
+    tasks: Sequence[str] = (),
+    suite: str | None = None,
+    length: int | None = None,
+    samples: int | None = None,
+    seed: int = 0,
+    data_dir: Path | str | None = None,
+    out: Path | str = "results",
+    force: bool = False,
+    batch_configs: int = 16,
+    model: str = models.EMBEDDED,
+    device: str = "cpu",
+    dtype: str = "float32",
+    executor: Executor | None = None,
+):
+    """(plan, model, tokenizer): everything checked before the model loads, cheap checks first (names,
+    numbers, files, press arguments, the device, the lengths against the model's context; errors are
+    one-line KvbenchErrors), then the model loaded and the configs keyed by their presses' learned state.
+    `force` recomputes rows `out` already holds.
+
+    With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
+    and the model loads here on the CPU, only to plan (context lengths, learned state)."""
+    task_plan = plan_tasks(suite, tasks, length, samples)
+    data_dir = Path(data_dir) if data_dir is not None else None
+    if data_dir is not None and not data_dir.is_dir():
+        raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
+    for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
+        check_data(name, data_dir)
+    presses = check_configs(configs)  # bad press arguments fail here (`none` takes none)
+    if batch_configs < 1:
+        raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
+    if dtype not in models.DTYPES:
+        raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(models.DTYPES)}")
+    check_writable(Path(out))
+    if executor is None:
+        models.check_device(device)
+    models.resolve(model)
+    limit = models.context_limit(model)
+    names, asked = task_plan.tasks, task_plan.length
+    lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None
+    if executor is not None:
+        executor.start()  # e.g. a Ray cluster joined (or started) and checked before the model loads
+    # The engine switches to eager attention itself for the configs that need attention weights.
+    llm, tokenizer = models.load_model(model, device="cpu" if executor else device, dtype=dtype)
+    if lengths is None:  # a hub model whose config was not at hand: its context is known now
+        lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
+    plan = Plan(
+        configs=key_by_learned_state(llm, configs, presses),
+        tasks=names,
+        length=asked,
+        lengths={name: value for name, value in lengths.items() if value != asked},
+        samples=task_plan.samples,
+        seed=seed,
+        suite=task_plan.suite,
+        data_dir=data_dir,
+        batch_configs=batch_configs,
+        force=force,
+        model=model,
+        device=device,
+        dtype=dtype,
+        out=Path(out),
+    )
+    return plan, llm, tokenizer
+
+
+def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
+    """Every sample of the plan, task by task (RULER's are sized with the model's tokenizer)."""
+    return [
+        sample
+        for task in plan.tasks
+        for sample in load_samples(
+            task,
+            length=plan.task_length(task),
+            samples=plan.samples,
+            seed=plan.seed,
+            tokenizer=tokenizer,
+            data_dir=plan.data_dir,
+        )
+    ]
+
+
+def plan_units(plan: Plan, samples: list[Sample]) -> list[Unit]:
+    """Each sample under the plan's configs, `batch_configs` at a time."""
+    step = plan.batch_configs
+    return [
+        Unit(sample, tuple(plan.configs[start : start + step]))
+        for sample in samples
+        for start in range(0, len(plan.configs), step)
+    ]
+
+
+def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
+    """The rows of a unit before scoring: which config on which sample (and its content), one per config."""
+    sample, content = unit.sample, unit.sample.content_hash()
+    return [
+        Row(
+            config_id=config_id(
+                plan.model,
+                config.press,
+                config.ratio,
+                dict(config.press_args),
+                config.press_state,
+                config.memory,
+                config.protocol,
+                dict(config.protocol_args),
+            ),
+            model=plan.model,
+            press=config.press,
+            ratio=config.ratio,
+            task=sample.task,
+            length=plan.task_length(sample.task),
+            seed=plan.seed,
+            sample_id=sample.id,
+            press_args=dict(config.press_args),
+            press_state=config.press_state,
+            memory=config.memory,
+            protocol=config.protocol,
+            protocol_args=dict(config.protocol_args),
+            content_hash=content,
+            references=list(sample.references),
+            meta=sample.meta,
+        )
+        for config in unit.configs
+    ]
+
+
+def evaluate_sample(
+    model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int
+) -> list[dict]:
+    """The engine's (kvbench.engine.evaluate_sample), imported when a model first runs: planning, claiming
+    and writing rows need no torch."""
+    from kvbench import engine
+
+    return engine.evaluate_sample(model, tokenizer, sample, configs, batch_configs=batch_configs)
+
+
+def evaluate_unit(model, tokenizer, unit: Unit, plan: Plan) -> list[Row]:
+    """The scored rows of `unit`, one per config in order; writes nothing. The model must be the plan's
+    (`models.load_model(plan.model, ...)`)."""
+    outputs = evaluate_sample(
+        model, tokenizer, unit.sample, list(unit.configs), batch_configs=plan.batch_configs
+    )
+    return [
+        replace(row, **output, score=score_sample(unit.sample, output["prediction"]))
+        for row, output in zip(unit_rows(plan, unit), outputs, strict=True)
+    ]
+
+
+def run_plan(
+    model,
+    tokenizer,
+    plan: Plan,
+    store: ResultsStore,
+    progress: bool = True,
+    executor: Executor | None = None,
+) -> pd.DataFrame:
+    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan.
+
+    The units are computed here one at a time, or by `executor`, which is handed every unit this writer
+    can claim at once (a claim replaces the writer's previous one); either way this process alone claims
+    and writes their rows. Units whose rows another live writer of the folder has claimed are left to it
+    and waited for (polled every CLAIM_POLL_S); should that writer die, its claims lapse and this one
+    computes them."""
+    if models.model_name(model) != plan.model:
+        raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
+    started = datetime.now(timezone.utc).isoformat()
+    units = plan_units(plan, plan_samples(plan, tokenizer))
+    rows_of = [unit_rows(plan, unit) for unit in units]
+    # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
+    record_path = store.write_run(run_record(plan, None, started))
+
+    def compute_here(work: list[Unit], plan: Plan) -> Iterator[list[Row]]:
+        return (evaluate_unit(model, tokenizer, unit, plan) for unit in work)
+
+    compute = executor or compute_here
+    step = len(units) if executor is not None else 1
+    counted: set[tuple] = set()  # keys of the rows the bar counts as done
+    total = sum(len(rows) for rows in rows_of)
+    with tqdm(total=total, desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
+
+        def count_done(rows: Iterable[Row]) -> None:
+            done = {row.key for row in rows if store.is_done(row, plan.force)} - counted
+            counted.update(done)
+            bar.update(len(done))
+
+        pending = list(range(len(units)))
+        while pending:
+            waiting = []
+            for start in range(0, len(pending), step):
+                batch = pending[start : start + step]
+                claimed = {
+                    row.key
+                    for row in store.claim(
+                        [row for index in batch for row in rows_of[index]], force=plan.force
+                    )
+                }
+                work = []
+                for index in batch:
+                    configs = tuple(
+                        config
+                        for config, row in zip(units[index].configs, rows_of[index], strict=True)
+                        if row.key in claimed
+                    )
+                    if configs:
+                        work.append(Unit(units[index].sample, configs))
+                for scored in compute(work, plan):
+                    for row in scored:
+                        store.append(row, force=plan.force)
+                    count_done(scored)
+                    bar.set_postfix_str(scored[0].task)
+                for index in batch:
+                    count_done(rows_of[index])
+                    if any(row.key not in counted for row in rows_of[index]):  # claimed by another writer
+                        waiting.append(index)
+            store.release()
+            if waiting:
+                time.sleep(CLAIM_POLL_S)
+            pending = waiting
+    wanted = {row.sample_key for rows in rows_of for row in rows}
+    frame = load_rows([store.rows_path])
+    frame = frame[[key in wanted for key in zip(*(frame[name] for name in SAMPLE_FIELDS), strict=True)]]
+    store.write_run(run_record(plan, frame, started), path=record_path)
+    return frame.reset_index(drop=True)
 
 
 def package_versions() -> dict:
@@ -70,94 +385,6 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
-def base_row(model, config: Config, sample: tasks.Sample, plan: Plan) -> dict:
-    name = model_name(model)
-    press_args, protocol_args = dict(config.press_args), dict(config.protocol_args)
-    identity = (config.press_state, config.memory, config.protocol, protocol_args)
-    return {
-        "config_id": config_id(name, config.press, config.ratio, press_args, *identity),
-        "model": name,
-        "press": config.press,
-        "ratio": config.ratio,
-        "memory": config.memory,
-        "protocol": config.protocol,
-        "protocol_args": protocol_args,
-        "press_args": press_args,
-        "press_state": config.press_state,
-        "task": sample.task,
-        "length": plan.task_length(sample.task),
-        "seed": plan.seed,
-        "sample_id": sample.id,
-    }
-
-
-def sample_rows(model, tokenizer, sample: tasks.Sample, configs: list[Config], plan: Plan) -> list[dict]:
-    """The scored rows of one sample under `configs`: one unit of a sweep's work, wherever it runs."""
-    outputs = evaluate_sample(model, tokenizer, sample, configs, batch_configs=plan.batch_configs)
-    rows = []
-    for config, output in zip(configs, outputs, strict=True):
-        row = base_row(model, config, sample, plan)
-        row.update(
-            output,
-            references=sample.references,
-            meta=sample.meta,
-            score=tasks.score_sample(sample, output["prediction"]),
-        )
-        rows.append(row)
-    return rows
-
-
-# Computes the rows of (sample, configs) units, yielding each unit's rows as they are ready, in any order.
-Executor = Callable[[list[tuple[tasks.Sample, list[Config]]], Plan], Iterable[list[dict]]]
-
-
-def run_plan(
-    model, tokenizer, plan: Plan, store: ResultsStore, progress: bool = True, executor: Executor | None = None
-) -> pd.DataFrame:
-    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan.
-
-    The rows are computed here, one sample at a time, or by `executor` (kvbench.ray_sweep's spreads them
-    over Ray workers); either way this process alone writes them.
-    """
-    started = datetime.now(timezone.utc).isoformat()
-    samples = [
-        sample
-        for task in plan.tasks
-        for sample in tasks.load_samples(
-            task,
-            length=plan.task_length(task),
-            samples=plan.samples,
-            seed=plan.seed,
-            tokenizer=tokenizer,
-            data_dir=plan.data_dir,
-        )
-    ]
-    # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
-    record_path = store.write_run(run_record(model, plan, None, started))
-    keys, units = set(), []
-    for sample in samples:
-        rows = [(config, base_row(model, config, sample, plan)) for config in plan.configs]
-        keys.update(row_key(row) for _, row in rows)
-        todo = [config for config, row in rows if plan.force or not store.has(row)]
-        if todo:
-            units.append((sample, todo))
-
-    def here(units, plan):  # one sample at a time, in this process
-        return (sample_rows(model, tokenizer, sample, configs, plan) for sample, configs in units)
-
-    total = sum(len(configs) for _, configs in units)
-    with tqdm(total=total, desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
-        for rows in (executor or here)(units, plan):
-            for row in rows:
-                store.append(row)
-            bar.update(len(rows))
-            bar.set_postfix_str(rows[-1]["task"])
-    frame = load_rows([store.rows_path])
-    frame = frame[[row_key(row) in keys for row in frame.to_dict("records")]]
-    store.write_run(run_record(model, plan, frame, started), path=record_path)
-    return frame
-
-
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     """Score per task (columns) for each (press, budget), plus the average over tasks; the budget is the
     ratio, or `memory=M` for configs given a memory budget."""
@@ -173,13 +400,13 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def run_record(model, plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
+def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     """The run's full config, versions and commit; with `frame`, its scores and finish time too."""
     table = summarize(frame) if frame is not None else pd.DataFrame()
     return {
         "command": " ".join(["kvbench", *sys.argv[1:]]),
         "config": {
-            "model": model_name(model),
+            "model": plan.model,
             "configs": [asdict(config) for config in plan.configs],
             "tasks": plan.tasks,
             "suite": plan.suite,
@@ -188,11 +415,12 @@ def run_record(model, plan: Plan, frame: pd.DataFrame | None, started: str) -> d
             "samples": plan.samples,
             "seed": plan.seed,
             "data_dir": str(plan.data_dir) if plan.data_dir else None,
-            **plan.extra,
+            "device": plan.device,
+            "dtype": plan.dtype,
         },
         "summary": {
             f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
-            for (press, budget), scores in table.iterrows()
+            for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
         },
         "versions": package_versions(),
         "git_commit": git_commit(),

@@ -1,10 +1,21 @@
-"""Shared fixtures: the embedded tokenizer/model and tiny random-init models saved as local folders."""
+"""Shared fixtures: the embedded tokenizer and model, and the one tiny random-init model the tests build on
+(in memory through `tiny_model`, saved as a local folder through `tiny_model_dir`)."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench.models import load_model, load_tokenizer
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +28,12 @@ def embedded_model():
     return load_model()
 
 
-def tiny_config(architecture: str, vocab_size: int):
+def build_tiny_model(architecture: str = "llama", vocab_size: int = 128, **config):
+    """The tests' model: 2 layers, 4 query heads over 2 KV heads of 16 dims (hidden 64), random weights
+    from seed 0, in eval mode. `config` changes the shape or adds fields, e.g. initializer_range=0.1 for
+    peaked attention (so that which entries a press keeps changes the answer). (A pad_token_id zeroes that
+    token's embedding at init: it is set only where asked.)"""
+    torch.manual_seed(0)
     shape = dict(
         hidden_size=64,
         intermediate_size=128,
@@ -26,21 +42,44 @@ def tiny_config(architecture: str, vocab_size: int):
         num_key_value_heads=2,
         vocab_size=vocab_size,
         head_dim=16,  # kvpress reads config.head_dim, which Qwen2Config does not define
-        max_position_embeddings=8192,
         eos_token_id=2,
-        pad_token_id=2,
-        bos_token_id=None,
     )
-    return LlamaConfig(**shape) if architecture == "llama" else Qwen2Config(**shape)
+    shape.update(config)
+    if architecture == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
+    return LlamaForCausalLM(LlamaConfig(**shape)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """The tiny model's factory: tiny_model(architecture="llama", vocab_size=128, **config)."""
+    return build_tiny_model
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_model_dir(request, tmp_path_factory, embedded_tokenizer):
-    """A random-init model with the embedded tokenizer, saved as a local folder (loadable by name)."""
-    torch.manual_seed(0)
-    config = tiny_config(request.param, len(embedded_tokenizer))
-    model = (LlamaForCausalLM if request.param == "llama" else Qwen2ForCausalLM)(config)
-    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    model.save_pretrained(folder)
-    embedded_tokenizer.save_pretrained(folder)
+    """The tiny model with the embedded tokenizer, saved as a local folder (loadable by name), once per
+    architecture."""
+    return save_tiny_model(
+        tmp_path_factory,
+        embedded_tokenizer,
+        request.param,
+        max_position_embeddings=8192,
+        pad_token_id=2,
+        bos_token_id=None,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, embedded_tokenizer):
+    """The llama one only, with peaked attention: for tests of the bridges around the engine."""
+    return save_tiny_model(
+        tmp_path_factory, embedded_tokenizer, "llama", initializer_range=0.1, bos_token_id=None
+    )
+
+
+def save_tiny_model(tmp_path_factory, tokenizer, architecture: str, **config) -> str:
+    folder = tmp_path_factory.mktemp(f"tiny-{architecture}")
+    build_tiny_model(architecture, len(tokenizer), **config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return str(folder)

@@ -22,7 +22,7 @@ def input_tokens(sample: Sample, tokenizer) -> int:
 
 
 def tool_rows(sample: Sample) -> int:
-    return sum(len(m["content"].splitlines()) for m in sample.messages if m["role"] == "tool")
+    return sum(len(m["content"].splitlines()) for m in sample.messages or [] if m["role"] == "tool")
 
 
 # ---- generation ----
@@ -62,7 +62,7 @@ def test_the_answer_is_in_the_context_once_in_the_intended_turn(task, tokenizer)
             (key,) = [
                 w for w in re.findall(r"[\w-]+", sample.question) if re.search(r"[-_]", w) and w in line
             ]
-            assert sum(m["content"].count(key) for m in sample.messages) == 1
+            assert sum(m["content"].count(key) for m in sample.messages or []) == 1
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -97,7 +97,7 @@ def test_4k_traces_fit(tokenizer):
 def test_turns_are_a_well_formed_agent_trace(task, tokenizer):
     scratchpads = 0
     for sample in agent.make_samples(task, 2048, 3, 0, tokenizer, None):
-        messages = sample.messages
+        messages = sample.messages or []
         assert [m["role"] for m in messages[:2]] == ["system", "user"]
         assert all(m["role"] in ("system", "user", "assistant", "tool") and m["content"] for m in messages)
         assert all(set(m) <= {"role", "content", "region"} for m in messages)

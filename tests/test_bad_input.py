@@ -6,14 +6,20 @@ import errno
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kvbench import models, results
-from kvbench.cli import main, parse_ratio
-from kvbench.results import ResultsStore, ResultsWriteError, load_rows
+from kvbench.cli import main
+from kvbench.errors import ResultsWriteError
+from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.checkpoint import save_agents
+from kvbench.planning import parse_ratio
+from kvbench.results import ResultsStore, Row, load_rows
 from kvbench.tasks import longbench
 
 RUN = ["run", "--press", "snapkv", "--ratio", "0.5"]
@@ -114,6 +120,22 @@ CASES = [
         2,
         "listcard/card.json",
     ),
+    (
+        [
+            *RUN[:2],
+            "kvp",
+            "--ratio",
+            "0.5",
+            "--press-arg",
+            "agents={tmp}/compact",
+            "--press-arg",
+            "arch=apple",
+            *OUT,
+        ],
+        2,
+        "KVP agents at {tmp}/compact are compact agents, not apple",
+    ),
+    ([*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "arch=wide", *OUT], 2, "unknown KVP arch 'wide'"),
     # run: files and folders
     ([*RUN, "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
     ([*RUN, "--out", "{tmp}/text.txt"], 2, "text.txt' is a file"),
@@ -201,7 +223,17 @@ CASES = [
     # kvp datagen, train, report
     ([*DATAGEN, "--length", "10"], 2, "10 is below the minimum of task 'niah_single_1'"),
     ([*DATAGEN, "--length", "20000"], 2, "20000 exceeds the 8192-token context"),
-    ([*DATAGEN, "--tasks", "nope"], 2, "'nope' is not a RULER task"),
+    ([*DATAGEN, "--tasks", "nope"], 2, "'nope' is not a task"),
+    ([*DATAGEN, "--tasks", ","], 2, "name at least one task"),
+    (
+        [*DATAGEN, "--tasks", "longbench/hotpotqa"],
+        2,
+        "longbench/hotpotqa samples do not change with the seed",
+    ),
+    ([*DATAGEN, "--tasks", "agent_system_fact", "--length", "512"], 2, "512 is below the minimum"),
+    ([*DATAGEN, "--mixture", "nope"], 2, "unknown mixture 'nope' (choose one of: ruler"),
+    ([*DATAGEN, "--mixture", "ruler", "--length", "512"], 2, "--mixture ruler sets the tasks, lengths"),
+    ([*DATAGEN, "--mixture", "ruler", "--tasks", "vt", "--samples", "3"], 2, "drop --tasks, --samples"),
     ([*DATAGEN, "--tasks", "qa_1"], 2, "qa_1 samples do not change with the seed"),
     ([*DATAGEN, "--seed", "5"], 2, "--seed"),
     ([*DATAGEN, "--samples", "0"], 2, "--samples"),
@@ -215,6 +247,7 @@ CASES = [
     ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (bad field 'model')"),
     ([*TRAIN, "--data", "{tmp}/empty", "--layers", "a,b"], 2, "expected comma-separated integers, got 'a,b'"),
     ([*TRAIN, "--data", "{tmp}/empty", "--steps", "0"], 2, "--steps"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--arch", "wide"], 2, "'wide' is not one of 'compact', 'apple'"),
     (["kvp", "report", "{tmp}/empty"], 2, "no KVP agents at {tmp}/empty (missing card.json)"),
     (["kvp", "report", "{tmp}/badcard"], 2, "badcard/card.json: not a KVP agents card"),
     (["kvp", "report", "{tmp}/listcard"], 2, "listcard/card.json: not a KVP agents card"),
@@ -259,6 +292,7 @@ def make_files(tmp: Path) -> None:
         (tmp / name / "card.json").write_text(card)
         (tmp / name / "agents.safetensors").write_bytes(b"\x00garbage" * 8)
     (tmp / "garbage" / "rows.jsonl").write_text("".join(f"garbage line {i}\n" for i in range(100)))
+    save_agents(tmp / "compact", KVPAgents(1, 4, hidden=2), {"model": shape, "heads": [0]})
     (tmp / "badmanifest").mkdir()
     (tmp / "badmanifest" / "manifest.json").write_text("{oops")
     (tmp / "nomodel").mkdir()
@@ -343,8 +377,8 @@ def short_then_full_disk(monkeypatch, short: int):
     monkeypatch.setattr(results.os, "write", write)
 
 
-def row(sample_id: str) -> dict:
-    return {"config_id": "c", "task": "t", "length": 1, "seed": 0, "sample_id": sample_id, "score": 1.0}
+def row(sample_id: str) -> Row:
+    return Row("c", "m", "knorm", 0.5, "t", 1, 0, sample_id, content_hash="h", score=1.0)
 
 
 def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monkeypatch):
@@ -357,7 +391,7 @@ def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monke
     assert (tmp_path / "rows.jsonl").read_bytes() == before
     assert not store.has(row("1")) and store.has(row("0"))
     monkeypatch.undo()
-    assert ResultsStore(tmp_path).done == {tuple(row("0")[key] for key in results.KEY_FIELDS)}
+    assert ResultsStore(tmp_path).done == {row("0").key}
 
 
 def test_a_full_disk_during_a_run_is_one_line_exit_1(tmp_path, monkeypatch, tiny_model_dir):
@@ -398,3 +432,33 @@ def test_an_lm_eval_task_that_needs_the_hub_is_one_line(tmp_path, monkeypatch):
         "cannot reach the hub for dataset 'x'"
     )
     assert not out.exists()
+
+
+# `kvbench presses` whose listing has a bug: kvbench's own errors are one line, anything else is a bug.
+BUGGY_LISTING = """
+import sys
+import kvbench.presses
+def listing():
+    raise {error}("a bug")
+kvbench.presses.list_presses = listing
+from kvbench.cli import main
+main(["presses"])
+"""
+
+
+@pytest.mark.parametrize("error", ["ZeroDivisionError", "ValueError", "KeyError"])
+def test_an_internal_bug_shows_its_traceback_and_exits_1(error):
+    """Even a ValueError or KeyError: only kvbench's error types are the user's fault."""
+    code = BUGGY_LISTING.format(error=error)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr and f"{error}: " in result.stderr
+    assert "in listing" in result.stderr  # down to the line that failed
+
+
+def test_kvbench_errors_keep_their_one_line_from_python_too():
+    from kvbench.errors import BadInput, KvbenchError
+
+    with pytest.raises(KvbenchError) as info:
+        parse_ratio("1.5")
+    assert isinstance(info.value, BadInput) and isinstance(info.value, ValueError)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache
 
 from kvbench.cli import main
 from kvbench.distillcache import train as training
@@ -18,20 +18,6 @@ from kvbench.distillcache.train import DistillData, TrainConfig, compressed_log_
 from kvbench.kvp.reward import sample_rankings
 from kvbench.presses import build_press, press_state
 from kvbench.training import MANIFEST_FILE, TrainingFileError, model_shape
-
-
-def tiny_llama(vocab_size: int = 128) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=vocab_size,
-        eos_token_id=2,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def random_policy(model, directory, **card_changes) -> DistillCachePolicy:
@@ -65,10 +51,10 @@ def prefill(model, input_ids, press=None) -> DynamicCache:
     return cache
 
 
-def test_kl_reward_equals_an_independent_masked_computation():
+def test_kl_reward_equals_an_independent_masked_computation(tiny_model):
     """The reward's compressed run equals the full sequence with evicted context hidden from later queries
     (a 4D mask in one eager pass), and r_t is minus torch's KL of the two distributions."""
-    model = tiny_llama()
+    model = tiny_model()
     model.set_attn_implementation("eager")
     ids = torch.randint(3, 128, (1, 30 + 5 + 4), generator=torch.Generator().manual_seed(0))
     context, question, continuation = ids[:, :30], ids[:, 30:35], ids[:, 35:]
@@ -163,8 +149,8 @@ def test_training_steps_raise_the_reward_on_a_tiny_problem(monkeypatch):
     assert needles.gather(-1, top).sum() == needles.sum()
 
 
-def test_train_end_to_end_on_a_tiny_store_saves_a_policy_the_press_loads(tmp_path):
-    model = tiny_llama()
+def test_train_end_to_end_on_a_tiny_store_saves_a_policy_the_press_loads(tmp_path, tiny_model):
+    model = tiny_model()
     write_store(model, tmp_path / "data")
     config = TrainConfig(steps=3, samples=2, eval_every=2, eval_ratios=[0.5], hidden=8)
     card = training.train(model, tmp_path / "data", tmp_path / "policy", config, log=lambda line: None)
@@ -177,8 +163,8 @@ def test_train_end_to_end_on_a_tiny_store_saves_a_policy_the_press_loads(tmp_pat
     assert press_state(press) == digest
 
 
-def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path):
-    model = tiny_llama()
+def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path, tiny_model):
+    model = tiny_model()
     policy = random_policy(model, tmp_path)
     input_ids = torch.randint(0, 128, (1, 45))
     inputs = {}
@@ -204,9 +190,9 @@ def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path):
         torch.testing.assert_close(compressed.layers[layer].values, values.gather(2, top))
 
 
-def test_features_at_prefill_match_the_stored_ones():
+def test_features_at_prefill_match_the_stored_ones(tiny_model):
     """Datagen stores what the press computes: the same function on the same prefill."""
-    model = tiny_llama()
+    model = tiny_model()
     ids = torch.randint(3, 128, (30,)).tolist()
     captured = capture_prompt(model, ids[:25], ids[25:], gen_tokens=2)
     assert captured["features"].shape == (2, 2, 25, 7)
@@ -221,8 +207,8 @@ def one_line_error(call, match):
     assert "\n" not in str(error.value)
 
 
-def test_bad_weights_are_one_line_errors(tmp_path):
-    model = tiny_llama()
+def test_bad_weights_are_one_line_errors(tmp_path, tiny_model):
+    model = tiny_model()
     shape = model_shape(model)
     one_line_error(
         lambda: load_policy(tmp_path / "nowhere", shape), "no distillcache weights.*datagen.*train"
@@ -244,8 +230,8 @@ def test_bad_weights_are_one_line_errors(tmp_path):
         )
 
 
-def test_bad_data_stores_are_one_line_errors(tmp_path):
-    model = tiny_llama()
+def test_bad_data_stores_are_one_line_errors(tmp_path, tiny_model):
+    model = tiny_model()
     one_line_error(
         lambda: DistillData(tmp_path / "nowhere"), "no distillcache data.*kvbench distillcache datagen"
     )
@@ -275,18 +261,18 @@ def test_cli_refuses_a_bad_store_with_exit_2_and_writes_nothing(tmp_path):
     assert result.exit_code == 2 and "no distillcache weights" in result.output
 
 
-def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch, tmp_path):
+def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch, tmp_path, tiny_model):
     """Decode-time: the engine's batch wraps the press in kvpress's DecodingPress; the answer is the one
     kvpress's pipeline gives with PrefillDecodingPress around the same policy."""
     from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodingPress
-    from test_engine import decoded_token_ids, engine_token_ids, tiny_model, word_soup_sample
+    from test_engine import decoded_token_ids, engine_token_ids, word_soup_sample
 
     from kvbench.engine import Config, tokenize_sample
     from kvbench.models import load_tokenizer
     from kvbench.presses.distillcache import DistillCachePress
 
     tokenizer = load_tokenizer()
-    model = tiny_model("llama", len(tokenizer))
+    model = tiny_model("llama", len(tokenizer), initializer_range=0.1, attn_implementation="sdpa")
     random_policy(model, tmp_path)
     sample = word_soup_sample(150, max_new_tokens=20)
     weights = (("weights", str(tmp_path)),)

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, PrefillDecodingPress
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache
 
 from kvbench import adapter, decoder, engine
 from kvbench.decoder import BatchedDecoder
@@ -51,27 +51,17 @@ def tokenizer():
     return load_tokenizer()
 
 
-def tiny_model(architecture: str, vocab_size: int):
-    # A larger init than the default gives peaked attention, so that presses and ratios change the answers.
-    shape = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,  # kvpress's critical_kv reads config.head_dim, which Qwen2Config does not define
-        vocab_size=vocab_size,
-        initializer_range=0.1,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    if architecture == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**shape))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**shape))
-    model.generation_config.eos_token_id = 2
-    model.config.name_or_path = str(embedded_folder())  # where kvzip reloads the tokenizer from
-    return model.eval()
+@pytest.fixture(scope="module")
+def peaked_model(tiny_model, tokenizer):
+    """The tiny model with a larger init than the default: peaked attention, so that presses and ratios
+    change the answers; named after the embedded folder, where kvzip reloads the tokenizer from."""
+
+    def make(architecture: str):
+        model = tiny_model(architecture, len(tokenizer), initializer_range=0.1, attn_implementation="sdpa")
+        model.config.name_or_path = str(embedded_folder())
+        return model
+
+    return make
 
 
 def word_soup_sample(n_words: int, **changes) -> Sample:
@@ -169,8 +159,10 @@ def engine_token_ids(
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
-def test_every_registry_press_answers_as_the_kvpress_pipeline(monkeypatch, tokenizer, tmp_path, architecture):
-    model = tiny_model(architecture, len(tokenizer))
+def test_every_registry_press_answers_as_the_kvpress_pipeline(
+    monkeypatch, tokenizer, tmp_path, architecture, peaked_model
+):
+    model = peaked_model(architecture)
     sample = word_soup_sample(260)
     configs = registry_configs(model, tmp_path)
     shared = {c.press for c in configs if adapter.is_shareable(c.build_press())}
@@ -214,8 +206,8 @@ def stepwise_reference(model, tokenizer, sample: Sample, config: Config) -> tupl
     return ids[prompt.question_ids.shape[1] :], lengths
 
 
-def test_per_layer_cache_lengths_decode_in_the_same_batch(monkeypatch, tokenizer):
-    model = tiny_model("llama", len(tokenizer))
+def test_per_layer_cache_lengths_decode_in_the_same_batch(monkeypatch, tokenizer, peaked_model):
+    model = peaked_model("llama")
     sample = word_soup_sample(200)
     configs = [Config("pyramidkv", 0.5), Config("knorm", 0.5), Config("chunkkv", 0.75), Config("tova", 0.25)]
     engine_ids, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
@@ -226,8 +218,8 @@ def test_per_layer_cache_lengths_decode_in_the_same_batch(monkeypatch, tokenizer
     assert engine_ids == [ids for ids, _ in references]
 
 
-def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokenizer, caplog):
-    model = tiny_model("llama", len(tokenizer))
+def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokenizer, caplog, peaked_model):
+    model = peaked_model("llama")
     sample = word_soup_sample(120)
     adakv = (("inner", "knorm"),)
     configs = [
@@ -250,8 +242,8 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
     assert results[0]["kv_bytes"] == results[1]["kv_bytes"] < results[2]["kv_bytes"]
 
 
-def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
-    model = tiny_model("llama", len(tokenizer))
+def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer, peaked_model):
+    model = peaked_model("llama")
     sample = word_soup_sample(120)
     # The longest cache stops first: the other streams go on over a batch compacted around them.
     configs = [Config("knorm", 0.25), Config("knorm", 0.5), Config("tova", 0.5), Config("tova", 0.75)]
@@ -264,8 +256,8 @@ def test_each_stream_stops_at_its_own_stop_token(monkeypatch, tokenizer):
         assert ids == pipeline_token_ids(monkeypatch, model, tokenizer, sample, config), config
 
 
-def test_a_scorer_at_several_ratios_scores_each_layer_once(monkeypatch, tokenizer):
-    model = tiny_model("llama", len(tokenizer))
+def test_a_scorer_at_several_ratios_scores_each_layer_once(monkeypatch, tokenizer, peaked_model):
+    model = peaked_model("llama")
     calls = []
     score = KnormPress.score
     monkeypatch.setattr(KnormPress, "score", lambda self, *args: calls.append(self) or score(self, *args))
@@ -286,8 +278,10 @@ def test_compaction_keeps_groups_together_and_moves_as_few_rows_as_it_can():
     assert decoder.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
 
 
-def test_a_tokenizer_without_chat_template_gets_the_pipelines_bos_fallback(monkeypatch, tokenizer):
-    model = tiny_model("llama", len(tokenizer))
+def test_a_tokenizer_without_chat_template_gets_the_pipelines_bos_fallback(
+    monkeypatch, tokenizer, peaked_model
+):
+    model = peaked_model("llama")
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = (
         None  # a base model: the pipeline puts BOS before the context, "\n" after the question
@@ -311,8 +305,8 @@ def test_a_raw_prompt_sample_is_tokenized_as_its_official_code(tokenizer):
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
-def test_attention_weights_are_those_of_the_eager_attention(tokenizer, architecture):
-    model = tiny_model(architecture, len(tokenizer))
+def test_attention_weights_are_those_of_the_eager_attention(tokenizer, architecture, peaked_model):
+    model = peaked_model(architecture)
     model.set_attn_implementation("eager")
     compared = []
 
@@ -336,8 +330,8 @@ def test_attention_weights_are_those_of_the_eager_attention(tokenizer, architect
     assert compared == [0, 1]
 
 
-def test_kv_accounting_counts_entries_and_bytes_kept(tokenizer):
-    model = tiny_model("llama", len(tokenizer))
+def test_kv_accounting_counts_entries_and_bytes_kept(tokenizer, peaked_model):
+    model = peaked_model("llama")
     sample = word_soup_sample(80)
     none, knorm = evaluate_sample(model, tokenizer, sample, [Config("none", 0.0), Config("knorm", 0.3)])
     n = engine.tokenize_sample(tokenizer, sample).context_ids.shape[1]
@@ -360,6 +354,7 @@ def test_first_line_keeps_the_first_non_empty_line(tokenizer):
     assert engine.decode_prediction(tokenizer, ids, word_soup_sample(1)).endswith("in France.")
 
 
+@pytest.mark.slow
 def test_embedded_model_matches_the_pipeline(monkeypatch):
     model, tokenizer = load_model()
     needle = "The secret code of the blue door is 4711."
@@ -444,9 +439,9 @@ def decode_time_reference(monkeypatch, model, tokenizer, sample, config: Config)
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
 def test_decode_time_compression_in_the_batch_answers_as_kvpress_decoding_press(
-    monkeypatch, tokenizer, architecture
+    monkeypatch, tokenizer, architecture, peaked_model
 ):
-    model = tiny_model(architecture, len(tokenizer))
+    model = peaked_model(architecture)
     sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
     configs = [Config("none", 0.0)] + [
         Config(press, ratio, protocol="decode-time", protocol_args=(("interval", interval),))
@@ -471,11 +466,11 @@ def test_decode_time_compression_in_the_batch_answers_as_kvpress_decoding_press(
     assert all(result["kv_kept"] < results[0]["kv_kept"] for result in results[1:])
 
 
-def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, tokenizer):
+def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, tokenizer, peaked_model):
     """QEvict's recoverable tier during decoding: in the engine's batch, each row answers as the press does
     alone under kvpress's hooks on a plain cache: the prefill, then the same instance (its tiers and
     scores go on) every 8 decoding steps (its window) on the growing cache."""
-    model = tiny_model("llama", len(tokenizer))
+    model = peaked_model("llama")
     sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
     decode_time = {"protocol": "decode-time", "protocol_args": (("interval", 8),)}
     configs = [Config("qevict", 0.0, memory=m, **decode_time) for m in (0.5, 0.25)] + [Config("knorm", 0.5)]
@@ -527,8 +522,10 @@ def streaming_reference(model, tokenizer, sample, config: Config) -> tuple[list[
     return tokens, held
 
 
-def test_streaming_feeds_chunks_as_one_batch_and_answers_as_each_config_alone(monkeypatch, tokenizer):
-    model = tiny_model("llama", len(tokenizer))
+def test_streaming_feeds_chunks_as_one_batch_and_answers_as_each_config_alone(
+    monkeypatch, tokenizer, peaked_model
+):
+    model = peaked_model("llama")
     sample = word_soup_sample(200)
     streaming = (("chunk", 64),)
     configs = [

@@ -3,25 +3,12 @@ import contextlib
 import pytest
 import torch
 from kvpress import AdaKVPress
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache
 
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import KVPAgentsError, model_shape, save_agents
 from kvbench.presses import build_press, press_state
 from kvbench.presses.kvp import KVPPress
-
-
-def tiny_llama(vocab_size: int = 128) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=vocab_size,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def random_agents(model, directory, **card_changes) -> KVPAgents:
@@ -41,8 +28,8 @@ def prefill(model, input_ids, press=None) -> DynamicCache:
     return cache
 
 
-def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path):
-    model = tiny_llama()
+def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path, tiny_model):
+    model = tiny_model()
     agents = random_agents(model, tmp_path)
     input_ids = torch.randint(0, 128, (1, 37))
     full = prefill(model, input_ids)
@@ -57,8 +44,8 @@ def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path):
         torch.testing.assert_close(compressed.layers[layer].values, values.gather(2, top))
 
 
-def test_press_refuses_agents_of_another_model(tmp_path):
-    model = tiny_llama()
+def test_press_refuses_agents_of_another_model(tmp_path, tiny_model):
+    model = tiny_model()
     for change in ({"name": "another-model"}, {"num_layers": 3}, {"num_kv_heads": 1}, {"head_dim": 32}):
         random_agents(model, tmp_path, **change)
         press = KVPPress(compression_ratio=0.5, agents=str(tmp_path))
@@ -66,24 +53,24 @@ def test_press_refuses_agents_of_another_model(tmp_path):
             press.post_init_from_model(model)
 
 
-def test_press_refuses_agents_covering_part_of_the_heads(tmp_path):
-    model = tiny_llama()
+def test_press_refuses_agents_covering_part_of_the_heads(tmp_path, tiny_model):
+    model = tiny_model()
     agents = KVPAgents(2, 16, hidden=8)
     save_agents(tmp_path, agents, {"model": vars(model_shape(model)), "heads": [0, 1]})
     with pytest.raises(KVPAgentsError, match="cover 2 of the model's 4 heads"):
         KVPPress(compression_ratio=0.5, agents=str(tmp_path)).post_init_from_model(model)
 
 
-def test_missing_agents_name_the_folder_and_the_training_command(tmp_path):
+def test_missing_agents_name_the_folder_and_the_training_command(tmp_path, tiny_model):
     with pytest.raises(KVPAgentsError, match="nowhere.*kvbench kvp datagen .* kvbench kvp train"):
         KVPPress(compression_ratio=0.5, agents=str(tmp_path / "nowhere"))  # before any model loads
     press = KVPPress(compression_ratio=0.5)  # the default folder of a model without agents
     with pytest.raises(KVPAgentsError, match="kvbench kvp datagen .* kvbench kvp train"):
-        press.post_init_from_model(tiny_llama())
+        press.post_init_from_model(tiny_model())
 
 
-def test_press_state_is_the_digest_of_the_agents_weights(tmp_path):
-    model = tiny_llama()
+def test_press_state_is_the_digest_of_the_agents_weights(tmp_path, tiny_model):
+    model = tiny_model()
     digests = []
     for seed in (0, 0, 1):
         torch.manual_seed(seed)

@@ -12,7 +12,6 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvbench import lmeval, tasks
 from kvbench.engine import Config, evaluate_sample
@@ -23,24 +22,8 @@ WORDS = "the cat sat on a mat while dogs ran far away from home and birds sang i
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, embedded_tokenizer):
-    """A tiny random Llama with the embedded tokenizer, saved as a local folder."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(embedded_tokenizer),
-        initializer_range=0.1,  # peaked attention, so that evicting entries changes the outputs
-        eos_token_id=2,
-        bos_token_id=None,
-    )
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    embedded_tokenizer.save_pretrained(folder)
-    return str(folder)
+def model_dir(tiny_llama_dir):
+    return tiny_llama_dir
 
 
 def requests(kind: str, args: list[tuple], doc: dict | None = None) -> list[Instance]:
@@ -167,6 +150,7 @@ def test_task_yamls_cover_every_ruler_task_with_its_generation_budget():
     assert group["task"] == [f"kvbench_{task}" for task in ruler.TASKS]
 
 
+@pytest.mark.slow
 def test_our_ruler_task_in_lm_eval_scores_as_kvbench_run(monkeypatch, tmp_path):
     monkeypatch.setattr(lmeval, "cache_dir", lambda: tmp_path)  # no request cache from an earlier run
     lm = KVBenchLM("smollm2-135m", "snapkv", 0.5)
@@ -176,19 +160,20 @@ def test_our_ruler_task_in_lm_eval_scores_as_kvbench_run(monkeypatch, tmp_path):
     rows = lmeval.rows_from_results(results, lm)
 
     samples = tasks.load_samples("niah_single_1", length=512, samples=2, seed=0, tokenizer=lm.tokenizer)
-    assert [row["sample_id"] for row in rows] == [sample.id for sample in samples]
+    assert [row.sample_id for row in rows] == [sample.id for sample in samples]
     for row, sample in zip(rows, samples, strict=True):
         (expected,) = evaluate_sample(lm.model, lm.tokenizer, sample, [Config("snapkv", 0.5)])
-        assert row["prediction"] == expected["prediction"]
-        assert row["score"] == pytest.approx(tasks.score_sample(sample, expected["prediction"]))
-        assert (row["context_tokens"], row["kv_kept"]) == (expected["context_tokens"], expected["kv_kept"])
-    assert row["task"] == "lm-eval/kvbench_niah_single_1" and row["length"] == 512
+        assert row.prediction == expected["prediction"]
+        assert row.score == pytest.approx(tasks.score_sample(sample, expected["prediction"]))
+        assert (row.context_tokens, row.kv_kept) == (expected["context_tokens"], expected["kv_kept"])
+    assert row.task == "lm-eval/kvbench_niah_single_1" and row.length == 512
 
 
 def invoke(*args):
     return CliRunner().invoke(lm_eval_command, [*args])
 
 
+@pytest.mark.slow
 def test_cli_runs_lm_evals_own_ruler_offline_into_the_results_store(monkeypatch, tmp_path, model_dir):
     monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "results"
@@ -253,14 +238,14 @@ def test_multiple_choice_rows_hold_the_most_likely_choice_and_accuracy_on_0_100(
         # The requests as lm-eval sent them (chat template applied), scored again one by one.
         scores = [lm.loglikelihood(requests("loglikelihood", [args]))[0][0] for args in sample["arguments"]]
         best = max(range(len(scores)), key=scores.__getitem__)
-        assert (row["task"], row["prediction"], row["references"]) == (
+        assert (row.task, row.prediction, row.references) == (
             "lm-eval/tiny_mc",
             str(best),
             [str(label)],
         )
-        assert row["score"] == 100.0 * (best == label)
-        assert row["kv_kept"] == int(row["context_tokens"] * 0.5) * 2 * 2
-        assert row["protocol"] == "query-aware"  # the question is in the compressed context
+        assert row.score == 100.0 * (best == label)
+        assert row.kv_kept == int(row.context_tokens * 0.5) * 2 * 2
+        assert row.protocol == "query-aware"  # the question is in the compressed context
 
     # The registered model type, built by lm-eval from an argument string, scores the same.
     plain = simple_evaluate(
@@ -271,7 +256,7 @@ def test_multiple_choice_rows_hold_the_most_likely_choice_and_accuracy_on_0_100(
         apply_chat_template=True,
         bootstrap_iters=0,
     )
-    assert 100 * plain["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(r["score"] for r in rows) / 2)
+    assert 100 * plain["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(row.score for row in rows) / 2)
     assert plain["config"]["protocols"] == {"tiny_mc": "query-aware"}
 
 

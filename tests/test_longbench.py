@@ -315,12 +315,14 @@ def test_longbench_e_buckets_by_word_length():
 
 
 def test_hub_zip_comes_from_the_cache_or_not_at_all_when_offline(monkeypatch, tmp_path):
+    import huggingface_hub  # read by hub_data_zip when called
+
     monkeypatch.setattr(lb, "hub_data_zip", HUB_DATA_ZIP)
-    monkeypatch.setattr(lb, "is_offline_mode", lambda: True)
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: True)
     monkeypatch.setattr(lb, "hub_is_reachable", lambda: pytest.fail("offline mode must not probe the hub"))
-    monkeypatch.setattr(lb, "try_to_load_from_cache", lambda *args, **kwargs: None)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
     assert lb.hub_data_zip() is None
-    monkeypatch.setattr(lb, "try_to_load_from_cache", lambda *args, **kwargs: str(tmp_path / "data.zip"))
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: str(tmp_path / "data.zip"))
     assert lb.hub_data_zip() == tmp_path / "data.zip"
 
 
@@ -341,29 +343,15 @@ def test_a_truncated_prompt_is_cut_in_the_middle_and_warned_about(tmp_path, toke
     assert "filler" not in short.context
 
 
-def test_without_length_the_cli_truncates_to_the_models_own_limit(tmp_path, tokenizer, caplog):
+def test_without_length_the_cli_truncates_to_the_models_own_limit(tmp_path, tokenizer, caplog, tiny_model):
     """A 1500-token model: THUDM's rule gives 1000 - 500 = 500 tokens; the row records that length."""
     from click.testing import CliRunner
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvbench.cli import main
     from kvbench.results import load_rows
 
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=1500,
-        eos_token_id=2,
-        pad_token_id=2,
-        bos_token_id=None,
-    )
     model_dir = tmp_path / "model"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tiny_model("llama", len(tokenizer), max_position_embeddings=1500).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = tmp_path / "data"
     data.mkdir()

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 from kvpress import DecodingPress
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache
 
-from kvbench.engine import REGIONS
+from kvbench.engine import REGIONS, tokenize_sample
 from kvbench.models import load_model, load_tokenizer, model_name
 from kvbench.presses import build_press
 from kvbench.presses.memdecay import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
@@ -36,20 +36,13 @@ def write_test_calibration(directory, name: str, **changes) -> str:
     return str(directory)
 
 
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
-    model = LlamaForCausalLM(config).eval()
+@pytest.fixture
+def tiny_llama(tiny_model):
+    """The tiny model, named, its layers given the rotary embedding as kvpress's press(model) does."""
+    model = tiny_model()
     model.config.kvbench_name = "tiny-test"
     for layer in model.model.layers:
-        layer.self_attn.rotary_emb = model.model.rotary_emb  # what kvpress's press(model) sets
+        layer.self_attn.rotary_emb = model.model.rotary_emb
     return model
 
 
@@ -170,10 +163,10 @@ def assert_matches(press, module, kept, states, keys, values, new_keys, new_valu
 
 
 @pytest.mark.parametrize("pin", ["", "system", "system,tool"])
-def test_press_matches_the_reference_over_two_successive_compressions(tmp_path, pin):
+def test_press_matches_the_reference_over_two_successive_compressions(tmp_path, pin, tiny_llama):
     """Decay score, age reset by the threshold, pages and pinning, on a prefill then a decode-time call: the
     state (region, age, accumulated attention) follows the kept entries into the second call."""
-    model = tiny_llama()
+    model = tiny_llama
     module = model.model.layers[1].self_attn
     press = make_press(tmp_path, model, compression_ratio=0.5, pin=pin, page_size=4, beta=1.0)
     known = [SYSTEM] * 6 + [USER] * 9 + [TOOL] * 12 + [SCRATCHPAD] * 7 + [ASSISTANT] * 6
@@ -199,8 +192,8 @@ def test_press_matches_the_reference_over_two_successive_compressions(tmp_path, 
     assert new_keys.shape[2] == 21
 
 
-def test_new_entries_fed_whole_are_user_and_decoded_ones_assistant(tmp_path):
-    model = tiny_llama()
+def test_new_entries_fed_whole_are_user_and_decoded_ones_assistant(tmp_path, tiny_llama):
+    model = tiny_llama
     module = model.model.layers[0].self_attn
     press = make_press(tmp_path, model, compression_ratio=0.0)
     press.use_regions(torch.tensor([SYSTEM] * 10))
@@ -344,13 +337,13 @@ def test_press_under_kvpress_decoding_press_holds_the_target_size(tiny, tmp_path
         assert (state.region[0, :, -4:] == ASSISTANT).all()  # the last decoded tokens
 
 
-def test_bad_inputs_are_one_line_errors(tmp_path):
+def test_bad_inputs_are_one_line_errors(tmp_path, tiny_llama):
     with pytest.raises(
         ValueError, match="unknown region 'memory' in pin; valid regions: system, user"
     ) as error:
         build_press("memdecay", 0.5, pin="system,memory")
     assert "\n" not in str(error.value)
-    model = tiny_llama()
+    model = tiny_llama
     press = MemDecayPress(compression_ratio=0.5, calibration=str(tmp_path / "none"))
     with pytest.raises(MemDecayError, match="kvbench memdecay calibrate --model tiny-test") as error:
         press.post_init_from_model(model)
@@ -383,7 +376,10 @@ def test_embedded_tokenizer_regions_cover_the_calibration_sample():
     ids, regions = sample_tokens(load_tokenizer(), chat_sample(0))
     assert len(ids) == len(regions)
     assert set(regions.tolist()) == set(range(len(REGIONS)))
-    assert regions[-1] == USER  # the question's last user turn
+    question = tokenize_sample(load_tokenizer(), chat_sample(0)).question_ids.shape[1]
+    prefix = len(load_tokenizer().encode(" Answer:", add_special_tokens=False))
+    assert USER in regions[-question:].tolist()  # the question's last user turn
+    assert regions[-prefix:].tolist() == [ASSISTANT] * prefix  # the answer prefix: the assistant's words
 
 
 @pytest.mark.parametrize(
@@ -400,3 +396,37 @@ def test_engine_runs_the_press_under_every_protocol_within_budget(tiny, tmp_path
     assert isinstance(result["prediction"], str)
     layers_heads = result["kv_total"] // result["context_tokens"]
     assert result["kv_kept"] == int(result["context_tokens"] * 0.5) * layers_heads
+
+
+def test_decode_time_tells_the_question_apart_from_the_generation(tiny, tmp_path):
+    """Under decode-time compression kvpress buffers the question with the decoded tokens; the press still
+    sees the question as "user" and the answer prefix as "assistant", from the engine's region ids."""
+    from kvbench.engine import Config, evaluate_sample
+
+    model, tokenizer = tiny
+    calibration = write_test_calibration(tmp_path, model_name(model))
+    config = Config(
+        "memdecay", 0.5, (("calibration", calibration),), None, None, "decode-time", (("interval", 2),)
+    )
+    added = []
+    original = MemDecayPress.new_regions
+
+    def spy(self, positions, decoding):
+        regions = original(self, positions, decoding)
+        added.append((positions.tolist(), regions.tolist()))
+        return regions
+
+    prompt = tokenize_sample(tokenizer, chat_sample(3))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MemDecayPress, "new_regions", spy)
+        evaluate_sample(model, tokenizer, chat_sample(3), [config])
+    context, question = prompt.context_ids.shape[1], prompt.question_ids.shape[1]
+    seen = {
+        position: region
+        for positions, regions in added
+        for position, region in zip(positions, regions, strict=True)
+    }
+    expected = prompt.all_regions().tolist()
+    assert [seen[p] for p in range(context, context + question)] == expected[context:]
+    assert expected[-1] == ASSISTANT and USER in expected[context:]
+    assert {seen[p] for p in seen if p >= context + question} == {ASSISTANT}  # generated tokens

@@ -1,3 +1,4 @@
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -7,7 +8,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 import kvbench.presses as registry
-from kvbench import models
+from kvbench import adapter, models
 from kvbench.models import load_model
 from kvbench.presses import PRESSES, UnknownPress, build_press, check_press_runnable, parse_press_args
 from kvbench.presses.h2o import H2OPress
@@ -23,27 +24,91 @@ NOT_OFFLINE = {name for name, spec in PRESSES.items() if "hub" in spec.needs} | 
 OFFLINE = sorted(set(PRESSES) - NOT_OFFLINE)
 
 
-@pytest.mark.parametrize("name", OFFLINE)
-def test_every_offline_press_compresses_a_prefill(name, tiny_model_dir):
-    eager = registry.needs_eager(name)
-    model, tokenizer = load_model(tiny_model_dir, attn_implementation="eager" if eager else None)
-    press = build_press(name, 0.5)
-    torch.manual_seed(0)
-    ids = torch.randint(3, 1000, (1, 200))
+# What each press that is not a plain scorer does to a prefill of 200 tokens at ratio (or memory) 0.5.
+# Keep every entry and mask half of them, with budgets per head (and per layer for kvzip's and kvgrad's).
+HEAD_MASKS = {"adakv", "andpro", "critical_adakv", "kvzip", "kvgrad"}
+WHOLE_CHUNKS = {"chunkkv", "block", "chunk"}  # drop entries, keep the rest whole
+CODECS = {"quant", "lowrank", "varrate"}  # keep every position, each at fewer bits or a lower rank
+
+
+def prefill(model, ids, press=None) -> DynamicCache:
     cache = DynamicCache()
-    with press(model):
+    with torch.no_grad(), press(model) if press is not None else contextlib.nullcontext():
         model.model(input_ids=ids, past_key_values=cache)
-    lengths = [cache.layers[i].keys.shape[2] for i in range(len(cache))]
-    if isinstance(press, ScorerPress) and name not in {"pyramidkv"}:
-        # Plain scorers keep exactly int(L * (1 - r)) entries in every layer and head.
-        assert lengths == [compute_n_kept(200, 0.5)] * len(lengths)
-    elif name == "think":  # zeroes key channels, keeps every token
-        zero_channels = (cache.layers[0].keys == 0).all(dim=2).sum()
-        assert lengths == [200] * len(lengths) and zero_channels > 0
-    elif name == "decoding":  # compresses only while decoding
-        assert lengths == [200] * len(lengths)
-    else:
-        assert lengths, name
+    return cache
+
+
+def positions(kept: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, kept) index in `full` of each kept row, -1 where the row is not one of full's. (Keys
+    carry their position's rotation, so a key row names one position; a value row may not.)"""
+    match = (kept[:, :, :, None, :] == full[:, :, None, :, :]).all(-1)
+    return torch.where(match.any(-1), match.float().argmax(-1), -1)
+
+
+def at_positions(full: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return full.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, full.shape[-1]))
+
+
+def record_scores(press) -> list[torch.Tensor]:
+    """The scores a ScorerPress computes, layer by layer (it keeps the top ones)."""
+    scores, score = [], press.score
+
+    def recorded(*args, **kwargs):
+        scores.append(score(*args, **kwargs))
+        return scores[-1]
+
+    press.score = recorded
+    return scores
+
+
+@pytest.mark.parametrize("name", OFFLINE)
+def test_every_offline_press_keeps_what_it_says(name, tiny_model_dir):
+    """Which entries survive a prefill of a fixed input, press by press: a scorer its top-scored entries,
+    whole (key and value of one position), int(L * (1 - r)) per head; the others as their kind does."""
+    eager = registry.needs_eager(name)
+    model, _ = load_model(tiny_model_dir, attn_implementation="eager" if eager else None)
+    ids = torch.randint(3, 1000, (1, 200), generator=torch.Generator().manual_seed(0))
+    full = prefill(model, ids)
+    press = build_press(name, 0.5)
+    scores = record_scores(press) if isinstance(press, ScorerPress) else []
+    cache = prefill(model, ids, press)
+    n_kept = compute_n_kept(200, 0.5)
+    for index, (layer, whole) in enumerate(zip(cache.layers, full.layers, strict=True)):
+        at = positions(layer.keys, whole.keys)
+        if isinstance(press, ScorerPress):  # (pyramidkv's budgets per layer: the test below)
+            kept = layer.keys.shape[2]
+            assert kept == n_kept or name == "pyramidkv"
+            assert (at >= 0).all() and torch.equal(layer.values, at_positions(whole.values, at))
+            top = scores[index].topk(kept, dim=-1).indices
+            assert torch.equal(at.sort(-1).values, top.sort(-1).values)
+        elif name in HEAD_MASKS:
+            assert torch.equal(layer.keys, whole.keys) and torch.equal(layer.values, whole.values)
+        elif name in WHOLE_CHUNKS:
+            assert layer.keys.shape[2] == n_kept and (at >= 0).all()
+            assert torch.equal(layer.values, at_positions(whole.values, at))
+            if name == "chunkkv":  # whole chunks of 20 positions
+                assert all(len(set((head // 20).tolist())) == n_kept // 20 for head in at[0])
+        elif name == "key_rerotation":  # the inner scorer's entries, keys rotated to new positions
+            assert layer.keys.shape[2] == n_kept and (positions(layer.values, whole.values) >= 0).all()
+            assert (at < 0).any()
+        elif name == "merging":  # the kept keys whole, evicted values merged into the kept ones
+            assert layer.keys.shape[2] == n_kept and (at >= 0).all()
+            assert (positions(layer.values, whole.values) < 0).any()
+        elif name in CODECS:
+            error = (layer.keys - whole.keys).norm() / whole.keys.norm()
+            assert layer.keys.shape == whole.keys.shape and 0 < error < (0.15 if name == "quant" else 1)
+        elif name == "qevict":  # evicts some windows, keeps the rest at 16 or 4 bits
+            assert n_kept <= layer.keys.shape[2] < 200
+        elif name == "think":  # zeroes half the key channels of each head, keeps every token
+            zero = (layer.keys == 0).all(dim=2).sum(-1)
+            assert torch.equal(layer.values, whole.values) and (zero == 8).all()
+        elif name == "decoding":  # compresses only while decoding
+            assert torch.equal(layer.keys, whole.keys)
+        else:
+            raise AssertionError(f"no expectation for press {name!r}: say what it keeps")
+    if name in HEAD_MASKS:  # half of the entries masked
+        assert adapter.masked_entries(model) == len(cache.layers) * 2 * (200 - n_kept)
+    adapter.clear_head_masks(model)
 
 
 def test_pyramidkv_budgets_shrink_with_depth_and_average_to_the_ratio(tiny_model_dir):

@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 
 from kvbench.cli import main
-from kvbench.engine import Config, config_groups
 from kvbench.ray_sweep import RayExecutor, RayUnavailable
 
 TIMINGS = ("prefill_s", "decode_s")
@@ -27,24 +26,13 @@ def without_timings(rows: list[dict]) -> list[dict]:
     )
 
 
-def test_config_groups_are_the_batches_the_engine_runs():
-    configs = [Config("none", 0.0), Config("knorm", 0.5), Config("think", 0.5), Config("tova", 0.5)]
-    configs.append(Config("knorm", 0.5, protocol="streaming", protocol_args=(("chunk", 64),)))
-    assert config_groups(configs, batch_configs=2) == [
-        [configs[0], configs[1]],  # shared prefill, two at a time
-        [configs[3]],
-        [configs[4]],  # streaming
-        [configs[2]],  # ThinK prunes key channels: a prefill of its own
-    ]
-
-
 @pytest.mark.parametrize(
     ("executor", "resources", "workers"),
     [
-        (RayExecutor("m"), {"CPU": 4.0}, 4),
-        (RayExecutor("m", cpus=2), {"CPU": 5.0}, 2),
-        (RayExecutor("m", gpus=1), {"CPU": 16.0, "GPU": 2.0}, 2),
-        (RayExecutor("m", gpus=0.5, workers=3), {"CPU": 16.0, "GPU": 2.0}, 3),
+        (RayExecutor(), {"CPU": 4.0}, 4),
+        (RayExecutor(cpus=2), {"CPU": 5.0}, 2),
+        (RayExecutor(gpus=1), {"CPU": 16.0, "GPU": 2.0}, 2),
+        (RayExecutor(gpus=0.5, workers=3), {"CPU": 16.0, "GPU": 2.0}, 3),
     ],
 )
 def test_workers_default_to_what_the_cluster_holds(executor, resources, workers):
@@ -54,9 +42,9 @@ def test_workers_default_to_what_the_cluster_holds(executor, resources, workers)
 @pytest.mark.parametrize(
     ("executor", "resources", "message"),
     [
-        (RayExecutor("m", gpus=1), {"CPU": 16.0}, "has 16 CPUs and 0 GPUs: not enough for one worker"),
-        (RayExecutor("m", cpus=4), {"CPU": 2.0}, "not enough for one worker of 4 CPUs"),
-        (RayExecutor("m", workers=3), {"CPU": 2.0}, "--ray-workers 3 do not fit"),
+        (RayExecutor(gpus=1), {"CPU": 16.0}, "has 16 CPUs and 0 GPUs: not enough for one worker"),
+        (RayExecutor(cpus=4), {"CPU": 2.0}, "not enough for one worker of 4 CPUs"),
+        (RayExecutor(workers=3), {"CPU": 2.0}, "--ray-workers 3 do not fit"),
     ],
 )
 def test_workers_that_do_not_fit_the_cluster_are_refused(executor, resources, message):
@@ -82,7 +70,8 @@ def sweep_resumed_on_ray(model_dir: str, tmp_path) -> list[dict]:
     expected = rows_of(tmp_path / "one")
     assert len(expected) == 2 * 4  # 2 samples x (none + 3 presses)
 
-    # An interrupted sweep: the first sample's first two batches ([none, knorm], [tova]) are in the store.
+    # An interrupted sweep: the first sample's first unit ([none, knorm]) and half of its second ([tova,
+    # think]) are in the store.
     (tmp_path / "ray").mkdir()
     done = (tmp_path / "one" / "rows.jsonl").read_text().splitlines(keepends=True)[:3]
     (tmp_path / "ray" / "rows.jsonl").write_text("".join(done))

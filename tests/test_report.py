@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvbench.report import build_leaderboards, collect, press_styles, render_report, report
-from kvbench.results import ResultsStore, config_id
+from kvbench.leaderboard import build_leaderboards, collect, press_styles, render_report, report
+from kvbench.results import ResultsStore, Row, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BYTES_PER_ENTRY = 256  # keys + values of one head at head_dim 64 in fp16
@@ -62,7 +62,7 @@ def rows_of(scores, **kwargs):
 def write_results(folder: Path, rows: list[dict], run_config: dict | None = None) -> Path:
     store = ResultsStore(folder)
     for row in rows:
-        store.append(row)
+        store.append(Row.from_dict(row))
     if run_config is not None:
         store.write_run(
             {

@@ -39,7 +39,7 @@ def distillcache():
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Data folder.")
 @click.option("--model", default=EMBEDDED, show_default=True, help="Embedded alias, hub id or local folder.")
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
-@click.option("--tasks", default=DEFAULT_TASKS, show_default=True, callback=task_list, help="RULER tasks.")
+@click.option("--tasks", default=DEFAULT_TASKS, show_default=True, callback=task_list, help="Seeded tasks.")
 @click.option("--length", default=1024, show_default=True, type=click.IntRange(min=1), help="Prompt tokens.")
 @click.option("--samples", default=8, show_default=True, type=click.IntRange(min=1), help="Prompts per task.")
 @click.option(

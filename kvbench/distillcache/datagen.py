@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from kvbench.distillcache.policy import token_features
 from kvbench.engine import tokenize_sample
+from kvbench.errors import BadInput
 from kvbench.tasks import load_samples
 from kvbench.training import (
     MANIFEST_FILE,
@@ -111,7 +112,7 @@ def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: 
     if (out / MANIFEST_FILE).is_file():
         manifest = read_json(out / MANIFEST_FILE, "DistillCache data", datagen_hint(head["model"]["name"]))
         if manifest_method(manifest) != METHOD or {key: manifest.get(key) for key in head} != head:
-            raise ValueError(
+            raise BadInput(
                 f"{out / MANIFEST_FILE} holds {manifest_method(manifest)} data made with other settings; "
                 "use another --out folder"
             )

@@ -1,17 +1,20 @@
 """KVP agents on disk: `agents.safetensors` (weights + normalisation, stacked over heads) and `card.json`.
 
 The card says which model the agents were made for (name and attention shape), which heads the stack holds,
-the feature and training config, a summary of the data and the validation reward per head.
+the architecture (`agent.arch`: compact or apple; cards from before there were two are compact), the
+feature and training config, a summary of the data and the validation reward per head.
 """
 
 import json
 import os
 from pathlib import Path
 
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from kvbench import resources
-from kvbench.kvp.agent import POSITION_FEATURES, KVPAgents
+from kvbench.errors import KVPAgentsError
+from kvbench.kvp.agent import ARCHS, StackedAgents
 from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
     CARD_FILE,
     ModelShape,
@@ -23,10 +26,6 @@ from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are par
 
 WEIGHTS_FILE = "agents.safetensors"
 METHOD = "kvp"
-
-
-class KVPAgentsError(TrainingFileError):
-    """Agents that cannot be used: missing, or made for another model. The message is one line."""
 
 
 def default_agents_dir(name: str) -> Path:
@@ -42,17 +41,17 @@ def train_command_hint(name: str) -> str:
     )
 
 
-def save_agents(directory: Path, agents: KVPAgents, card: dict) -> None:
+def save_agents(directory: Path, agents: StackedAgents, card: dict) -> None:
     """Write weights and card atomically (tmp file + rename), weights first."""
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in agents.state_dict().items()}
     card = {
         "method": METHOD,
         **card,
-        "agent": {"hidden": agents.hidden, "features": ["key", "value", *POSITION_FEATURES]},
+        "agent": agents.describe(),
     }
     tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file(state, tmp)
+    save_file(state, tmp, metadata={"arch": agents.arch})  # the weights say what they are, card or not
     os.replace(tmp, directory / WEIGHTS_FILE)
     tmp = directory / (CARD_FILE + ".tmp")
     tmp.write_text(json.dumps(card, indent=1) + "\n")
@@ -73,19 +72,44 @@ def load_card(directory: Path) -> dict:
     return card
 
 
-def load_agents(directory: Path) -> tuple[KVPAgents, dict]:
+def card_arch(card: dict) -> str:
+    """The architecture a card records; cards written before there were two are compact."""
+    agent = card.get("agent")
+    return agent.get("arch", "compact") if isinstance(agent, dict) else "compact"
+
+
+def load_agents(directory: Path, arch: str | None = None) -> tuple[StackedAgents, dict]:
+    """The agents in `directory` and their card; `arch`, when given, is the architecture the caller expects
+    (refused if the card records another)."""
     directory = Path(directory)
     card = load_card(directory)
+    made = card_arch(card)
+    check_arch(made, arch, directory)
     path = directory / WEIGHTS_FILE
     try:
+        with safe_open(path, framework="pt") as weights:
+            weights_arch = (weights.metadata() or {}).get("arch", made)  # files from before: as the card says
+        if weights_arch != made:
+            raise KVPAgentsError(f"{path} holds {weights_arch} agents but {CARD_FILE} says {made}")
         state = load_file(path)
-        num_heads, n_in, hidden = state["w1"].shape
-        agents = KVPAgents(num_heads, head_dim=state["key_mean"].shape[1], hidden=hidden)
+        agents = ARCHS[made].from_state(state)
         agents.load_state_dict(state)
+    except KVPAgentsError:
+        raise
     except Exception as error:  # safetensors' own error type, OSError, a missing or misshapen tensor
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise KVPAgentsError(f"{path}: unreadable KVP agents ({message})") from None
+        raise KVPAgentsError(f"{path}: unreadable {made} KVP agents ({message})") from None
     return agents, card
+
+
+def check_arch(made: str, expected: str | None, directory: Path) -> None:
+    """Refuse a card of an unknown architecture, or of another one than `expected` (None: any)."""
+    if made not in ARCHS:
+        raise KVPAgentsError(
+            f"{directory / CARD_FILE}: unknown KVP arch {made!r} (this kvbench knows {', '.join(ARCHS)})"
+        )
+    if expected is not None and expected != made:
+        raise KVPAgentsError(f"KVP agents at {directory} are {made} agents, not {expected}")
 
 
 def check_agents_fit(card: dict, shape: ModelShape, directory: Path) -> None:
@@ -122,5 +146,8 @@ def plot_validation(card: dict, path: Path) -> None:
     table = validation_table(card).drop(columns="kv_head")
     long = table.melt(id_vars="layer", var_name="ranking", value_name="normalised cost")
     grid = sns.relplot(data=long, x="layer", y="normalised cost", hue="ranking", kind="line", marker="o")
-    grid.set(yscale="log", title=f"KVP agents of {card['model']['name']}: validation cost (1 = oracle)")
+    grid.set(
+        yscale="log",
+        title=f"KVP {card_arch(card)} agents of {card['model']['name']}: validation cost (1 = oracle)",
+    )
     grid.savefig(path, dpi=120)

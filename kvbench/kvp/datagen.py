@@ -1,6 +1,7 @@
 """KVP training data: per prompt and (layer, KV head), the prompt's keys and values and each token's utility.
 
-For every training sample (RULER, seeds disjoint from evaluation's 0..999) we
+The prompts are a training mixture (kvbench.tasks.mixture): parts of (task, length, samples), any task family
+whose samples change with the seed (seeds disjoint from evaluation's 0..999). For every prompt we
   1. greedily continue context + question with the uncompressed model (at most `gen_tokens` tokens),
   2. read the attention of that run (eager attention; see capture_prompt), and keep
      - the context's post-RoPE keys and values from the cache (what the press sees at prefill), and
@@ -10,8 +11,12 @@ The queries after the context are the question's and the continuation's: in the 
 read from the compressed cache, so both need what eviction removes. (The paper uses the generated part only;
 the question adds signal where the answer is a few tokens.)
 
-One safetensors shard per sample, written atomically (tmp file + rename); `manifest.json` is rewritten after
-each shard, so a rerun with the same settings continues where the last one stopped.
+Seeds: the k-th part of a task (in mixture order) draws its samples with seed `seed + k`, so a task at two
+lengths gets two different sets of needles, not the same needles in a longer haystack.
+
+One safetensors shard per prompt, written atomically (tmp file + rename); `manifest.json` (the parts, the
+config, the shards) is rewritten after each shard, so a rerun with the same settings continues where the
+last one stopped.
 """
 
 import json
@@ -24,20 +29,42 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from kvbench.engine import tokenize_sample
-from kvbench.tasks import load_samples
-from kvbench.training import MANIFEST_FILE, manifest_method, model_shape, write_atomically
+from kvbench.errors import BadInput, DataFileError
+from kvbench.tasks import Sample, load_samples
+from kvbench.tasks.mixture import Part
+from kvbench.training import MANIFEST_FILE, folder_name, manifest_method, model_shape, write_atomically
 
 METHOD = "kvp"
+EVALUATION_SEED = 0  # evaluation's default seed: a task whose samples there equal ours cannot train
 
 
 @dataclass
 class DatagenConfig:
-    tasks: list[str]
-    length: int  # context tokens, as the task generator understands it
-    samples: int  # per task
+    parts: list[Part]  # (task, length, samples) in the order they were given
     seed: int = 10_000  # evaluation uses seeds 0..999
     gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
-    val_fraction: float = 0.1  # the first round(fraction * samples) samples of each task validate
+    val_fraction: float = 0.1  # the first round(fraction * samples) samples of each part validate
+
+    def __post_init__(self):
+        self.parts = [Part(**part) if isinstance(part, dict) else part for part in self.parts]
+        pairs = [(part.task, part.length) for part in self.parts]
+        duplicate = next((pair for pair in pairs if pairs.count(pair) > 1), None)
+        if duplicate:
+            raise BadInput(f"the mixture holds task {duplicate[0]!r} at length {duplicate[1]} twice")
+
+    def part_seeds(self) -> list[int]:
+        """Each part's sample seed: `seed` for a task's first part, seed + k for its k-th after that."""
+        tasks = [part.task for part in self.parts]
+        return [self.seed + tasks[:index].count(part.task) for index, part in enumerate(self.parts)]
+
+
+@dataclass
+class PlannedShard:
+    order: int  # the sample's index within its part: shards are written sample-major
+    file: str
+    split: str
+    part: Part
+    sample: Sample
 
 
 @torch.no_grad()
@@ -102,50 +129,84 @@ def read_manifest(directory: Path) -> dict | None:
         if not isinstance(manifest, dict) or not {"model", "config", "shards"} <= manifest.keys():
             raise ValueError("it lacks model, config and shards")
     except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a KVP datagen manifest ({str(error).splitlines()[0]})") from None
+        raise DataFileError(f"{path}: not a KVP datagen manifest ({str(error).splitlines()[0]})") from None
     return manifest
 
 
-def generate_data(model, tokenizer, out: Path, config: DatagenConfig, progress: bool = True) -> dict:
-    """Write one shard per (task, sample) into `out` and return the manifest; resumes a stopped run."""
+def check_seed_changes_samples(task: str, length: int, seed: int, tokenizer) -> None:
+    """Refuse a task whose first sample at `seed` is its first sample at evaluation's seed: its samples do
+    not change with the seed (a fixed dataset read in order), so training on them would train on the test."""
+    ours, theirs = (
+        load_samples(task, length=length, samples=1, seed=s, tokenizer=tokenizer)[0]
+        for s in (seed, EVALUATION_SEED)
+    )
+    if (ours.context, ours.question, ours.messages) == (theirs.context, theirs.question, theirs.messages):
+        raise BadInput(f"{task} samples do not change with the seed: they would overlap evaluation")
+
+
+def plan_shards(config: DatagenConfig, tokenizer) -> list[PlannedShard]:
+    """Every shard the config makes, sample-major (all parts' sample 0, then 1, ...), so a stopped run
+    still holds a mix of every part with the validation prompts first. Needs the tokenizer, not the model:
+    a task that cannot make its samples fails before the model loads."""
+    planned = []
+    checked = set()
+    for part, seed in zip(config.parts, config.part_seeds(), strict=True):
+        if part.task not in checked:
+            check_seed_changes_samples(part.task, part.length, seed, tokenizer)
+            checked.add(part.task)
+        samples = load_samples(
+            part.task, length=part.length, samples=part.samples, seed=seed, tokenizer=tokenizer
+        )
+        n_val = round(config.val_fraction * len(samples))
+        for index, sample in enumerate(samples):
+            file = f"{folder_name(part.task)}-{part.length}-{index:05d}.safetensors"
+            split = "val" if index < n_val else "train"
+            planned.append(PlannedShard(index, file, split, part, sample))
+    return sorted(planned, key=lambda shard: shard.order)
+
+
+def generate_data(
+    model,
+    tokenizer,
+    out: Path,
+    config: DatagenConfig,
+    progress: bool = True,
+    mixture: str | None = None,
+    planned: list[PlannedShard] | None = None,
+) -> dict:
+    """Write one shard per (part, sample) into `out` and return the manifest; resumes a stopped run.
+
+    mixture: the mixture's name, recorded in the manifest (its parts are in the config).
+    planned: `plan_shards(config, tokenizer)` when the caller already made it.
+    """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
-    manifest = read_manifest(out) or {"method": METHOD, **head, "shards": []}
+    manifest = read_manifest(out) or {"method": METHOD, "mixture": mixture, **head, "shards": []}
     if manifest_method(manifest) != METHOD or {key: manifest.get(key) for key in head} != head:
-        raise ValueError(
+        raise BadInput(
             f"{out} holds {manifest_method(manifest)} data made with other settings "
             f"({manifest.get('model')}, {manifest.get('config')}); "
             "use another --out folder"
         )
+    planned = planned if planned is not None else plan_shards(config, tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
     done = {shard["file"] for shard in manifest["shards"]}
-    planned = []
-    for task in config.tasks:
-        samples = load_samples(
-            task, length=config.length, samples=config.samples, seed=config.seed, tokenizer=tokenizer
-        )
-        n_val = round(config.val_fraction * len(samples))
-        for index, sample in enumerate(samples):
-            split = "val" if index < n_val else "train"
-            planned.append((index, f"{task}-{index:05d}.safetensors", split, sample))
-    # Sample-major order (all tasks' sample 0, then 1, ...): a stopped run still holds a mix of every task
-    # with its validation prompts first.
-    planned.sort(key=lambda item: item[0])
-
-    todo = [item for item in planned if item[1] not in done]
-    for _, file, split, sample in tqdm(todo, desc="kvp datagen", disable=not progress):
+    todo = [shard for shard in planned if shard.file not in done]
+    for shard in tqdm(todo, desc="kvp datagen", disable=not progress):
+        sample = shard.sample
         prompt = tokenize_sample(tokenizer, sample)  # split exactly as evaluation splits it
         context_ids, question_ids = prompt.context_ids[0].tolist(), prompt.question_ids[0].tolist()
         captured = capture_prompt(
             model, context_ids, question_ids, min(config.gen_tokens, sample.max_new_tokens)
         )
         tensors = {name: captured[name].contiguous() for name in ("keys", "values", "utility")}
-        write_atomically(out / file, lambda path, tensors=tensors: save_file(tensors, path))
+        write_atomically(out / shard.file, lambda path, tensors=tensors: save_file(tensors, path))
         manifest["shards"].append(
             {
-                "file": file,
-                "split": split,
+                "file": shard.file,
+                "split": shard.split,
                 "task": sample.task,
+                "length": shard.part.length,
                 "sample_id": sample.id,
                 "prompt_tokens": len(context_ids),
                 "question_tokens": len(question_ids),

@@ -2,7 +2,9 @@
 
 Per step: a few training prompts, and of each a random subset of its tokens (an agent scores every token
 alone, so ranking random subsets teaches the same pairwise order as ranking whole prompts, at a fraction of
-the cost; positions keep their place in the whole prompt). Each head scores those tokens, K rankings are
+the cost; positions keep their place in the whole prompt). Prompts may differ in length (a mixture): a step
+draws min(tokens, its shortest prompt's length) tokens of each of its prompts, so they stack, and each
+token's position features come from its own prompt's length. Each head scores those tokens, K rankings are
 drawn from the Plackett-Luce distribution of the scores, each ranking's reward is -(normalised cost), and
 REINFORCE with a leave-one-out baseline (RLOO) pushes up the log-probability of the better-than-average
 rankings. AdamW with linear warm-up then cosine decay; an exponential moving average (EMA) of the weights
@@ -13,13 +15,14 @@ EMA weights by validation reward (heads are independent, so the per-head best is
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from kvbench.kvp.agent import KVPAgents, position_features
+from kvbench.errors import BadInput, TrainingFileError
+from kvbench.kvp.agent import StackedAgents, build_agents
 from kvbench.kvp.checkpoint import ModelShape, save_agents
 from kvbench.kvp.reward import (
     normalised_cost,
@@ -45,36 +48,62 @@ class TrainConfig:
     weight_decay: float = 0.01
     ema: float = 0.99
     eval_every: int = 100
-    hidden: int = 64
+    arch: str = "compact"  # a name in kvbench.kvp.agent.ARCHS
+    hidden: int | None = None  # the scorer's width; None: the architecture's default (compact 64, apple 256)
     seed: int = 0
 
 
 class KVPData:
-    """The shards of a datagen folder, each read on demand for a subset of the heads."""
+    """The shards of one or more datagen folders made for one model, each read on demand for some heads.
 
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.manifest = read_manifest(self.directory, "kvp", "kvbench kvp datagen --out DIR")
-        self.shape = ModelShape(**self.manifest["model"])
-        self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
-        self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
+    Several folders train one set of agents on their union (e.g. `--mixture ruler` and `--mixture text`
+    made apart): a mixture is data, so a part made once serves every mixture that holds it.
+    """
+
+    def __init__(self, directories: Path | list[Path]):
+        directories = [directories] if isinstance(directories, (str, Path)) else directories
+        self.directories = [Path(directory) for directory in directories]
+        manifests = [read_manifest(d, "kvp", "kvbench kvp datagen --out DIR") for d in self.directories]
+        models = [manifest["model"] for manifest in manifests]
+        if any(model != models[0] for model in models):
+            names = ", ".join(f"{d} ({m.get('name')})" for d, m in zip(self.directories, models, strict=True))
+            raise TrainingFileError(f"KVP data folders made for different models: {names}")
+        self.shape = ModelShape(**models[0])
+        self.manifests = manifests
+        shards = [
+            {**shard, "directory": str(directory)}
+            for directory, manifest in zip(self.directories, manifests, strict=True)
+            for shard in manifest["shards"]
+        ]
+        self.train = [s for s in shards if s["split"] == "train"]
+        self.val = [s for s in shards if s["split"] == "val"]
         if not self.train or not self.val:
-            raise ValueError(
-                f"KVP data at {directory} needs train and val shards; "
+            where = ", ".join(map(str, self.directories))
+            raise TrainingFileError(
+                f"KVP data at {where} needs train and val shards; "
                 f"it has {len(self.train)} train and {len(self.val)} val"
             )
 
     def load(self, shard: dict, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """keys, values (fp16, (heads, P, head_dim)) and utility (fp32, (heads, P)) of one prompt."""
-        with safe_open(self.directory / shard["file"], framework="pt") as f:
+        with safe_open(Path(shard["directory"]) / shard["file"], framework="pt") as f:
             return tuple(f.get_tensor(name).flatten(0, 1)[heads] for name in ("keys", "values", "utility"))
 
     def summary(self) -> dict:
+        folders = [
+            {
+                "folder": str(directory),
+                "mixture": manifest.get("mixture"),
+                **manifest["config"],
+                "prompts": len(manifest["shards"]),
+            }
+            for directory, manifest in zip(self.directories, self.manifests, strict=True)
+        ]
         return {
-            **self.manifest["config"],
+            **(folders[0] if len(folders) == 1 else {"folders": folders}),
             "train_prompts": len(self.train),
             "val_prompts": len(self.val),
-            "prompt_tokens": sum(s["prompt_tokens"] for s in self.manifest["shards"]),
+            "prompt_tokens": sum(s["prompt_tokens"] for s in self.train + self.val),
         }
 
 
@@ -88,12 +117,13 @@ def select_heads(shape: ModelShape, layers: list[int] | None, kv_heads: list[int
     ):
         bad = [i for i in chosen if not 0 <= i < limit]
         if bad:
-            raise ValueError(f"{name} {bad[0]} out of range: {shape.name} has {limit}")
+            raise BadInput(f"{name} {bad[0]} out of range: {shape.name} has {limit}")
     return [layer * shape.num_kv_heads + head for layer in layers for head in kv_heads]
 
 
 def feature_statistics(data: KVPData, heads: list[int]) -> list[torch.Tensor]:
-    """Per-head mean and std of key and value features over the training tokens: 4 x (heads, head_dim)."""
+    """Per-head mean and std of key and value features over all training tokens (every prompt weighs by
+    its length): 4 x (heads, head_dim)."""
     sums = torch.zeros(2, len(heads), data.shape.head_dim, dtype=torch.float64)
     squares = torch.zeros_like(sums)
     count = 0
@@ -109,20 +139,29 @@ def feature_statistics(data: KVPData, heads: list[int]) -> list[torch.Tensor]:
 
 
 def token_batch(data: KVPData, heads: list[int], tokens: int, prompts: int, generator: torch.Generator):
-    """`tokens` random tokens of each of `prompts` random training prompts, stacked over prompts.
+    """Random tokens of `prompts` random training prompts, stacked over prompts: of each prompt the same
+    number, min(tokens, the shortest chosen prompt's length).
 
-    keys, values: (prompts, heads, tokens, head_dim); positions: (prompts, tokens, 3); utility: (prompts,
-    heads, tokens).
+    keys, values: (prompts, heads, T, head_dim); positions (prompts, T): the tokens' places in their
+    prompts; lengths (prompts,): the prompts' lengths; utility: (prompts, heads, T).
     """
+    chosen_prompts = [
+        data.load(data.train[index], heads)
+        for index in torch.randint(len(data.train), (prompts,), generator=generator).tolist()
+    ]
+    count = min(tokens, *(keys.shape[1] for keys, _, _ in chosen_prompts))
     batch = {"keys": [], "values": [], "positions": [], "utility": []}
-    for index in torch.randint(len(data.train), (prompts,), generator=generator).tolist():
-        keys, values, utility = data.load(data.train[index], heads)
-        chosen = torch.randperm(keys.shape[1], generator=generator)[:tokens]
+    for keys, values, utility in chosen_prompts:
+        chosen = torch.randperm(keys.shape[1], generator=generator)[:count]
         batch["keys"].append(keys[:, chosen])
         batch["values"].append(values[:, chosen])
-        batch["positions"].append(position_features(keys.shape[1])[chosen])
+        batch["positions"].append(chosen)
         batch["utility"].append(utility[:, chosen])
-    return [torch.stack(batch[name]) for name in ("keys", "values", "positions", "utility")]
+    lengths = torch.tensor([keys.shape[1] for keys, _, _ in chosen_prompts])
+    keys, values, positions, utility = (
+        torch.stack(batch[name]) for name in ("keys", "values", "positions", "utility")
+    )
+    return keys, values, positions, lengths, utility
 
 
 def reference_rewards(val: list[tuple]) -> dict[str, torch.Tensor]:
@@ -140,7 +179,7 @@ def reference_rewards(val: list[tuple]) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def validation_reward(agents: KVPAgents, val: list[tuple]) -> torch.Tensor:
+def validation_reward(agents: StackedAgents, val: list[tuple]) -> torch.Tensor:
     """Per-head mean reward of the deterministic ranking (sort by score) over the validation prompts."""
     rewards = []
     for keys, values, utility in val:
@@ -158,7 +197,7 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 
 def train(
-    data_dir: Path,
+    data_dir: Path | list[Path],
     out_dir: Path,
     config: TrainConfig,
     layers: list[int] | None = None,
@@ -171,25 +210,32 @@ def train(
     generator = torch.Generator().manual_seed(config.seed)
     data = KVPData(data_dir)
     heads = select_heads(data.shape, layers, kv_heads)
-    agents = KVPAgents(len(heads), data.shape.head_dim, config.hidden)
+    options = (
+        {"positions": max(shard["prompt_tokens"] for shard in data.train)} if config.arch == "apple" else {}
+    )
+    agents = build_agents(config.arch, len(heads), data.shape.head_dim, config.hidden, **options)
+    config = replace(config, hidden=agents.hidden)  # the card records the width it got
     agents.set_normalisation(*feature_statistics(data, heads))
     ema = copy.deepcopy(agents).requires_grad_(False)
     best = copy.deepcopy(ema)
     val = [data.load(shard, heads) for shard in data.val]
     references = reference_rewards(val)
     best_reward = validation_reward(best, val)
-    log(f"{len(heads)} heads, {len(data.train)} train / {len(data.val)} val prompts")
+    log(
+        f"{len(heads)} {config.arch} agents (hidden {agents.hidden}), "
+        f"{len(data.train)} train / {len(data.val)} val prompts"
+    )
     log("validation reward (mean over heads; -1 = oracle): " + format_rewards(references))
-    tokens = min(config.tokens, *(shard["prompt_tokens"] for shard in data.train))
     optimizer = torch.optim.AdamW(agents.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     train_rewards = []
 
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        keys, values, positions, utility = token_batch(data, heads, tokens, config.prompts, generator)
-
-        scores = agents(keys, values, positions=positions)  # (prompts, heads, T)
+        keys, values, positions, lengths, utility = token_batch(
+            data, heads, config.tokens, config.prompts, generator
+        )
+        scores = agents(keys, values, positions=positions, lengths=lengths)  # (prompts, heads, T)
         rankings = sample_rankings(scores.detach(), config.rankings, generator)  # (prompts, heads, K, T)
         reward = -normalised_cost(utility, rankings)  # (prompts, heads, K)
         baseline = (reward.sum(-1, keepdim=True) - reward) / (config.rankings - 1)  # leave-one-out mean

@@ -14,18 +14,16 @@ from dataclasses import dataclass
 
 import yaml
 
+from kvbench.errors import BadInput, KvbenchError, UnknownPress
+
 DEFAULT_INNER = "snapkv"
-
-
-class UnknownPress(ValueError):
-    """The press name is not in the registry."""
 
 
 @dataclass(frozen=True)
 class PressSpec:
     name: str
     description: str
-    factory: Callable  # (ratio, **press_args) -> BasePress, or None for no compression
+    factory: "Factory | None"  # (ratio, **press_args) -> BasePress, or None for no compression
     needs: tuple[str, ...] = ()  # "eager" (attention weights), "hub" (downloads from the HF hub), "gpu"
     codec: bool = False  # keeps entries at fewer bits or a lower rank: built from a memory budget
 
@@ -37,22 +35,29 @@ def press_class(path: str) -> type:
     return getattr(importlib.import_module(module or "kvpress"), name)
 
 
-def builds(path: str, *own_args: str):
-    """Mark a factory with the press class it builds and the arguments it takes itself (`inner`), so that
-    press arguments are checked against the class's fields before anything is built."""
+@dataclass(frozen=True)
+class Factory:
+    """Builds a press from (ratio, **press_args); knows the press class it builds ("module:Class") and the
+    arguments it takes itself (`inner`), so that press arguments are checked against the class's fields
+    before anything is built."""
 
-    def mark(factory: Callable) -> Callable:
-        factory.press_path, factory.own_args = path, own_args
-        return factory
+    build: Callable
+    press_path: str
+    own_args: tuple[str, ...] = ()
 
-    return mark
+    def __call__(self, ratio: float, **press_args):
+        return self.build(ratio, **press_args)
 
 
-def scorer(path: str, ratio_field: str = "compression_ratio") -> Callable:
+def builds(path: str, *own_args: str) -> Callable[[Callable], Factory]:
+    return lambda build: Factory(build, path, own_args)
+
+
+def scorer(path: str, ratio_field: str = "compression_ratio") -> Factory:
     return builds(path)(lambda ratio, **args: press_class(path)(**{ratio_field: ratio}, **args))
 
 
-def wrapper(path: str) -> Callable:
+def wrapper(path: str) -> Factory:
     @builds(path, "inner")
     def build(ratio, inner=DEFAULT_INNER, **args):
         if not isinstance(inner, str) or inner not in PRESSES or PRESSES[inner].factory is None:
@@ -75,7 +80,7 @@ def build_random(ratio, seed=0, **args):
     return press_class("RandomPress")(compression_ratio=ratio, seed=seed, **args)
 
 
-def codec(path: str) -> Callable:
+def codec(path: str) -> Factory:
     """A codec press is built from its memory budget alone (the registry passes memory=...)."""
     return builds(path)(lambda ratio, **args: press_class(path)(**args))
 
@@ -217,17 +222,22 @@ SPECS = [
 PRESSES: dict[str, PressSpec] = {spec.name: spec for spec in SPECS}
 
 
+def list_presses() -> list[PressSpec]:
+    """Every press of the registry: name, description, what it needs, whether it is a codec."""
+    return list(PRESSES.values())
+
+
 def parse_press_args(pairs: list[str]) -> dict:
     """['window_size=32', 'inner=tova'] -> {'window_size': 32, 'inner': 'tova'} (values typed as YAML)."""
     args = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"press argument {pair!r} is not key=value")
+            raise BadInput(f"press argument {pair!r} is not key=value")
         try:
             args[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
-            raise ValueError(f"press argument {pair!r}: cannot read the value {value!r}") from None
+            raise BadInput(f"press argument {pair!r}: cannot read the value {value!r}") from None
     return args
 
 
@@ -266,10 +276,9 @@ def check_press_args(name: str, press_args: dict) -> None:
     """Refuse unknown press arguments and values that do not fit the press's dataclass fields
     (`window_size=abc`), so that a typo fails in the CLI instead of deep inside the first prefill."""
     factory = PRESSES[name].factory
-    path = getattr(factory, "press_path", None)
-    if path is None:
+    if factory is None:
         return
-    cls = press_class(path)
+    cls = press_class(factory.press_path)
     fields = {field.name for field in dataclasses.fields(cls) if field.init}
     try:
         hints = typing.get_type_hints(cls)
@@ -280,11 +289,9 @@ def check_press_args(name: str, press_args: dict) -> None:
             continue
         if key not in fields:
             known = ", ".join(sorted(fields | set(factory.own_args)))
-            raise ValueError(f"press {name!r} has no argument {key!r} (it takes: {known})")
+            raise BadInput(f"press {name!r} has no argument {key!r} (it takes: {known})")
         if key in hints and not value_fits(value, hints[key]):
-            raise ValueError(
-                f"bad press argument for {name!r}: {key}={value!r} is not {type_name(hints[key])}"
-            )
+            raise BadInput(f"bad press argument for {name!r}: {key}={value!r} is not {type_name(hints[key])}")
 
 
 def check_press_runnable(name: str) -> None:
@@ -308,19 +315,23 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
     if name not in PRESSES:
         raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
     if not 0 <= ratio < 1:
-        raise ValueError(f"ratio must be in [0, 1), got {ratio}")
+        raise BadInput(f"ratio must be in [0, 1), got {ratio}")
     spec = PRESSES[name]
     if spec.factory is None:
         if press_args:
-            raise ValueError(f"press 'none' takes no press arguments, got {', '.join(press_args)}")
+            raise BadInput(f"press 'none' takes no press arguments, got {', '.join(press_args)}")
         return None
     check_press_args(name, press_args)
     if spec.codec:
         press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
     try:
         return spec.factory(ratio, **press_args)
+    except KvbenchError:
+        raise
     except TypeError as error:
-        raise ValueError(f"bad press argument for {name!r}: {error}") from None
+        raise BadInput(f"bad press argument for {name!r}: {error}") from None
+    except ValueError as error:  # the press's own check of its arguments (a value, a budget it cannot reach)
+        raise BadInput(str(error)) from None
 
 
 def press_state(press) -> str | None:

@@ -11,6 +11,8 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
+from kvbench.errors import BadInput
+
 
 @dataclass
 class AnDProPress(ScorerPress):
@@ -65,7 +67,7 @@ class AnDProPress(ScorerPress):
     ) -> torch.Tensor:
         length, window = hidden_states.shape[1], self.window_size
         if length <= window:
-            raise ValueError(f"andpro needs more prompt tokens ({length}) than its window ({window})")
+            raise BadInput(f"andpro needs more prompt tokens ({length}) than its window ({window})")
         attention = window_attention(module, hidden_states, keys, window, kwargs["position_embeddings"])
         pooled = F.max_pool1d(
             attention.flatten(0, 1), kernel_size=self.kernel_size, padding=self.kernel_size // 2, stride=1

@@ -56,7 +56,7 @@ class DistillCachePress(ScorerPress):
         card_file = directory / "card.json"
         modified = card_file.stat().st_mtime_ns if card_file.is_file() else 0
         self.policy, _, self.state_digest = cached_policy(directory.resolve(), shape, modified, model.device)
-        self.rotary, self.num_layers = model.model.rotary_emb, shape.num_layers
+        self.rotary, self.num_layers = model.model.rotary_emb, shape.num_layers  # ty: ignore[invalid-assignment]
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         if "position_ids" in kwargs and kwargs["position_ids"] is not None:

@@ -1,6 +1,8 @@
 """KVP press: learned per-head eviction agents scoring each prompt token from its key, value and position.
 
-The agents of a model live in a folder (default: presses/kvp/<model name>/) made by `kvbench kvp train`.
+The agents of a model live in a folder (default: presses/kvp/<model name>/) made by `kvbench kvp train`, of
+either architecture (compact or apple; the card says which). `--press-arg arch=apple` asks for one: agents of
+the other are refused before any prompt runs.
 Eviction is real: kvpress's ScorerPress keeps the int(L * (1 - ratio)) best-scored entries of every head
 and the cache shrinks.
 """
@@ -14,21 +16,24 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
-from kvbench.kvp.agent import KVPAgents
+from kvbench.kvp.agent import ARCHS, StackedAgents
 from kvbench.kvp.checkpoint import (
     CARD_FILE,
     WEIGHTS_FILE,
     KVPAgentsError,
+    card_arch,
     check_agents_fit,
+    check_arch,
     default_agents_dir,
     load_agents,
+    load_card,
     model_shape,
     train_command_hint,
 )
 
 
 @functools.lru_cache(maxsize=4)
-def cached_agents(directory: Path, modified_ns: int, device: torch.device) -> tuple[KVPAgents, dict, str]:
+def cached_agents(directory: Path, modified_ns: int, device: torch.device) -> tuple[StackedAgents, dict, str]:
     """Agents loaded once per (folder, version on disk, device), with the digest of their weights file; a
     sweep reuses them across presses."""
     agents, card = load_agents(directory)
@@ -41,15 +46,19 @@ class KVPPress(ScorerPress):
     """Keep the tokens the KVP agents of the model score highest, per layer and KV head.
 
     agents: folder holding agents.safetensors + card.json; default presses/kvp/<model name>/.
+    arch: the architecture the agents must be (compact or apple); None takes whichever the card records.
     """
 
     compression_ratio: float = 0.0
     agents: str | None = None
-    loaded: KVPAgents | None = field(default=None, init=False, repr=False, compare=False)
+    arch: str | None = None
+    loaded: StackedAgents | None = field(default=None, init=False, repr=False, compare=False)
     state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of the weights
 
     def __post_init__(self):
         super().__post_init__()
+        if self.arch is not None and self.arch not in ARCHS:
+            raise KVPAgentsError(f"unknown KVP arch {self.arch!r} (choose one of: {', '.join(ARCHS)})")
         if self.agents:  # a folder given by hand is read now, so a bad one fails before the model loads
             directory = Path(self.agents)
             if not (directory / CARD_FILE).is_file():
@@ -57,6 +66,7 @@ class KVPPress(ScorerPress):
                 raise KVPAgentsError(
                     f"no KVP agents at {directory} (missing {CARD_FILE}); train them with: {hint}"
                 )
+            check_arch(card_arch(load_card(directory)), self.arch, directory)
             cached_agents(
                 directory.resolve(), (directory / CARD_FILE).stat().st_mtime_ns, torch.device("cpu")
             )
@@ -68,6 +78,7 @@ class KVPPress(ScorerPress):
         if not card_path.is_file():
             hint = train_command_hint(shape.name)
             raise KVPAgentsError(f"no KVP agents for {shape.name} at {directory}; train them with: {hint}")
+        check_arch(card_arch(load_card(directory)), self.arch, directory)
         agents, card, digest = cached_agents(directory.resolve(), card_path.stat().st_mtime_ns, model.device)
         check_agents_fit(card, shape, directory)
         self.loaded, self.state_digest = agents, digest

@@ -22,14 +22,10 @@ from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench import models, resources
 from kvbench.engine import REGIONS
+from kvbench.errors import MemDecayError
 
 CALIBRATION_FILE = "calibration.json"
 QUERY_CHUNK = 512  # query rows whose attention is held at once: bounds memory on long prefills
-
-
-class MemDecayError(ValueError):
-    """A calibration that cannot be used (missing, or made for another model), or a bad press argument.
-    The message is one line."""
 
 
 def default_calibration_dir(model_name: str) -> Path:
@@ -166,12 +162,12 @@ class MemDecayPress(ScorerPress):
     - pin: comma-separated regions whose tokens are always kept: they go first, then the rest of their pages
       (a page that holds a pinned token is open anyway), then the other pages. If the pinned tokens exceed
       the budget, the budget wins and the earliest pinned tokens are kept.
-    - Regions: the engine gives one per context token through `use_regions` (none given: the whole context
-      is "user", the single user turn it is rendered in). Entries beyond those (question, generation) are
-      "assistant" when they arrive while decoding (the forward that triggers compression is one token) and
-      "user" otherwise (the question or a chunk fed whole). Under kvpress's DecodingPress the question's
-      hidden states are buffered with the decoded ones, so there it counts as "assistant" unless the engine
-      includes it in `use_regions`.
+    - Regions: the engine gives one per context and question token through `use_regions` (the question is
+      "user" up to the assistant header, the answer prefix "assistant"; none given: the whole context is
+      "user", the single user turn it is rendered in). Entries beyond those (generation) are "assistant" when
+      they arrive while decoding (the forward that triggers compression is one token) and "user" otherwise
+      (a chunk fed whole). The question's own ids matter under decode-time compression, where kvpress's
+      DecodingPress buffers the question's hidden states with the decoded ones.
     - Repeated compression (decode-time, streaming): each layer keeps region, age and accumulated attention
       per entry and gathers them with the kept indices; new entries at the end start at age 0 when
       processed. `post_init_from_model` resets this state.

@@ -34,6 +34,7 @@ import torch
 
 from kvbench import models
 from kvbench.engine import REGIONS, tokenize_sample
+from kvbench.errors import BadInput
 from kvbench.presses.memdecay import CALIBRATION_FILE
 
 CARD_FILE = "card.json"
@@ -45,14 +46,16 @@ DEFAULT_THRESHOLD = 1.0
 
 def sample_tokens(tokenizer, sample) -> tuple[torch.Tensor, torch.Tensor]:
     """The sample as the benchmark feeds it (engine.tokenize_sample): its turns, then the question in a last
-    user turn and the answer prefix; token ids and the region id of each ("user" for the question)."""
+    user turn and the answer prefix; token ids and the region id of each ("user" for the question,
+    "assistant" for the answer prefix)."""
     if not sample.messages:
-        raise ValueError(
+        raise BadInput(
             f"sample {sample.task}/{sample.id} has no chat turns (Sample.messages) to calibrate on"
         )
     prompt = tokenize_sample(tokenizer, sample)
-    question = torch.full((prompt.question_ids.shape[1],), REGIONS.index("user"))
-    return torch.cat([prompt.context_ids[0], prompt.question_ids[0]]), torch.cat([prompt.regions, question])
+    regions = prompt.all_regions()
+    assert regions is not None  # a sample of chat turns is tokenized with its regions
+    return torch.cat([prompt.context_ids[0], prompt.question_ids[0]]), regions
 
 
 @dataclass

@@ -317,7 +317,7 @@ class QEvictPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        layer = module.layer_idx
+        layer = int(module.layer_idx)
         batch, kv_heads, n, head_dim = keys.shape
         rows = batch * kv_heads
         state = self.states.get(layer)

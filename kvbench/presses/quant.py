@@ -197,7 +197,7 @@ class QuantPress(BasePress):
         if head_dim % 4:
             raise ValueError(f"quant: head_dim must be a multiple of 4 to pack codes, got {head_dim}")
         bits = self.choose_bits(length, head_dim)
-        self.layer_bytes[module.layer_idx] = batch * heads * quant_bytes(length, head_dim, bits)
+        self.layer_bytes[int(module.layer_idx)] = batch * heads * quant_bytes(length, head_dim, bits)
         n = quantised_tokens(length)
         key_codes, key_scale, key_zero = quantise_keys(keys[:, :, :n], bits)
         value_codes, value_scale, value_zero = quantise_values(values[:, :, :n], bits)

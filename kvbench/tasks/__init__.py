@@ -1,20 +1,33 @@
-"""Task registry: RULER and agent traces (generated offline), LongBench (hub or local JSONL), YAML suites."""
+"""Task registry: RULER, agent traces and the text/held-out kinds (generated offline), LongBench (hub or local
+JSONL), YAML suites."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from kvbench.errors import DataFileError, UnknownTask
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, longbench, ruler
+from kvbench.tasks import agent, heldout, longbench, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 
-__all__ = ["Sample", "TaskUnavailable", "Suite", "TASK_FAMILIES", "METRICS", "load_samples", "score_sample"]
+__all__ = [
+    "Sample",
+    "TaskUnavailable",
+    "Suite",
+    "TaskInfo",
+    "TASK_FAMILIES",
+    "METRICS",
+    "list_suites",
+    "list_tasks",
+    "load_samples",
+    "score_sample",
+]
 
 # Each family module exposes: TASKS {name: one-line description}, METRICS {name: fn(prediction, sample)},
 # min_length(task) -> int, make_samples(task, length, samples, seed, tokenizer, data_dir) -> list[Sample].
-TASK_FAMILIES = {"ruler": ruler, "agent": agent, "longbench": longbench}
-METRICS = {**ruler.METRICS, **agent.METRICS, **longbench.METRICS}
+TASK_FAMILIES = {"ruler": ruler, "agent": agent, "text": text, "heldout": heldout, "longbench": longbench}
+METRICS = {**ruler.METRICS, **agent.METRICS, **text.METRICS, **heldout.METRICS, **longbench.METRICS}
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite
 
 
@@ -22,11 +35,30 @@ def family_of(task: str):
     for module in TASK_FAMILIES.values():
         if task in module.TASKS:
             return module
-    raise KeyError(task)
+    raise UnknownTask(f"unknown task {task!r} (see `kvbench tasks`)")
 
 
 def task_names() -> list[str]:
     return [name for module in TASK_FAMILIES.values() for name in module.TASKS]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A task of the registry: its family (ruler, agent, longbench), what it asks, its shortest length."""
+
+    name: str
+    family: str
+    description: str
+    min_length: int
+
+
+def list_tasks() -> list[TaskInfo]:
+    """Every task, family by family."""
+    return [
+        TaskInfo(name, family, description, module.min_length(name))
+        for family, module in TASK_FAMILIES.items()
+        for name, description in module.TASKS.items()
+    ]
 
 
 def load_samples(
@@ -60,12 +92,16 @@ def suite_names() -> list[str]:
     return sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
 
 
+def list_suites() -> list[Suite]:
+    return [load_suite(name) for name in suite_names()]
+
+
 def load_suite(name: str) -> Suite:
     path = SUITES_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise KeyError(name)
+        raise UnknownTask(f"unknown suite {name!r} (see `kvbench tasks`)")
     try:
         spec = yaml.safe_load(path.read_text())
         return Suite(name=name, **spec)
     except (yaml.YAMLError, TypeError) as error:
-        raise ValueError(f"{path}: not a suite ({str(error).splitlines()[0]})") from None
+        raise DataFileError(f"{path}: not a suite ({str(error).splitlines()[0]})") from None

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler
 from kvbench.tasks.base import Sample
 
@@ -497,9 +498,9 @@ def make_samples(
 ) -> list[Sample]:
     """`samples` agent traces of `task` whose input, question and answer fit `length` tokens."""
     if task not in TASKS:
-        raise ValueError(f"unknown agent task {task!r}: choose one of {', '.join(TASKS)}")
+        raise UnknownTask(f"unknown agent task {task!r}: choose one of {', '.join(TASKS)}")
     if length < min_length(task):
-        raise ValueError(f"{task} needs a length of at least {min_length(task)} tokens, got {length}")
+        raise BadInput(f"{task} needs a length of at least {min_length(task)} tokens, got {length}")
     result, rows = [], None
     for i in range(samples):
         sample_seed = f"{task}/{seed}/{i}"
@@ -507,9 +508,7 @@ def make_samples(
         tokens_at = functools.cache(lambda n, draft_at=draft_at: count_tokens(tokenizer, draft_at(n)))
         low, budget = min_rows(sample_seed), length - MAX_NEW_TOKENS
         if tokens_at(low) > budget:
-            raise ValueError(
-                f"{task} does not fit in {length} tokens with this tokenizer: use a larger length"
-            )
+            raise BadInput(f"{task} does not fit in {length} tokens with this tokenizer: use a larger length")
         # Samples differ little, so the previous sample's size is a good first guess.
         rows = ruler.largest_fitting(tokens_at, budget, low, 10**6, rows)
         result.append(as_sample(task, draft_at(rows), length, f"{seed}-{i}"))

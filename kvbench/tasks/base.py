@@ -1,10 +1,12 @@
 """What every task produces: samples in the query-agnostic protocol (context, then question)."""
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 
+from kvbench.errors import TaskUnavailable
 
-class TaskUnavailable(Exception):
-    """A task cannot run here (its data is neither on the hub nor in --data-dir); the message says why."""
+__all__ = ["Sample", "TaskUnavailable"]
 
 
 @dataclass
@@ -29,3 +31,10 @@ class Sample:
     # Chat turns that make up the context (role system/user/assistant/tool, content, optional region such as
     # "scratchpad"), rendered with the model's chat template; `context` then is a transcript for display.
     messages: list[dict] | None = None
+
+    def content_hash(self) -> str:
+        """A short digest of the sample's content: every field but the task and the id (the prompt, the
+        references, the metric and the meta it may read, e.g. LongBench's classes). Part of a results row's
+        key, so regenerated task data with the same ids is scored again, never served old rows."""
+        content = {name: value for name, value in asdict(self).items() if name not in ("task", "id")}
+        return hashlib.sha1(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -22,8 +22,7 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
 
-from huggingface_hub import constants, hf_hub_download, is_offline_mode, try_to_load_from_cache
-
+from kvbench.errors import BadInput, DataFileError, UnknownTask
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import (
     classification_score,
@@ -209,13 +208,15 @@ def min_length(task: str) -> int:
 def parse_task(task: str) -> tuple[str, str]:
     """("longbench-e/qasper") -> ("qasper", "qasper_e"): the dataset and the official file stem."""
     if task not in TASKS:
-        raise KeyError(task)
+        raise UnknownTask(f"unknown LongBench task {task!r} (see `kvbench tasks`)")
     family, dataset = task.split("/")
     return dataset, f"{dataset}_e" if family == "longbench-e" else dataset
 
 
 def hub_is_reachable(timeout_s: float = 3.0) -> bool:
     """A quick TCP check, so an unreachable hub fails in seconds instead of retrying for half a minute."""
+    from huggingface_hub import constants  # imported when used: it takes a second, `kvbench --help` none
+
     url = urlparse(constants.ENDPOINT)
     try:
         socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
@@ -226,6 +227,8 @@ def hub_is_reachable(timeout_s: float = 3.0) -> bool:
 
 def hub_data_zip() -> Path | None:
     """The official data.zip from the local hub cache or, when reachable, downloaded into it."""
+    from huggingface_hub import hf_hub_download, is_offline_mode, try_to_load_from_cache
+
     cached = try_to_load_from_cache(HUB_REPO, HUB_FILE, repo_type="dataset")
     if isinstance(cached, str):
         return Path(cached)
@@ -250,12 +253,12 @@ def read_jsonl(lines, source: str) -> list[dict]:
         try:
             row = json.loads(line)
         except ValueError as error:
-            raise ValueError(f"{source}:{number}: not a JSON line ({error})") from None
+            raise DataFileError(f"{source}:{number}: not a JSON line ({error})") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{source}:{number}: not a LongBench row (a JSON object)")
+            raise DataFileError(f"{source}:{number}: not a LongBench row (a JSON object)")
         missing = [name for name in FIELDS if name not in row]
         if missing:
-            raise ValueError(f"{source}:{number}: LongBench row lacks {', '.join(missing)}")
+            raise DataFileError(f"{source}:{number}: LongBench row lacks {', '.join(missing)}")
         rows.append(row)
     return rows
 
@@ -326,9 +329,9 @@ def make_samples(
     `seed` plays no part: LongBench is a fixed set, and ids come from the rows themselves.
     """
     if length < MIN_LENGTH:
-        raise ValueError(f"LongBench needs length >= {MIN_LENGTH} tokens, got {length}")
+        raise BadInput(f"LongBench needs length >= {MIN_LENGTH} tokens, got {length}")
     if samples < 1:
-        raise ValueError(f"samples must be at least 1, got {samples}")
+        raise BadInput(f"samples must be at least 1, got {samples}")
     name, stem = parse_task(task)
     dataset = DATASETS[name]
     result, truncated = [], 0

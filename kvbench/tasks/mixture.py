@@ -1,11 +1,15 @@
 """Training mixtures for learned presses, and the rule that keeps held-out task kinds out of them.
 
 A mixture is a list of parts: a task at a length with a number of prompts. Every task has a *kind* (what its
-context is made of and what its question asks); a held-out suite may only hold tasks whose kinds appear in
-no mixture (see TRAINING.md), which tests assert through `KINDS`.
+context is made of, how the asked value is written in it, and what the question asks); a held-out suite may
+only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), which tests assert through
+`KINDS`. Training draws seeds >= 1000; evaluation uses 0..999.
 """
 
 from dataclasses import dataclass
+
+from kvbench.errors import BadInput
+from kvbench.tasks import heldout, longbench, ruler, text
 
 
 @dataclass(frozen=True)
@@ -30,20 +34,53 @@ RULER_TRAINING_TASKS = (
     "fwe",
 )
 
+# Prompts per training kind at each length. The embedded model answers few 2k prompts and datagen costs
+# grow faster than the length there, so 2048 gets few; 512 and 1024 carry the breadth.
+TEXT_LENGTHS = {512: 6, 1024: 8, 2048: 2}
+
 MIXTURES: dict[str, list[Part]] = {
     # What the agents shipped before the mixture were trained on: RULER's offline generators at 1k.
     "ruler": [Part(task, 1024, 12) for task in RULER_TRAINING_TASKS],
+    # The text kinds alone at 512-2048 (TRAINING.md): made apart, they train beside `ruler`'s data
+    # (`kvbench kvp train --data RULER_DIR --data TEXT_DIR`), which is then `broad`.
+    "text": [Part(task, length, samples) for task in text.TASKS for length, samples in TEXT_LENGTHS.items()],
 }
+MIXTURES["broad"] = MIXTURES["ruler"] + MIXTURES["text"]
 
-# task -> kind. RULER's tasks share kinds by generator family (needle in a haystack, variable tracking, word
-# counting); other families add theirs.
+
+# task -> kind, for every task of every family. RULER's tasks share kinds by generator (a needle sentence in
+# some haystack is one kind, whatever the haystack), the agent tasks by where the answer sits, LongBench's by
+# dataset; the text and held-out families declare theirs.
 KINDS: dict[str, str] = {
-    **{task: "ruler-niah" for task in RULER_TRAINING_TASKS if task.startswith("niah")},
+    **{task: "ruler-niah" for task in ruler.NIAH},
     "vt": "ruler-variable-tracking",
     "cwe": "ruler-word-frequency",
     "fwe": "ruler-word-frequency",
+    "qa_1": "ruler-document-qa",
+    "qa_2": "ruler-document-qa",
+    "agent_system_fact": "agent-system-prompt",
+    "agent_tool_value": "agent-tool-output",
+    "agent_early_tool_value": "agent-tool-output",
+    "agent_scratchpad": "agent-scratchpad",
+    **text.KINDS,
+    **heldout.KINDS,
+    **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
 }
 
 
+class UnknownMixture(BadInput, KeyError):
+    """A mixture name that is not in MIXTURES; str() is the one-line message (KeyError's would quote it)."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def mixture(name: str) -> list[Part]:
+    """The parts of mixture `name`; UnknownMixture (a KeyError) with a one-line message if there is none."""
+    if name not in MIXTURES:
+        raise UnknownMixture(f"unknown mixture {name!r}: choose one of {', '.join(MIXTURES)}")
+    return MIXTURES[name]
+
+
 def mixture_kinds(name: str) -> set[str]:
-    return {KINDS[part.task] for part in MIXTURES[name]}
+    return {KINDS[part.task] for part in mixture(name)}

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 TASKS = {
@@ -145,12 +146,12 @@ def family(task: str) -> str:
     if task in NIAH:
         return "niah"
     if task not in TASKS:
-        raise ValueError(f"unknown RULER task {task!r}: choose one of {', '.join(TASKS)}")
+        raise UnknownTask(f"unknown RULER task {task!r}: choose one of {', '.join(TASKS)}")
     return task.split("_")[0]
 
 
 def min_length(task: str) -> int:
-    return MIN_LENGTH.get(task, MIN_LENGTH.get(family(task)))
+    return MIN_LENGTH[task] if task in MIN_LENGTH else MIN_LENGTH[family(task)]
 
 
 # ---- Metrics (RULER scripts/eval/synthetic/constants.py and evaluate.py) ----
@@ -412,9 +413,9 @@ def fwe_vocabulary(rng: random.Random, size: int) -> list[str]:
     vocabulary: set[str] = set()
     while len(vocabulary) < size:
         vocabulary.add("".join(rng.choices(string.ascii_lowercase, k=6)))
-    vocabulary = sorted(vocabulary)
-    rng.shuffle(vocabulary)
-    return ["...", *vocabulary[1:]]
+    words = sorted(vocabulary)
+    rng.shuffle(words)
+    return ["...", *words[1:]]
 
 
 def fwe_draft(vocabulary: list[str], num_words: int, rng: random.Random) -> Draft:
@@ -561,11 +562,11 @@ def make_samples(
     """`samples` RULER samples of `task` whose input fills `length` tokens of `tokenizer`."""
     kind = family(task)
     if length < min_length(task):
-        raise ValueError(f"{task} needs a length of at least {min_length(task)} tokens, got {length}")
+        raise BadInput(f"{task} needs a length of at least {min_length(task)} tokens, got {length}")
     max_new_tokens = TOKENS_TO_GENERATE[kind]
     data = qa_data(task, Path(data_dir) if data_dir else None) if kind == "qa" else None
     if data and samples > len(data.items):
-        raise ValueError(f"{task} has {len(data.items)} questions, {samples} samples asked")
+        raise BadInput(f"{task} has {len(data.items)} questions, {samples} samples asked")
 
     result, size = [], None
     for i in range(samples):
@@ -629,6 +630,6 @@ def fit(
     try:
         return largest_fitting(tokens_at, budget, low, high, guess)
     except ValueError:
-        raise ValueError(
+        raise BadInput(
             f"{task} does not fit in {length} tokens with this tokenizer: use a larger length"
         ) from None

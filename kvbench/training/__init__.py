@@ -14,14 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench import models, resources
+from kvbench.errors import TrainingFileError
 
 MANIFEST_FILE = "manifest.json"
 CARD_FILE = "card.json"
-
-
-class TrainingFileError(ValueError):
-    """A data store or checkpoint that cannot be used: missing, corrupt, made for another model or by another
-    method. The message is one line naming the file and the command that makes the right one."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from kvbench.errors import NoResults
 from kvbench.results import load_rows, load_runs, results_files
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
 
@@ -32,10 +33,6 @@ DEFAULT_PROTOCOL = "query-agnostic"  # rows written before protocols were record
 PROTOCOLS = ("query-agnostic", "decode-time", "streaming")  # the order of the report's sections
 CODEC_GAP = 0.01  # a config whose memory fraction differs from its kept-entry fraction by more is a codec
 Z95 = 1.96  # 95 % confidence half-width = Z95 x standard error
-
-
-class NoResults(ValueError):
-    """A path given to the report holds no results."""
 
 
 @dataclass
@@ -1070,11 +1067,13 @@ def collect(paths: list[Path], recursive: bool = False) -> Collected:
     return Collected([str(file.parent) for file in files], rows, runs, notes)
 
 
-def render_report(result_dirs: list[Path], out_dir: Path, recursive: bool = False) -> Path:
-    """Write README.md, index.html and the PNG plots of the results in `result_dirs` (and the folders below
-    them when `recursive`) into `out_dir`."""
+def render_report(result_dirs: Path | str | list, out: Path | str, recursive: bool = False) -> Path:
+    """Write README.md, index.html and the PNG plots of the results in `result_dirs` (one folder or a
+    list; with `recursive`, the folders below them too) into `out`; the folder written."""
+    if isinstance(result_dirs, (str, Path)):
+        result_dirs = [result_dirs]
     collected = collect(result_dirs, recursive)
-    out_dir = Path(out_dir)
+    out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = [Paragraph("Results folders: " + ", ".join(f"`{d}`" for d in collected.dirs))]
     blocks += [Paragraph(note) for note in collected.notes]
