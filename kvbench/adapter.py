@@ -249,10 +249,14 @@ def layer_holding(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
     return layer
 
 
+_EMPTY_LAYER = DynamicLayer()
+
+
 def single_layer_cache(layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> DynamicCache:
-    """A cache whose layer `layer_idx` holds these tensors: what a press's hook reads for one sequence."""
+    """A cache whose layer `layer_idx` holds these tensors: what a press's hook reads for one sequence.
+    The layers before it are one shared empty layer (a press's hook touches its own layer only)."""
     cache = DynamicCache()
-    cache.layers = [DynamicLayer() for _ in range(layer_idx)] + [layer_holding(keys, values)]
+    cache.layers = [_EMPTY_LAYER] * layer_idx + [layer_holding(keys, values)]
     return cache
 
 
@@ -439,49 +443,44 @@ def batched_logits(model, cache, input_ids: torch.Tensor, position: int, masks, 
         ).logits[:, -1]
 
 
-def compress_rows(presses: dict, needs_attentions: set, active, masks_of):
+def compress_rows(rows: list[tuple[int, BasePress, bool]], masks: torch.Tensor):
     """A hook for every attention layer of a batched forward: each row with a press (kvpress DecodingPress
     semantics: buffer, count, compress every N steps) runs that press's own hook on the row alone, and a
-    row that shrank is written back right-aligned. `presses` maps an original row to its press, `active`()
-    gives the original row of each current batch row, `masks_of`() the decoder's (layers, batch, entries)
-    masks, which are updated in place for rows that shrank."""
+    row that shrank is written back right-aligned. `rows`: (batch row, press, whether it scores with
+    attention weights); `masks`: the decoder's (layers, batch, entries) masks, updated in place for rows
+    that shrank."""
+    # Counted once per forward: a row's compression at one layer changes no other layer's count.
+    held = masks.sum(-1).tolist()
 
     def hook(module, args, kwargs, output):
-        layer = kwargs["past_key_values"].layers[module.layer_idx]
-        masks = masks_of()
-        for row, original in enumerate(active()):
-            press = presses.get(original)
-            if press is None:
-                continue
-            real = int(masks[module.layer_idx, row].sum())
+        layer_idx = module.layer_idx
+        layer = kwargs["past_key_values"].layers[layer_idx]
+        cos, sin = kwargs["position_embeddings"]
+        for row, press, needs_attentions in rows:
+            real = held[layer_idx][row]
             keys = layer.keys[row : row + 1, :, layer.length - real :]
             values = layer.values[row : row + 1, :, layer.length - real :]
-            row_cache = single_layer_cache(module.layer_idx, keys, values)
-            cos, sin = kwargs["position_embeddings"]
+            row_cache = single_layer_cache(layer_idx, keys, values)
             row_kwargs = {
                 **kwargs,
                 "hidden_states": kwargs["hidden_states"][row : row + 1],
                 "position_embeddings": (cos[row : row + 1], sin[row : row + 1]),
-                **(
-                    {"position_ids": kwargs["position_ids"][row : row + 1]}
-                    if "position_ids" in kwargs
-                    else {}
-                ),
                 "past_key_values": row_cache,
                 "attention_mask": None,
             }
-            row_output = (output[0][row : row + 1], None)
-            if original in needs_attentions:
+            if "position_ids" in kwargs:
+                row_kwargs["position_ids"] = kwargs["position_ids"][row : row + 1]
+            weights = None
+            if needs_attentions:
                 weights = attention_weights(
                     module, row_kwargs["hidden_states"], row_kwargs["position_embeddings"], keys
                 )
-                row_output = (row_output[0], weights)
-            press.forward_hook(module, args, row_kwargs, row_output)
-            compressed = row_cache.layers[module.layer_idx]
+            press.forward_hook(module, args, row_kwargs, (output[0][row : row + 1], weights))
+            compressed = row_cache.layers[layer_idx]
             if compressed.keys is not keys:
                 layer.replace_row(row, compressed.keys, compressed.values)
-                masks[module.layer_idx, row] = False
-                masks[module.layer_idx, row, layer.length - compressed.keys.shape[2] :] = True
+                masks[layer_idx, row] = False
+                masks[layer_idx, row, layer.length - compressed.keys.shape[2] :] = True
         return output
 
     return hook
