@@ -16,6 +16,7 @@ from kvbench.adapter import (
     attention_implementation,
     batched_logits,
     compress_rows,
+    few_rows_linears,
     stop_token_ids,
 )
 
@@ -42,10 +43,22 @@ class BatchedDecoder:
             masks = torch.ones(len(cache.layers), batch_size, length, dtype=torch.bool, device=model.device)
         self.masks = masks
         self.active = torch.arange(batch_size, device=model.device)  # original row of each batch row
+        self.attended = False  # within `attending`
 
+    @contextlib.contextmanager
     def attending(self):
-        """The decoder's attention implementation, for a block of feeds (switching it walks the model)."""
-        return attention_implementation(self.model, self.attention or self.model.config._attn_implementation)
+        """The decoder's attention implementation and batched linear layers, for a block of feeds
+        (switching them walks the model: decode and the streaming protocol hold them throughout)."""
+        if self.attended:
+            yield
+            return
+        attention = self.attention or self.model.config._attn_implementation
+        self.attended = True
+        try:
+            with attention_implementation(self.model, attention), few_rows_linears(self.model):
+                yield
+        finally:
+            self.attended = False
 
     def feed(self, input_ids: torch.Tensor, position: int, **kwargs) -> torch.Tensor:
         """Feed `input_ids` (batch or 1, n) on top of every row at positions from `position` on; the
