@@ -9,6 +9,7 @@ would see a single sequence.
 """
 
 import contextlib
+import functools
 import time
 from collections import defaultdict
 from dataclasses import fields
@@ -244,16 +245,20 @@ def attention_weights(module, hidden_states, position_embeddings, keys: torch.Te
 def layer_holding(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
     """A cache layer holding these tensors without copying them (a press's hook replaces them, never
     writes into them)."""
-    layer = DynamicLayer()
-    layer.lazy_initialization(keys, values)
+    layer = DynamicLayer()  # initialised by hand: lazy_initialization allocates two empty tensors
+    layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
     layer.keys, layer.values = keys, values
     return layer
 
 
+_EMPTY_LAYER = DynamicLayer()
+
+
 def single_layer_cache(layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> DynamicCache:
-    """A cache whose layer `layer_idx` holds these tensors: what a press's hook reads for one sequence."""
+    """A cache whose layer `layer_idx` holds these tensors: what a press's hook reads for one sequence.
+    The layers before it are one shared empty layer (a press's hook touches its own layer only)."""
     cache = DynamicCache()
-    cache.layers = [DynamicLayer() for _ in range(layer_idx)] + [layer_holding(keys, values)]
+    cache.layers = [_EMPTY_LAYER] * layer_idx + [layer_holding(keys, values)]
     return cache
 
 
@@ -300,12 +305,16 @@ class BufferedLayer(DynamicLayer):
         self.set_length(end)
         return self.keys, self.values
 
-    def replace_row(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def replace_row(
+        self, row: int, keys: torch.Tensor, values: torch.Tensor, held: int | None = None
+    ) -> None:
         """Row `row` now holds these entries, right-aligned; what is left of them is zero padding (finite:
-        a masked entry's weight is 0, and 0 * nan would still be nan)."""
+        a masked entry's weight is 0, and 0 * nan would still be nan). `held`: the entries the row held
+        before, when the padding left of them is zero already."""
         start = self.length - keys.shape[2]
+        zero_from = 0 if held is None else self.length - held
         for buffer, new in ((self.key_buffer, keys), (self.value_buffer, values)):
-            buffer[row, :, :start] = 0
+            buffer[row, :, zero_from:start] = 0
             buffer[row, :, start : self.length] = new[0]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -400,6 +409,46 @@ def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropou
     return output.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
+FEW_ROWS = 16  # below this many rows, MKL's float32 GEMM with the weight as its right operand is slow
+
+
+def few_rows_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`module`'s output for a batched decoding step on CPU: one row per config, a few rows in all.
+
+    MKL's float32 GEMM of x (a few rows) by the weight's transpose, as `F.linear` asks it, runs far
+    below its speed at 16 rows or more; the same product as weight @ x^T streams the weight once (the
+    decoding step of 13 rows, measured on the embedded model: ~1.2x faster). A single row keeps
+    `F.linear`, so that a config alone computes exactly what kvpress's pipeline does.
+    """
+    rows = x.numel() // x.shape[-1]
+    if not 1 < rows < FEW_ROWS:
+        return F.linear(x, module.weight, module.bias)
+    flat = x.reshape(rows, -1).T
+    if module.bias is None:
+        out = torch.mm(module.weight, flat)
+    else:
+        out = torch.addmm(module.bias.unsqueeze(1), module.weight, flat)
+    return out.T.reshape(*x.shape[:-1], -1)
+
+
+@contextlib.contextmanager
+def few_rows_linears(model):
+    """Within the block, the model's linear layers on CPU compute a few rows as `few_rows_linear` does
+    (re-entrant: an inner block leaves the outer one's layers as they are)."""
+    linears = [
+        module
+        for module in model.modules()
+        if type(module) is torch.nn.Linear and "forward" not in vars(module) and model.device.type == "cpu"
+    ]
+    for module in linears:
+        module.forward = functools.partial(few_rows_linear, module)  # shadows the class's forward
+    try:
+        yield
+    finally:
+        for module in linears:
+            del module.forward
+
+
 BATCHED_ATTENTION = "kvbench_grouped_sdpa"
 AttentionInterface.register(BATCHED_ATTENTION, grouped_sdpa)
 AttentionMaskInterface.register(BATCHED_ATTENTION, sdpa_mask)
@@ -441,49 +490,45 @@ def batched_logits(model, cache, input_ids: torch.Tensor, position: int, masks, 
         ).logits[:, -1]
 
 
-def compress_rows(presses: dict, needs_attentions: set, active, masks_of):
+def compress_rows(rows: list[tuple[int, BasePress, bool]], masks: torch.Tensor):
     """A hook for every attention layer of a batched forward: each row with a press (kvpress DecodingPress
     semantics: buffer, count, compress every N steps) runs that press's own hook on the row alone, and a
-    row that shrank is written back right-aligned. `presses` maps an original row to its press, `active`()
-    gives the original row of each current batch row, `masks_of`() the decoder's (layers, batch, entries)
-    masks, which are updated in place for rows that shrank."""
+    row that shrank is written back right-aligned. `rows`: (batch row, press, whether it scores with
+    attention weights); `masks`: the decoder's (layers, batch, entries) masks, updated in place for rows
+    that shrank."""
+    # Counted once per forward: a row's compression at one layer changes no other layer's count.
+    held = masks.sum(-1).tolist()
 
     def hook(module, args, kwargs, output):
-        layer = kwargs["past_key_values"].layers[module.layer_idx]
-        masks = masks_of()
-        for row, original in enumerate(active()):
-            press = presses.get(original)
-            if press is None:
-                continue
-            real = int(masks[module.layer_idx, row].sum())
+        layer_idx = module.layer_idx
+        layer = kwargs["past_key_values"].layers[layer_idx]
+        # Every row's views at once (one call each, not one per row).
+        hidden_states, outputs = kwargs["hidden_states"].split(1), output[0].split(1)
+        cos, sin = (embedding.split(1) for embedding in kwargs["position_embeddings"])
+        position_ids = kwargs["position_ids"].split(1) if "position_ids" in kwargs else None
+        for row, press, needs_attentions in rows:
+            real = held[layer_idx][row]
             keys = layer.keys[row : row + 1, :, layer.length - real :]
             values = layer.values[row : row + 1, :, layer.length - real :]
-            row_cache = single_layer_cache(module.layer_idx, keys, values)
-            cos, sin = kwargs["position_embeddings"]
+            row_cache = single_layer_cache(layer_idx, keys, values)
             row_kwargs = {
                 **kwargs,
-                "hidden_states": kwargs["hidden_states"][row : row + 1],
-                "position_embeddings": (cos[row : row + 1], sin[row : row + 1]),
-                **(
-                    {"position_ids": kwargs["position_ids"][row : row + 1]}
-                    if "position_ids" in kwargs
-                    else {}
-                ),
+                "hidden_states": hidden_states[row],
+                "position_embeddings": (cos[row], sin[row]),
                 "past_key_values": row_cache,
                 "attention_mask": None,
             }
-            row_output = (output[0][row : row + 1], None)
-            if original in needs_attentions:
-                weights = attention_weights(
-                    module, row_kwargs["hidden_states"], row_kwargs["position_embeddings"], keys
-                )
-                row_output = (row_output[0], weights)
-            press.forward_hook(module, args, row_kwargs, row_output)
-            compressed = row_cache.layers[module.layer_idx]
+            if position_ids is not None:
+                row_kwargs["position_ids"] = position_ids[row]
+            weights = None
+            if needs_attentions:
+                weights = attention_weights(module, hidden_states[row], (cos[row], sin[row]), keys)
+            press.forward_hook(module, args, row_kwargs, (outputs[row], weights))
+            compressed = row_cache.layers[layer_idx]
             if compressed.keys is not keys:
-                layer.replace_row(row, compressed.keys, compressed.values)
-                masks[module.layer_idx, row] = False
-                masks[module.layer_idx, row, layer.length - compressed.keys.shape[2] :] = True
+                layer.replace_row(row, compressed.keys, compressed.values, held=real)
+                masks[layer_idx, row] = False
+                masks[layer_idx, row, layer.length - compressed.keys.shape[2] :] = True
         return output
 
     return hook

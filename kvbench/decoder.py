@@ -16,6 +16,7 @@ from kvbench.adapter import (
     attention_implementation,
     batched_logits,
     compress_rows,
+    few_rows_linears,
     stop_token_ids,
 )
 
@@ -42,6 +43,22 @@ class BatchedDecoder:
             masks = torch.ones(len(cache.layers), batch_size, length, dtype=torch.bool, device=model.device)
         self.masks = masks
         self.active = torch.arange(batch_size, device=model.device)  # original row of each batch row
+        self.attended = False  # within `attending`
+
+    @contextlib.contextmanager
+    def attending(self):
+        """The decoder's attention implementation and batched linear layers, for a block of feeds
+        (switching them walks the model: decode and the streaming protocol hold them throughout)."""
+        if self.attended:
+            yield
+            return
+        attention = self.attention or self.model.config._attn_implementation
+        self.attended = True
+        try:
+            with attention_implementation(self.model, attention), few_rows_linears(self.model):
+                yield
+        finally:
+            self.attended = False
 
     def feed(self, input_ids: torch.Tensor, position: int, **kwargs) -> torch.Tensor:
         """Feed `input_ids` (batch or 1, n) on top of every row at positions from `position` on; the
@@ -50,12 +67,17 @@ class BatchedDecoder:
             new = self.masks.new_ones(*self.masks.shape[:2], input_ids.shape[1])
             self.masks = torch.cat([self.masks, new], dim=2)
         input_ids = input_ids.to(self.model.device).expand(len(self.active), -1)
-        hook = compress_rows(self.presses, self.needs_attentions, self.active.tolist, lambda: self.masks)
-        attention = self.attention or self.model.config._attn_implementation
-        with (
-            attention_implementation(self.model, attention),
-            attention_hooks(self.model, hook, rotary=True) if self.presses else contextlib.nullcontext(),
-        ):
+        rows = [
+            (row, self.presses[original], original in self.needs_attentions)
+            for row, original in enumerate(self.active.tolist())
+            if original in self.presses
+        ]
+        hooks = (
+            attention_hooks(self.model, compress_rows(rows, self.masks), rotary=True)
+            if rows
+            else contextlib.nullcontext()
+        )
+        with self.attending(), hooks:
             return batched_logits(self.model, self.cache, input_ids, position, self.masks, **kwargs)
 
     def keep_rows(self, running: list[bool]) -> torch.Tensor:
@@ -82,19 +104,20 @@ class BatchedDecoder:
         pipeline never checks the first one).
         """
         stop_ids = torch.tensor(stop_token_ids(self.model), device=self.model.device)
-        next_ids = self.feed(question_ids, position, logits_to_keep=1).argmax(-1)
-        tokens = [[token] for token in next_ids.tolist()]
-        position += question_ids.shape[1]
-        for step in range(max_new_tokens - 1):
-            if step > 0:
-                running = ~torch.isin(next_ids, stop_ids)
-                if not running.any():
-                    break
-                if not running.all():
-                    next_ids = next_ids[self.keep_rows(running.tolist())]
-            next_ids = self.feed(next_ids.unsqueeze(1), position + step).argmax(-1)
-            for row, token in zip(self.active.tolist(), next_ids.tolist(), strict=True):
-                tokens[row].append(token)
+        with self.attending():
+            next_ids = self.feed(question_ids, position, logits_to_keep=1).argmax(-1)
+            tokens = [[token] for token in next_ids.tolist()]
+            position += question_ids.shape[1]
+            for step in range(max_new_tokens - 1):
+                if step > 0:
+                    running = ~torch.isin(next_ids, stop_ids)
+                    if not running.any():
+                        break
+                    if not running.all():
+                        next_ids = next_ids[self.keep_rows(running.tolist())]
+                next_ids = self.feed(next_ids.unsqueeze(1), position + step).argmax(-1)
+                for row, token in zip(self.active.tolist(), next_ids.tolist(), strict=True):
+                    tokens[row].append(token)
         return tokens
 
 

@@ -308,8 +308,9 @@ def run_streaming(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -
         model, empty_batch(model, len(runs), room), None, presses, attention_rows(runs, presses)
     )
     start = clock(model)
-    for position in range(0, context_length, chunk):
-        decoder.feed(prompt.context_ids[:, position : position + chunk], position, logits_to_keep=1)
+    with decoder.attending():
+        for position in range(0, context_length, chunk):
+            decoder.feed(prompt.context_ids[:, position : position + chunk], position, logits_to_keep=1)
     prefill_s = (clock(model) - start) / len(runs)
     kept = decoder.real_entries().sum(0) * model.config.get_text_config().num_key_value_heads
     for row, run in enumerate(runs):

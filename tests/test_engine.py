@@ -278,6 +278,33 @@ def test_compaction_keeps_groups_together_and_moves_as_few_rows_as_it_can():
     assert decoder.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
 
 
+def test_few_rows_go_through_the_linear_layers_as_weight_times_rows(tokenizer, tiny_model):
+    model = tiny_model("qwen2", len(tokenizer))  # its q/k/v projections have biases
+    projection = model.model.layers[0].self_attn.q_proj
+    one, few, many = torch.randn(1, 1, 64), torch.randn(13, 1, 64), torch.randn(4, 8, 64)
+    with adapter.few_rows_linears(model):
+        with adapter.few_rows_linears(model):
+            pass  # an inner block leaves the outer one's layers patched
+        assert "forward" in vars(projection) and "forward" in vars(model.lm_head)
+        outputs = [projection(x) for x in (one, few, many)]
+    assert not any("forward" in vars(module) for module in model.modules())
+    expected = [torch.nn.functional.linear(x, projection.weight, projection.bias) for x in (one, few, many)]
+    assert torch.equal(outputs[0], expected[0])  # a config alone computes exactly as the pipeline
+    torch.testing.assert_close(outputs[1], expected[1])
+    assert torch.equal(outputs[2], expected[2])  # 32 rows: F.linear itself
+
+
+def test_a_row_replaced_after_compression_is_right_aligned_over_zeros():
+    keys = torch.randn(2, 1, 6, 4)
+    layer = adapter.BufferedLayer(torch.zeros(2, 1, 8, 4), torch.zeros(2, 1, 8, 4), 0)
+    layer.update(keys, -keys)
+    layer.replace_row(1, keys[1:, :, 2:], -keys[1:, :, 2:], held=6)
+    layer.replace_row(1, keys[1:, :, 4:], -keys[1:, :, 4:], held=4)  # zeroes only what it frees
+    assert torch.equal(layer.keys[0], keys[0]) and torch.equal(layer.values[0], -keys[0])
+    assert torch.equal(layer.keys[1, :, 4:], keys[1, :, 4:]) and not layer.keys[1, :, :4].any()
+    assert torch.equal(layer.values[1, :, 4:], -keys[1, :, 4:]) and not layer.values[1, :, :4].any()
+
+
 def test_a_tokenizer_without_chat_template_gets_the_pipelines_bos_fallback(
     monkeypatch, tokenizer, peaked_model
 ):
