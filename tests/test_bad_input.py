@@ -245,6 +245,11 @@ CASES = [
     ([*TRAIN, "--data", "{tmp}/empty"], 2, "no kvp data at {tmp}/empty (missing manifest.json)"),
     ([*TRAIN, "--data", "{tmp}/badmanifest"], 2, "badmanifest/manifest.json is corrupt"),
     ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (bad field 'model')"),
+    (
+        [*TRAIN, "--data", "{tmp}/kvpdata-x", "--data", "{tmp}/kvpdata-y"],
+        2,
+        "KVP data folders made for different models: {tmp}/kvpdata-x (x), {tmp}/kvpdata-y (y)",
+    ),
     ([*TRAIN, "--data", "{tmp}/empty", "--layers", "a,b"], 2, "expected comma-separated integers, got 'a,b'"),
     ([*TRAIN, "--data", "{tmp}/empty", "--steps", "0"], 2, "--steps"),
     ([*TRAIN, "--data", "{tmp}/empty", "--arch", "wide"], 2, "'wide' is not one of 'compact', 'apple'"),
@@ -297,6 +302,10 @@ def make_files(tmp: Path) -> None:
     (tmp / "badmanifest" / "manifest.json").write_text("{oops")
     (tmp / "nomodel").mkdir()
     (tmp / "nomodel" / "manifest.json").write_text('{"shards": []}')
+    for name in ("x", "y"):  # two well-formed KVP data stores made for two different models
+        (tmp / f"kvpdata-{name}").mkdir()
+        store = {"method": "kvp", "model": {**shape, "name": name}, "config": {}, "shards": []}
+        (tmp / f"kvpdata-{name}" / "manifest.json").write_text(json.dumps(store))
     (tmp / "lb").mkdir()
     good = {"input": "Who?", "context": "Alice.", "answers": ["Alice"], "length": 2, "_id": "a"}
     (tmp / "lb" / "hotpotqa.jsonl").write_text(json.dumps(good) + "\n{not json\n")
