@@ -409,39 +409,46 @@ def grouped_sdpa(module, query, key, value, attention_mask, scaling=None, dropou
     return output.reshape(batch, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
-FEW_ROWS = 16  # below this many rows, MKL's float32 GEMM with the weight as its right operand is slow
+# MKL's float32 GEMM on AVX-512 runs 9 to 15 rows far slower than 16: a batched decoding step of the embedded
+# model (one thread) took 0.20-0.21 s with 13-15 rows, 0.15-0.16 s with those padded to 16 (and 0.15 s
+# with 9 or 16 rows); from 17 rows on, padding to 32 loses. Elsewhere this was not measured: rows go as
+# they are.
+PADDED_ROWS = range(9, 16)
+PAD_TO = 16
 
 
-def few_rows_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`module`'s output for a batched decoding step on CPU: one row per config, a few rows in all.
-
-    MKL's float32 GEMM of x (a few rows) by the weight's transpose, as `F.linear` asks it, runs far
-    below its speed at 16 rows or more; the same product as weight @ x^T streams the weight once (the
-    decoding step of 13 rows, measured on the embedded model: ~1.2x faster). A single row keeps
-    `F.linear`, so that a config alone computes exactly what kvpress's pipeline does.
-    """
+def padded_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`module`'s output, with 9 to 15 rows (a batched decoding step: one row per config) computed as 16,
+    zero rows added. Rows are independent in a GEMM, so padding changes no row's arithmetic against
+    another 16-row batch; a single row keeps `F.linear`, exactly what kvpress's pipeline computes."""
     rows = x.numel() // x.shape[-1]
-    if not 1 < rows < FEW_ROWS:
+    if rows not in PADDED_ROWS:
         return F.linear(x, module.weight, module.bias)
-    flat = x.reshape(rows, -1).T
-    if module.bias is None:
-        out = torch.mm(module.weight, flat)
-    else:
-        out = torch.addmm(module.bias.unsqueeze(1), module.weight, flat)
-    return out.T.reshape(*x.shape[:-1], -1)
+    padded = torch.cat([x.reshape(rows, -1), x.new_zeros(PAD_TO - rows, x.shape[-1])])
+    return F.linear(padded, module.weight, module.bias)[:rows].reshape(*x.shape[:-1], -1)
+
+
+def pads_rows(model) -> bool:
+    return (
+        model.device.type == "cpu"
+        and model.dtype == torch.float32
+        and torch.backends.mkl.is_available()
+        and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    )
 
 
 @contextlib.contextmanager
-def few_rows_linears(model):
-    """Within the block, the model's linear layers on CPU compute a few rows as `few_rows_linear` does
-    (re-entrant: an inner block leaves the outer one's layers as they are)."""
+def padded_linears(model):
+    """Within the block, the model's linear layers compute as `padded_linear` does where that was measured
+    faster (float32 on an AVX-512 CPU with MKL). Re-entrant: an inner block leaves the outer one's layers
+    as they are."""
     linears = [
         module
-        for module in model.modules()
-        if type(module) is torch.nn.Linear and "forward" not in vars(module) and model.device.type == "cpu"
+        for module in (model.modules() if pads_rows(model) else ())
+        if type(module) is torch.nn.Linear and "forward" not in vars(module)
     ]
     for module in linears:
-        module.forward = functools.partial(few_rows_linear, module)  # shadows the class's forward
+        module.forward = functools.partial(padded_linear, module)  # shadows the class's forward
     try:
         yield
     finally:

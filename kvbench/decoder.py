@@ -16,7 +16,7 @@ from kvbench.adapter import (
     attention_implementation,
     batched_logits,
     compress_rows,
-    few_rows_linears,
+    padded_linears,
     stop_token_ids,
 )
 
@@ -55,7 +55,7 @@ class BatchedDecoder:
         attention = self.attention or self.model.config._attn_implementation
         self.attended = True
         try:
-            with attention_implementation(self.model, attention), few_rows_linears(self.model):
+            with attention_implementation(self.model, attention), padded_linears(self.model):
                 yield
         finally:
             self.attended = False

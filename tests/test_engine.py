@@ -278,20 +278,26 @@ def test_compaction_keeps_groups_together_and_moves_as_few_rows_as_it_can():
     assert decoder.compaction_order([0] * 4, [True, False, True, True]) == [0, 3, 2]
 
 
-def test_few_rows_go_through_the_linear_layers_as_weight_times_rows(tokenizer, tiny_model):
+def test_a_batched_step_of_9_to_15_rows_goes_through_the_linear_layers_as_16(
+    monkeypatch, tokenizer, tiny_model
+):
+    monkeypatch.setattr(adapter, "pads_rows", lambda model: True)  # whatever CPU runs the test
     model = tiny_model("qwen2", len(tokenizer))  # its q/k/v projections have biases
     projection = model.model.layers[0].self_attn.q_proj
     one, few, many = torch.randn(1, 1, 64), torch.randn(13, 1, 64), torch.randn(4, 8, 64)
-    with adapter.few_rows_linears(model):
-        with adapter.few_rows_linears(model):
+    calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(adapter.F, "linear", lambda x, *args: calls.append(x.shape[0]) or linear(x, *args))
+    with adapter.padded_linears(model):
+        with adapter.padded_linears(model):
             pass  # an inner block leaves the outer one's layers patched
-        assert "forward" in vars(projection) and "forward" in vars(model.lm_head)
         outputs = [projection(x) for x in (one, few, many)]
+    assert calls == [1, 16, 4]
     assert not any("forward" in vars(module) for module in model.modules())
-    expected = [torch.nn.functional.linear(x, projection.weight, projection.bias) for x in (one, few, many)]
+    expected = [linear(x, projection.weight, projection.bias) for x in (one, few, many)]
     assert torch.equal(outputs[0], expected[0])  # a config alone computes exactly as the pipeline
     torch.testing.assert_close(outputs[1], expected[1])
-    assert torch.equal(outputs[2], expected[2])  # 32 rows: F.linear itself
+    assert torch.equal(outputs[2], expected[2])
 
 
 def test_a_row_replaced_after_compression_is_right_aligned_over_zeros():
