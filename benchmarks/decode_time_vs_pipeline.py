@@ -57,7 +57,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=1024, help="tokens per sample")
     parser.add_argument("--tokens", type=int, default=128, help="tokens decoded per answer")
     parser.add_argument("--interval", type=int, default=16, help="decoding steps between compressions")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: both sides alike on a shared machine)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
