@@ -45,6 +45,7 @@ from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, move
 from kvbench.engine import Config, Prompt, Run, cache_entries, kv_counts, run_alone, run_shared
 from kvbench.errors import BadInput, TaskUnavailable, UnknownTask
 from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, load_tokenizer, model_name
+from kvbench.planning import check_learned_state
 from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state, seed_press
 from kvbench.resources import lm_eval_tasks_dir
 from kvbench.results import ResultsStore, Row, check_writable, config_id
@@ -100,6 +101,7 @@ class KVBenchLM(HFLM):
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
         self.eager = needs_eager(press, self.press_args)
         probe = self.new_run().press  # unknown press or bad arguments fail before the model loads
+        check_learned_state([probe], pretrained)  # so do agents missing or made for another model
         model, model_tokenizer = load_model(
             pretrained,
             device=available_device(device),

@@ -186,6 +186,17 @@ def check_configs(configs: list[Config]) -> list:
     ]
 
 
+def check_learned_state(presses: list, model_name: str) -> None:
+    """Fail before the model loads if a learned press (or a press it wraps) has no state for `model_name`
+    or state made for another model: each such press checks its own files (`check_for_model`)."""
+    import kvpress
+
+    for press in filter(None, presses):
+        if hasattr(press, "check_for_model"):
+            press.check_for_model(model_name)
+        check_learned_state([p for p in vars(press).values() if isinstance(p, kvpress.BasePress)], model_name)
+
+
 def key_by_learned_state(model, configs: list[Config], presses: list) -> list[Config]:
     """The configs with `press_state` set: the digest of the learned state (KVP's agents, DistillCache's
     policy, MemDecay's calibration) each press loads for `model`. Rows are keyed by it, so retrained agents

@@ -29,6 +29,7 @@ from kvbench.planning import (
     DEFAULT_PROTOCOL,
     Config,
     check_configs,
+    check_learned_state,
     configs_for_run,
     configs_for_sweep,
     key_by_learned_state,
@@ -168,6 +169,7 @@ def prepare_plan(
     if executor is None:
         models.check_device(device)
     models.resolve(model)
+    check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
     limit = models.context_limit(model)
     names, asked = task_plan.tasks, task_plan.length
     lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None

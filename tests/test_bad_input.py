@@ -136,6 +136,38 @@ CASES = [
         "KVP agents at {tmp}/compact are compact agents, not apple",
     ),
     ([*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "arch=wide", *OUT], 2, "unknown KVP arch 'wide'"),
+    # learned presses: state missing or made for another model, refused before the model loads
+    (
+        [*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "agents={tmp}/compact", *OUT],
+        2,
+        "KVP agents at {tmp}/compact were made for x, not for smollm2-135m",
+    ),
+    ([*RUN[:2], "kvp", "--ratio", "0.5", "--model", "{tmp}/model", *OUT], 2, "no KVP agents for {tmp}/model"),
+    (
+        [*RUN[:2], "distillcache", "--ratio", "0.5", "--press-arg", "weights={tmp}/empty", *OUT],
+        2,
+        "no distillcache weights at {tmp}/empty (missing card.json)",
+    ),
+    (
+        [*RUN[:2], "distillcache", "--ratio", "0.5", "--press-arg", "weights={tmp}/policy-x", *OUT],
+        2,
+        "DistillCache weights at {tmp}/policy-x were made for x, not for smollm2-135m",
+    ),
+    (
+        [*RUN[:2], "distillcache", "--ratio", "0.5", "--press-arg", "weights={tmp}/compact", *OUT],
+        2,
+        "compact/card.json holds kvp weights, not distillcache's",
+    ),
+    (
+        [*SWEEP[:2], "knorm,distillcache", "--ratios", "0.5", "--model", "{tmp}/model", *OUT],
+        2,
+        "no distillcache weights at",
+    ),
+    (
+        [*RUN[:2], "memdecay", "--ratio", "0.5", "--press-arg", "calibration={tmp}/empty", *OUT],
+        2,
+        "no MemDecay calibration for smollm2-135m at {tmp}/empty",
+    ),
     # run: files and folders
     ([*RUN, "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
     ([*RUN, "--out", "{tmp}/text.txt"], 2, "text.txt' is a file"),
@@ -276,6 +308,11 @@ CASES = [
     ([*LM_EVAL, "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
     ([*LM_EVAL, "--limit", "0", *OUT], 2, "--limit"),
     (
+        [*LM_EVAL[:2], "kvp", *LM_EVAL[3:], "--press-arg", "agents={tmp}/compact", *OUT],
+        2,
+        "KVP agents at {tmp}/compact were made for x, not for smollm2-135m",
+    ),
+    (
         [*LM_EVAL[:5], "--tasks", "no_such_lm_eval_task", *OUT],
         2,
         "unknown lm-eval task 'no_such_lm_eval_task'",
@@ -298,6 +335,10 @@ def make_files(tmp: Path) -> None:
         (tmp / name / "agents.safetensors").write_bytes(b"\x00garbage" * 8)
     (tmp / "garbage" / "rows.jsonl").write_text("".join(f"garbage line {i}\n" for i in range(100)))
     save_agents(tmp / "compact", KVPAgents(1, 4, hidden=2), {"model": shape, "heads": [0]})
+    (tmp / "policy-x").mkdir()  # a DistillCache card for model "x"
+    (tmp / "policy-x" / "card.json").write_text(json.dumps({"method": "distillcache", "model": shape}))
+    (tmp / "model").mkdir()  # a model folder (config only) no learned press has state for
+    (tmp / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp / "badmanifest").mkdir()
     (tmp / "badmanifest" / "manifest.json").write_text("{oops")
     (tmp / "nomodel").mkdir()

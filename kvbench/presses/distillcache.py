@@ -24,9 +24,9 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
-from kvbench.distillcache.checkpoint import default_weights_dir, load_policy
+from kvbench.distillcache.checkpoint import METHOD, default_weights_dir, load_policy, train_command_hint
 from kvbench.distillcache.policy import DistillCachePolicy, token_features
-from kvbench.training import model_shape
+from kvbench.training import check_made_for, model_shape, read_card
 
 
 @functools.lru_cache(maxsize=4)
@@ -49,6 +49,13 @@ class DistillCachePress(ScorerPress):
     rotary: nn.Module | None = field(default=None, init=False, repr=False, compare=False)
     num_layers: int = field(default=0, init=False, repr=False, compare=False)
     state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of the weights
+
+    def check_for_model(self, name: str) -> None:
+        """Refuse (one line) a missing or corrupt card, or one made for another model, before the model
+        loads; the weights and the KV-cache shape are checked once it has."""
+        directory = Path(self.weights) if self.weights else default_weights_dir(name)
+        hint = train_command_hint(name)
+        check_made_for(read_card(directory, METHOD, hint), name, directory, "DistillCache weights", hint)
 
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)

@@ -30,6 +30,7 @@ from kvbench.kvp.checkpoint import (
     model_shape,
     train_command_hint,
 )
+from kvbench.training import check_made_for
 
 
 @functools.lru_cache(maxsize=4)
@@ -71,14 +72,22 @@ class KVPPress(ScorerPress):
                 directory.resolve(), (directory / CARD_FILE).stat().st_mtime_ns, torch.device("cpu")
             )
 
+    def check_for_model(self, name: str) -> None:
+        """Refuse (one line) agents for model `name` that are missing, of another arch or made for another
+        model, before the model loads; their KV-cache shape is checked once it has."""
+        directory = Path(self.agents) if self.agents else default_agents_dir(name)
+        if not (directory / CARD_FILE).is_file():
+            hint = train_command_hint(name)
+            raise KVPAgentsError(f"no KVP agents for {name} at {directory}; train them with: {hint}")
+        card = load_card(directory)
+        check_arch(card_arch(card), self.arch, directory)
+        check_made_for(card, name, directory, "KVP agents", train_command_hint(name), KVPAgentsError)
+
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)
+        self.check_for_model(shape.name)
         directory = Path(self.agents) if self.agents else default_agents_dir(shape.name)
         card_path = directory / CARD_FILE
-        if not card_path.is_file():
-            hint = train_command_hint(shape.name)
-            raise KVPAgentsError(f"no KVP agents for {shape.name} at {directory}; train them with: {hint}")
-        check_arch(card_arch(load_card(directory)), self.arch, directory)
         agents, card, digest = cached_agents(directory.resolve(), card_path.stat().st_mtime_ns, model.device)
         check_agents_fit(card, shape, directory)
         self.loaded, self.state_digest = agents, digest

@@ -197,6 +197,11 @@ class MemDecayPress(ScorerPress):
             raise MemDecayError(f"page_size must be >= 1, got {self.page_size}")
         self.pinned = parse_pin(str(self.pin or ""))
 
+    def check_for_model(self, name: str) -> None:
+        """Refuse (one line) a missing calibration, or one made for another model, before the model loads."""
+        directory = Path(self.calibration) if self.calibration else default_calibration_dir(name)
+        load_calibration(directory, name)
+
     def post_init_from_model(self, model: nn.Module) -> None:
         name = models.model_name(model)
         directory = Path(self.calibration) if self.calibration else default_calibration_dir(name)

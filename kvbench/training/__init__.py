@@ -110,6 +110,19 @@ def read_card(directory: Path, method: str, hint: str) -> dict:
     return card
 
 
+def check_made_for(
+    card: dict, name: str, directory: Path, what: str, hint: str, error=TrainingFileError
+) -> None:
+    """Refuse weights (`what`) made for another model, by name: what can be checked before the model loads
+    (`check_fits` checks the KV-cache shape once it has)."""
+    made_for = card["model"]["name"]
+    if made_for != name:
+        raise error(
+            f"{what} at {directory} were made for {made_for}, not for {name}; "
+            f"make weights for this model with: {hint}"
+        )
+
+
 def check_fits(card: dict, shape: ModelShape, directory: Path, what: str, hint: str) -> None:
     """Refuse weights (`what`, e.g. "KVP agents") made for another model (name or KV-cache shape)."""
     made_for = ModelShape(**card["model"])
