@@ -3,9 +3,9 @@ manifest, the checkpoint card, atomic writes, and one-line errors that name the 
 makes the right one.
 
 KVP (kvbench/kvp/) and DistillCache (kvbench/distillcache/) both build on it: a data store is a folder of
-shards plus `manifest.json` (the method that made it, the model's shape, the datagen config, the shards); a
-checkpoint is a folder with a safetensors file of weights plus `card.json` (the method, the model's shape,
-the training config, the data summary, validation).
+shards plus `manifest.json` (the method that made it, the model's shape, the datagen config, the shards),
+written by datagen.py for both ("shared"); a checkpoint is a folder with a safetensors file of weights plus
+`card.json` (the method, the model's shape, the training config, the data summary, validation).
 """
 
 import json
@@ -18,6 +18,7 @@ from kvbench.errors import TrainingFileError
 
 MANIFEST_FILE = "manifest.json"
 CARD_FILE = "card.json"
+SHARED = "shared"  # the method of datagen.py's stores: every learned press trains from them
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,21 @@ def manifest_method(manifest: dict) -> str:
     return manifest.get("method", "kvp")
 
 
+def datagen_hint(method: str, name: str = "MODEL", out: str = "DIR") -> str:
+    """The command that makes a data store `method` trains from (both presses' datagen make the same)."""
+    return f"kvbench {method} datagen --model {name} --out {out}"
+
+
 def read_manifest(directory: Path, method: str, hint: str) -> dict:
-    """A data store's manifest, refused when it is missing, corrupt or made by another method."""
+    """A data store's manifest, refused when it is missing, corrupt or lacks what `method` trains on: a
+    shared store serves every method; one made by a single method (before the shared store) serves only it.
+    """
     path = Path(directory) / MANIFEST_FILE
     manifest = read_json(path, f"{method} data", hint)
     made_by = manifest_method(manifest)
-    if made_by != method:
+    if made_by not in (method, SHARED):
         raise TrainingFileError(
-            f"{path} is a {made_by} data store, not {method}'s; make {method} data with: {hint}"
+            f"{path} is a {made_by} data store, which lacks what {method} trains on; make data with: {hint}"
         )
     try:
         ModelShape(**manifest["model"])

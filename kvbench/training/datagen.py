@@ -1,0 +1,269 @@
+"""The learned presses' training data: one store that KVP and DistillCache both train from.
+
+The prompts are a training mixture (kvbench.tasks.mixture): parts of (task, length, samples), any task family
+whose samples change with the seed (seeds disjoint from evaluation's 0..999). For every prompt one
+uncompressed run (capture_prompt) prefills the context, then feeds the question and greedily continues on
+the full cache (at most `gen_tokens` tokens, capped by the task's answer length), and its shard holds
+  - keys, values: the context's post-RoPE keys and values, fp16 (layers, kv_heads, P, head_dim), what a
+    press sees at prefill (both trainers rebuild caches from them),
+  - utility (KVP's target), fp32 (layers, kv_heads, P): for every query after the context (the question's
+    and the continuation's), the attention it pays to context token j, max over the query heads of the KV
+    group; then the mean over those queries. In the query-agnostic protocol both read from the compressed
+    cache, so both need what eviction removes (the KVP paper uses the generated part only; the question
+    adds signal where the answer is a few tokens),
+  - features (DistillCache's policy input), fp32 (layers, kv_heads, P, 7): token_features at prefill on the
+    context, the function the press runs,
+  - question_ids, continuation_ids: what DistillCache's reward feeds teacher-forced on compressed caches,
+  - log_probs, fp16 (T + 1, vocab): the full cache's next-token log-probabilities at the question's last
+    token and at each continuation token (p_full,t of DistillCache's reward).
+
+Seeds: the k-th part of a task (in mixture order) draws its samples with seed `seed + k`, so a task at two
+lengths gets two different sets of needles, not the same needles in a longer haystack.
+
+One safetensors shard per prompt, written atomically (tmp file + rename); `manifest.json` (method "shared",
+the mixture, the model, the config, the shards) is rewritten after each shard, so a rerun with the same
+settings continues where the last one stopped. Stores made before this one by either press alone (method
+"kvp" or "distillcache") stay trainable by that press.
+"""
+
+import json
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from kvbench.distillcache.policy import token_features
+from kvbench.engine import tokenize_sample
+from kvbench.errors import BadInput, DataFileError
+from kvbench.tasks import Sample, load_samples
+from kvbench.tasks.mixture import Part
+from kvbench.training import (
+    MANIFEST_FILE,
+    SHARED,
+    folder_name,
+    manifest_method,
+    model_shape,
+    write_atomically,
+    write_json,
+)
+
+EVALUATION_SEED = 0  # evaluation's default seed: a task whose samples there equal ours cannot train
+
+
+@dataclass
+class DatagenConfig:
+    parts: list[Part]  # (task, length, samples) in the order they were given
+    seed: int = 10_000  # evaluation uses seeds 0..999
+    gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
+    val_fraction: float = 0.1  # the first round(fraction * samples) samples of each part validate
+
+    def __post_init__(self):
+        self.parts = [Part(**part) if isinstance(part, dict) else part for part in self.parts]
+        pairs = [(part.task, part.length) for part in self.parts]
+        duplicate = next((pair for pair in pairs if pairs.count(pair) > 1), None)
+        if duplicate:
+            raise BadInput(f"the mixture holds task {duplicate[0]!r} at length {duplicate[1]} twice")
+
+    def part_seeds(self) -> list[int]:
+        """Each part's sample seed: `seed` for a task's first part, seed + k for its k-th after that."""
+        tasks = [part.task for part in self.parts]
+        return [self.seed + tasks[:index].count(part.task) for index, part in enumerate(self.parts)]
+
+
+@dataclass
+class PlannedShard:
+    order: int  # the sample's index within its part: shards are written sample-major
+    file: str
+    split: str
+    part: Part
+    sample: Sample
+
+
+@contextmanager
+def attention_hooks(model, hook):
+    """`hook` as a forward hook (with kwargs) on every attention layer, for the duration of the block."""
+    hooks = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    try:
+        yield
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
+@contextmanager
+def eager_attention(model):
+    """The model runs eager attention, the only implementation that returns attention weights."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+@torch.no_grad()
+def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_tokens: int) -> dict:
+    """Everything both trainers read of one prompt (the module docstring lists it); `continuation_ids` are
+    the greedy tokens.
+
+    The context is prefilled with the model's own attention implementation, exactly as the press sees it
+    at evaluation (so keys, values and features are the press's); the question and the continuation then run
+    under eager attention, whose weights give the utility, on the same cache: the teacher-forced pass over
+    context + question + continuation, computed once.
+    """
+    length = len(context_ids)
+    num_layers = len(model.model.layers)
+    num_kv_heads = model.config.num_key_value_heads
+    cache = DynamicCache()
+    features = [torch.empty(0)] * num_layers
+    utility_sum = [torch.zeros(num_kv_heads, length)] * num_layers
+    queries = [0] * num_layers
+
+    def add_features(module, args, kwargs, output):
+        layer = cache.layers[module.layer_idx]
+        features[module.layer_idx] = token_features(
+            module,
+            kwargs["hidden_states"],
+            layer.keys,
+            layer.values,
+            model.model.rotary_emb,
+            length - 1,
+            num_layers,
+        )[0]
+
+    def add_utility(module, args, kwargs, output):
+        weights = output[1][0, :, :, :length]  # (query heads, new queries, context)
+        grouped = weights.reshape(num_kv_heads, -1, *weights.shape[1:]).amax(dim=1)  # max over the group
+        utility_sum[module.layer_idx] = utility_sum[module.layer_idx] + grouped.float().sum(dim=1).cpu()
+        queries[module.layer_idx] += weights.shape[1]
+
+    with attention_hooks(model, add_features):
+        model(input_ids=torch.tensor([context_ids], device=model.device), past_key_values=cache)
+    layers = range(num_layers)
+    keys = torch.stack([cache.layers[i].keys[0] for i in layers]).half().cpu()
+    values = torch.stack([cache.layers[i].values[0] for i in layers]).half().cpu()
+
+    stops = model.generation_config.eos_token_id
+    stops = set(stops if isinstance(stops, list) else [stops])
+    input_ids = torch.tensor([question_ids], device=model.device)
+    continuation, log_probs = [], []
+    with attention_hooks(model, add_utility), eager_attention(model):
+        while True:
+            logits = model(input_ids=input_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1]
+            log_probs.append(logits.float().log_softmax(-1).half().cpu())
+            next_token = logits.argmax().item()
+            if next_token in stops or len(continuation) == gen_tokens:
+                break  # the stop token, or a token past the cap, is never fed back: its query reads nothing
+            continuation.append(next_token)
+            input_ids = torch.tensor([[next_token]], device=model.device)
+    return {
+        "keys": keys,
+        "values": values,
+        "utility": torch.stack([utility_sum[i] / queries[i] for i in layers]),
+        "features": torch.stack(features).float().cpu(),
+        "question_ids": torch.tensor(question_ids, dtype=torch.long),
+        "continuation_ids": torch.tensor(continuation, dtype=torch.long),
+        "log_probs": torch.stack(log_probs),
+    }
+
+
+def existing_manifest(directory: Path) -> dict | None:
+    """The manifest an earlier run left in `directory` (None if there is none); a corrupt one is an error."""
+    path = Path(directory) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or not {"model", "config", "shards"} <= manifest.keys():
+            raise ValueError("it lacks model, config and shards")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DataFileError(f"{path}: not a datagen manifest ({str(error).splitlines()[0]})") from None
+    return manifest
+
+
+def check_seed_changes_samples(task: str, length: int, seed: int, tokenizer) -> None:
+    """Refuse a task whose first sample at `seed` is its first sample at evaluation's seed: its samples do
+    not change with the seed (a fixed dataset read in order), so training on them would train on the test."""
+    ours, theirs = (
+        load_samples(task, length=length, samples=1, seed=s, tokenizer=tokenizer)[0]
+        for s in (seed, EVALUATION_SEED)
+    )
+    if (ours.context, ours.question, ours.messages) == (theirs.context, theirs.question, theirs.messages):
+        raise BadInput(f"{task} samples do not change with the seed: they would overlap evaluation")
+
+
+def plan_shards(config: DatagenConfig, tokenizer) -> list[PlannedShard]:
+    """Every shard the config makes, sample-major (all parts' sample 0, then 1, ...), so a stopped run
+    still holds a mix of every part with the validation prompts first. Needs the tokenizer, not the model:
+    a task that cannot make its samples fails before the model loads."""
+    planned = []
+    checked = set()
+    for part, seed in zip(config.parts, config.part_seeds(), strict=True):
+        if part.task not in checked:
+            check_seed_changes_samples(part.task, part.length, seed, tokenizer)
+            checked.add(part.task)
+        samples = load_samples(
+            part.task, length=part.length, samples=part.samples, seed=seed, tokenizer=tokenizer
+        )
+        n_val = round(config.val_fraction * len(samples))
+        for index, sample in enumerate(samples):
+            file = f"{folder_name(part.task)}-{part.length}-{index:05d}.safetensors"
+            split = "val" if index < n_val else "train"
+            planned.append(PlannedShard(index, file, split, part, sample))
+    return sorted(planned, key=lambda shard: shard.order)
+
+
+def generate_data(
+    model,
+    tokenizer,
+    out: Path,
+    config: DatagenConfig,
+    progress: bool = True,
+    mixture: str | None = None,
+    planned: list[PlannedShard] | None = None,
+) -> dict:
+    """Write one shard per (part, sample) into `out` and return the manifest; resumes a stopped run.
+
+    mixture: the mixture's name, recorded in the manifest (its parts are in the config).
+    planned: `plan_shards(config, tokenizer)` when the caller already made it.
+    """
+    out = Path(out)
+    head = {"model": asdict(model_shape(model)), "config": asdict(config)}
+    manifest = existing_manifest(out) or {"method": SHARED, "mixture": mixture, **head, "shards": []}
+    if manifest_method(manifest) != SHARED or {key: manifest.get(key) for key in head} != head:
+        raise BadInput(
+            f"{out} holds {manifest_method(manifest)} data made with other settings "
+            f"({manifest.get('model')}, {manifest.get('config')}); "
+            "use another --out folder"
+        )
+    planned = planned if planned is not None else plan_shards(config, tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    done = {shard["file"] for shard in manifest["shards"]}
+    todo = [shard for shard in planned if shard.file not in done]
+    for shard in tqdm(todo, desc="datagen", disable=not progress):
+        sample = shard.sample
+        prompt = tokenize_sample(tokenizer, sample)  # split exactly as evaluation splits it
+        context_ids, question_ids = prompt.context_ids[0].tolist(), prompt.question_ids[0].tolist()
+        captured = capture_prompt(
+            model, context_ids, question_ids, min(config.gen_tokens, sample.max_new_tokens)
+        )
+        tensors = {name: tensor.contiguous() for name, tensor in captured.items()}
+        write_atomically(out / shard.file, lambda path, tensors=tensors: save_file(tensors, path))
+        manifest["shards"].append(
+            {
+                "file": shard.file,
+                "split": shard.split,
+                "task": sample.task,
+                "length": shard.part.length,
+                "sample_id": sample.id,
+                "prompt_tokens": len(context_ids),
+                "question_tokens": len(question_ids),
+                "continuation_tokens": len(captured["continuation_ids"]),
+            }
+        )
+        write_json(out / MANIFEST_FILE, manifest)
+    return manifest
