@@ -38,6 +38,25 @@ CASES = [
     (["distillcache", "train", *OUT, "--data", "{tmp}/empty"], 2, "no distillcache data at {tmp}/empty"),
     (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--steps", "0"], 2, "'--steps': 0"),
     (
+        ["distillcache", "train", *OUT, "--data", "{tmp}/kvpdata-x"],
+        2,
+        "kvpdata-x/manifest.json is a kvp data store, which lacks what distillcache trains on; "
+        "make data in another folder with: kvbench distillcache datagen --model x --out DIR",
+    ),
+    (
+        [*TRAIN, "--data", "{tmp}/dcdata"],
+        2,
+        "dcdata/manifest.json is a distillcache data store, which lacks what kvp trains on; "
+        "make data in another folder with: kvbench kvp datagen --model x --out DIR",
+    ),
+    (
+        ["distillcache", "datagen", *OUT, "--mixture", "nope"],
+        2,
+        "unknown mixture 'nope' (choose one of: ruler",
+    ),
+    (["distillcache", "datagen", *OUT, "--tasks", "qa_1"], 2, "qa_1 samples do not change with the seed"),
+    (["distillcache", "datagen", "--out", "{tmp}/badmanifest"], 2, "badmanifest/manifest.json"),
+    (
         [*RUN[:2], "memdecay", "--ratio", "0.5", "--press-arg", "pin=kitchen", *OUT],
         2,
         "unknown region 'kitchen'",
@@ -343,6 +362,9 @@ def make_files(tmp: Path) -> None:
     (tmp / "badmanifest" / "manifest.json").write_text("{oops")
     (tmp / "nomodel").mkdir()
     (tmp / "nomodel" / "manifest.json").write_text('{"shards": []}')
+    (tmp / "dcdata").mkdir()  # a data store DistillCache's datagen made before the shared one
+    store = {"method": "distillcache", "model": shape, "config": {}, "shards": []}
+    (tmp / "dcdata" / "manifest.json").write_text(json.dumps(store))
     for name in ("x", "y"):  # two well-formed KVP data stores made for two different models
         (tmp / f"kvpdata-{name}").mkdir()
         store = {"method": "kvp", "model": {**shape, "name": name}, "config": {}, "shards": []}

@@ -12,12 +12,12 @@ from transformers import DynamicCache
 from kvbench.cli import main
 from kvbench.distillcache import train as training
 from kvbench.distillcache.checkpoint import WEIGHTS_FILE, load_policy, save_policy
-from kvbench.distillcache.datagen import METHOD, capture_prompt
 from kvbench.distillcache.policy import DistillCachePolicy, keep_order_log_prob, token_features
 from kvbench.distillcache.train import DistillData, TrainConfig, compressed_log_probs, kl_rewards
 from kvbench.kvp.reward import sample_rankings
 from kvbench.presses import build_press, press_state
-from kvbench.training import MANIFEST_FILE, TrainingFileError, model_shape
+from kvbench.training import MANIFEST_FILE, SHARED, TrainingFileError, model_shape
+from kvbench.training.datagen import capture_prompt
 
 
 def random_policy(model, directory, **card_changes) -> DistillCachePolicy:
@@ -29,8 +29,8 @@ def random_policy(model, directory, **card_changes) -> DistillCachePolicy:
     return policy
 
 
-def write_store(model, directory, prompts=3, length=40) -> None:
-    """A DistillCache data store of random prompts (the last one validates), as datagen writes it."""
+def write_store(model, directory, prompts=3, length=40, method=SHARED) -> None:
+    """A data store of random prompts (the last one validates), as datagen writes it."""
     directory.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
     shards = []
@@ -40,7 +40,7 @@ def write_store(model, directory, prompts=3, length=40) -> None:
         save_file({k: v.contiguous() for k, v in captured.items()}, directory / f"p{index}.safetensors")
         split = "val" if index == prompts - 1 else "train"
         shards.append({"file": f"p{index}.safetensors", "split": split, "prompt_tokens": length})
-    manifest = {"method": METHOD, "model": vars(model_shape(model)), "config": {}, "shards": shards}
+    manifest = {"method": method, "model": vars(model_shape(model)), "config": {}, "shards": shards}
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
 
 
@@ -239,7 +239,13 @@ def test_bad_data_stores_are_one_line_errors(tmp_path, tiny_model):
     manifest = json.loads((tmp_path / "kvp" / MANIFEST_FILE).read_text())
     del manifest["method"]  # KVP's stores from before the field: KVP's
     (tmp_path / "kvp" / MANIFEST_FILE).write_text(json.dumps(manifest))
-    one_line_error(lambda: DistillData(tmp_path / "kvp"), "is a kvp data store, not distillcache's")
+    one_line_error(
+        lambda: DistillData(tmp_path / "kvp"), "is a kvp data store, which lacks what distillcache"
+    )
+    (tmp_path / "kvp" / MANIFEST_FILE).write_text(json.dumps({**manifest, "method": "distillcache"}))
+    assert (
+        len(DistillData(tmp_path / "kvp").train) == 1
+    )  # DistillCache's own stores from before the shared one
     (tmp_path / "kvp" / MANIFEST_FILE).write_text("[1, 2")
     one_line_error(lambda: DistillData(tmp_path / "kvp"), "manifest.json is corrupt")
     write_store(model, tmp_path / "cut", prompts=2)

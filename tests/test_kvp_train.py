@@ -7,8 +7,8 @@ from safetensors.torch import save_file
 
 from kvbench.kvp.agent import AppleAgents, KVPAgents, position_features
 from kvbench.kvp.checkpoint import ModelShape, load_agents
-from kvbench.kvp.datagen import MANIFEST_FILE
 from kvbench.kvp.train import KVPData, TrainConfig, feature_statistics, select_heads, token_batch, train
+from kvbench.training import MANIFEST_FILE
 
 SHAPE = {"name": "synthetic", "num_layers": 2, "num_kv_heads": 1, "head_dim": 8}
 

@@ -1,20 +1,157 @@
+import json
+
+import pytest
 import torch
+from click.testing import CliRunner
+from transformers import DynamicCache
 
-from kvbench.distillcache import datagen as distillcache_datagen
-from kvbench.kvp import datagen as kvp_datagen
-from kvbench.training.datagen import capture_prompt
+from kvbench.cli import main
+from kvbench.kvp.checkpoint import load_agents, load_card
+from kvbench.models import load_model
+from kvbench.presses.kvp import KVPPress
+from kvbench.tasks.mixture import MIXTURES, Part
+from kvbench.training import MANIFEST_FILE, datagen
+from kvbench.training.datagen import DatagenConfig, capture_prompt, plan_shards
 
 
-def test_the_shared_capture_equals_both_presses_own_captures(tiny_model):
-    """Utility as KVP's joint eager prefill computed it; features, log_probs and ids as DistillCache's."""
+def test_the_capture_is_one_teacher_forced_eager_pass_over_the_whole_prompt(tiny_model):
+    """Every stored tensor against one eager pass over context + question + continuation: utility (KVP),
+    window attention and key norm features, and next-token log-probabilities (DistillCache)."""
     model = tiny_model(vocab_size=97, eos_token_id=1)
     context, question = list(range(3, 43)), [50, 51, 52]
-    shared = capture_prompt(model, context, question, gen_tokens=5)
-    kvp = kvp_datagen.capture_prompt(model, context, question, gen_tokens=5)
-    distillcache = distillcache_datagen.capture_prompt(model, context, question, gen_tokens=5)
-    assert shared["continuation_ids"].tolist() == kvp["generated"] and len(kvp["generated"]) == 5
-    torch.testing.assert_close(shared["utility"], kvp["utility"])
-    for name in ("keys", "values"):
-        torch.testing.assert_close(shared[name], kvp[name])
-    for name in ("keys", "values", "features", "question_ids", "continuation_ids", "log_probs"):
-        torch.testing.assert_close(shared[name], distillcache[name])
+    captured = capture_prompt(model, context, question, gen_tokens=5)
+    continuation = captured["continuation_ids"].tolist()
+    assert len(continuation) == 5 and captured["question_ids"].tolist() == question
+    assert captured["keys"].shape == captured["values"].shape == (2, 2, 40, 16)
+    assert captured["features"].shape == (2, 2, 40, 7) and captured["log_probs"].shape == (6, 97)
+
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        output = model(torch.tensor([context + question + continuation]), output_attentions=True)
+    for layer, attention in enumerate(output.attentions):
+        later = attention[0, :, 40:, :40].reshape(2, 2, -1, 40)  # (kv heads, group, queries, P)
+        torch.testing.assert_close(captured["utility"][layer], later.amax(dim=1).mean(dim=1))
+        keys = output.past_key_values.layers[layer].keys[0, :, :40]
+        torch.testing.assert_close(captured["keys"][layer], keys.half(), atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(captured["features"][layer, ..., 3], keys.norm(dim=-1).log())
+        # The window is the context's last 32 queries; each reads the context up to itself only.
+        window = attention[0, :, 8:40, :40].reshape(2, 2, 32, 40).mean(dim=1)  # group mean
+        torch.testing.assert_close(captured["features"][layer, ..., 0], (window.mean(dim=1) + 1e-6).log())
+    log_probs = output.logits[0, 42:].log_softmax(-1)  # at the question's last token and after
+    torch.testing.assert_close(captured["log_probs"].float(), log_probs, atol=2e-3, rtol=1e-3)
+    assert captured["log_probs"].argmax(-1)[:-1].tolist() == continuation  # greedy
+
+
+@pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
+def test_datagen_train_report_and_run_end_to_end(tmp_path, tiny_model_dir):
+    runner = CliRunner()
+    data, agents = tmp_path / "data", tmp_path / "agents"
+    datagen = [
+        "kvp",
+        "datagen",
+        "--model",
+        tiny_model_dir,
+        "--out",
+        str(data),
+        "--tasks",
+        "niah_single_1,niah_single_2",
+    ]
+    datagen += ["--length", "512", "--samples", "3", "--gen-tokens", "4", "--val-fraction", "0.34"]
+    result = runner.invoke(main, datagen)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((data / MANIFEST_FILE).read_text())
+    assert [s["split"] for s in manifest["shards"]] == ["val"] * 2 + ["train"] * 4
+    assert [s["task"] for s in manifest["shards"]] == ["niah_single_1", "niah_single_2"] * 3
+    assert {s["sample_id"] for s in manifest["shards"]} == {"10000-0", "10000-1", "10000-2"}
+
+    assert manifest["method"] == "shared" and manifest["mixture"] is None
+
+    # A rerun finds everything done, under either press's name; other settings are refused.
+    assert runner.invoke(main, datagen).exit_code == 0
+    result = runner.invoke(main, ["distillcache", *datagen[1:]])
+    assert result.exit_code == 0 and "0it" in result.output and f"6 prompts in {data}" in result.output
+    assert json.loads((data / MANIFEST_FILE).read_text()) == manifest
+    result = runner.invoke(main, [*datagen, "--seed", "20000"])
+    assert result.exit_code == 2 and "other settings" in result.output
+
+    # DistillCache trains from the same store.
+    policy = tmp_path / "policy"
+    train = ["distillcache", "train", "--model", tiny_model_dir, "--data", str(data), "--out", str(policy)]
+    result = runner.invoke(main, [*train, "--steps", "2", "--eval-every", "2", "--samples", "2"])
+    assert result.exit_code == 0, result.output
+    card = json.loads((policy / "card.json").read_text())
+    assert card["data"]["train_prompts"] == 4 and card["data"]["parts"][0]["task"] == "niah_single_1"
+
+    train = ["kvp", "train", "--data", str(data), "--out", str(agents), "--steps", "6", "--eval-every", "3"]
+    result = runner.invoke(main, [*train, "--rankings", "4", "--hidden", "8"])
+    assert result.exit_code == 0, result.output
+    assert "oracle -1.0000" in result.output
+    assert load_card(agents)["heads"] == [0, 1, 2, 3]
+
+    result = runner.invoke(main, ["kvp", "report", str(agents), "--plot", str(tmp_path / "kvp.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "kvp.png").stat().st_size > 0 and "recency" in result.output
+
+    model, _ = load_model(tiny_model_dir)
+    press = KVPPress(compression_ratio=0.5, agents=str(agents))
+    cache = DynamicCache()
+    with torch.no_grad(), press(model):
+        model.model(input_ids=torch.arange(10, 110).unsqueeze(0), past_key_values=cache)
+    assert [cache.get_seq_length(layer) for layer in range(2)] == [50, 50]
+
+
+@pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
+def test_mixture_datagen_at_two_lengths_resumes_and_trains_both_archs(tmp_path, tiny_model_dir, monkeypatch):
+    parts = [Part("niah_single_1", 512, 2), Part("agent_system_fact", 1024, 2), Part("niah_single_1", 640, 2)]
+    monkeypatch.setitem(MIXTURES, "tiny", parts)
+    runner = CliRunner()
+    data = tmp_path / "data"
+    datagen = ["kvp", "datagen", "--model", tiny_model_dir, "--out", str(data), "--mixture", "tiny"]
+    datagen += ["--gen-tokens", "2", "--val-fraction", "0.5"]
+    result = runner.invoke(main, datagen)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((data / MANIFEST_FILE).read_text())
+    assert manifest["mixture"] == "tiny" and manifest["config"]["parts"] == [vars(part) for part in parts]
+    shards = manifest["shards"]
+    # Sample-major: every part's sample 0 (validation), then every part's sample 1.
+    assert [(s["task"], s["length"], s["split"]) for s in shards] == [
+        (part.task, part.length, split) for split in ("val", "train") for part in parts
+    ]
+    # The task's second part draws with the next seed: other needles, not the same ones at another length.
+    assert [s["sample_id"] for s in shards[:3]] == ["10000-0", "10000-0", "10001-0"]
+    tokens = {s["length"]: s["prompt_tokens"] for s in shards}
+    assert tokens[512] < tokens[640] < tokens[1024] <= 1024
+
+    # A run stopped after two shards continues with the other four and leaves the first two as they were.
+    first = (data / shards[0]["file"]).read_bytes()
+    (data / MANIFEST_FILE).write_text(json.dumps({**manifest, "shards": shards[:2]}))
+    for shard in shards[2:]:
+        (data / shard["file"]).unlink()
+    assert runner.invoke(main, datagen).exit_code == 0
+    assert json.loads((data / MANIFEST_FILE).read_text())["shards"] == shards
+    assert (data / shards[0]["file"]).read_bytes() == first
+
+    for arch in ("compact", "apple"):
+        train = ["kvp", "train", "--data", str(data), "--out", str(tmp_path / arch), "--arch", arch]
+        result = runner.invoke(
+            main, [*train, "--steps", "3", "--tokens", "600", "--rankings", "4", "--hidden", "8"]
+        )
+        assert result.exit_code == 0, result.output
+        result = runner.invoke(main, ["kvp", "report", str(tmp_path / arch)])
+        assert result.output.startswith(f"{arch} agents (hidden 8) of {tiny_model_dir}, 3 steps")
+    apple, _ = load_agents(tmp_path / "apple")
+    assert apple.positions == max(s["prompt_tokens"] for s in shards if s["split"] == "train")
+
+
+def test_a_task_whose_samples_ignore_the_seed_is_refused(monkeypatch, embedded_tokenizer):
+    config = DatagenConfig([Part("niah_single_1", 512, 1)])
+    assert len(plan_shards(config, embedded_tokenizer)) == 1
+    real = datagen.load_samples
+    monkeypatch.setattr(datagen, "load_samples", lambda task, **kwargs: real(task, **{**kwargs, "seed": 7}))
+    with pytest.raises(ValueError, match="niah_single_1 samples do not change with the seed"):
+        plan_shards(config, embedded_tokenizer)
+
+
+def test_a_mixture_with_a_part_twice_is_refused():
+    with pytest.raises(ValueError, match="task 'vt' at length 1024 twice"):
+        DatagenConfig([Part("vt", 1024, 2), Part("cwe", 1024, 2), Part("vt", 1024, 3)])

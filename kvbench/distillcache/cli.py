@@ -1,6 +1,7 @@
 """`kvbench distillcache`: make a DistillCache policy for a model (datagen, then train) and report on it.
 
-Same shape as `kvbench kvp`, on the same prompts (RULER's offline tasks, seeds 10000+).
+Same shape as `kvbench kvp`, and the same data: both `datagen` commands are one (kvbench.training.cli) and
+write the shared store, so one datagen run serves both presses.
 """
 
 from pathlib import Path
@@ -8,8 +9,8 @@ from pathlib import Path
 import click
 
 from kvbench.distillcache.train import TrainConfig
-from kvbench.kvp.cli import DEFAULT_TASKS, EVALUATION_SEEDS, task_list
 from kvbench.models import EMBEDDED
+from kvbench.training.cli import datagen
 
 DEFAULTS = TrainConfig()
 
@@ -29,52 +30,13 @@ def distillcache():
     """Make a DistillCache eviction policy for a model: datagen, then train; report shows how good it is.
 
     \b
-    kvbench distillcache datagen --out data/distillcache/smollm2-135m
+    kvbench distillcache datagen --out data/distillcache/smollm2-135m [--mixture broad]
     kvbench distillcache train --data data/distillcache/smollm2-135m --out presses/distillcache/smollm2-135m
     kvbench distillcache report presses/distillcache/smollm2-135m
     """
 
 
-@distillcache.command()
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Data folder.")
-@click.option("--model", default=EMBEDDED, show_default=True, help="Embedded alias, hub id or local folder.")
-@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
-@click.option("--tasks", default=DEFAULT_TASKS, show_default=True, callback=task_list, help="Seeded tasks.")
-@click.option("--length", default=1024, show_default=True, type=click.IntRange(min=1), help="Prompt tokens.")
-@click.option("--samples", default=8, show_default=True, type=click.IntRange(min=1), help="Prompts per task.")
-@click.option(
-    "--seed",
-    default=10_000,
-    show_default=True,
-    type=click.IntRange(min=EVALUATION_SEEDS),
-    help="Sample seed; evaluation uses 0..999, so training data starts at 1000.",
-)
-@click.option(
-    "--gen-tokens",
-    default=32,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Teacher-forced continuation whose next-token distributions the reward compares.",
-)
-@click.option(
-    "--val-fraction",
-    default=0.1,
-    show_default=True,
-    type=click.FloatRange(0, 1, max_open=True),
-    help="Share of each task's prompts kept for validation.",
-)
-def datagen(out, model, device, tasks, length, samples, seed, gen_tokens, val_fraction):
-    """Store keys, values, features and full-cache next-token distributions on RULER training prompts.
-
-    Resumable: rerun the same command to continue a stopped run.
-    """
-    from kvbench.distillcache.datagen import DatagenConfig, generate_data
-    from kvbench.models import load_model
-
-    config = DatagenConfig(tasks, length, samples, seed, gen_tokens, val_fraction)
-    llm, tokenizer = load_model(model, device=device)
-    manifest = generate_data(llm, tokenizer, out, config)
-    click.echo(f"{len(manifest['shards'])} prompts in {out}")
+distillcache.add_command(datagen)
 
 
 @distillcache.command()

@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import DynamicCache
 
-from kvbench.distillcache.checkpoint import save_policy
-from kvbench.distillcache.datagen import METHOD, datagen_hint
+from kvbench.distillcache.checkpoint import METHOD, save_policy
 from kvbench.distillcache.policy import (
     WINDOW,
     DistillCachePolicy,
@@ -33,9 +32,24 @@ from kvbench.distillcache.policy import (
     keep_order_log_prob,
 )
 from kvbench.kvp.reward import sample_rankings
-from kvbench.training import ModelShape, TrainingFileError, git_commit, model_shape, read_manifest
+from kvbench.training import (
+    ModelShape,
+    TrainingFileError,
+    datagen_hint,
+    git_commit,
+    model_shape,
+    read_manifest,
+)
 
 REFERENCES = ("knorm", "snapkv", "random")
+TENSORS = (
+    "keys",
+    "values",
+    "features",
+    "question_ids",
+    "continuation_ids",
+    "log_probs",
+)  # what a shard gives
 
 
 @dataclass
@@ -55,11 +69,12 @@ class TrainConfig:
 
 
 class DistillData:
-    """The shards of a DistillCache datagen folder, read on demand."""
+    """The shards of a datagen folder, read on demand: the shared store (kvbench.training.datagen), or one
+    made by DistillCache's own datagen before it (the same tensors, RULER prompts only)."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self.manifest = read_manifest(self.directory, METHOD, datagen_hint("MODEL", str(directory)))
+        self.manifest = read_manifest(self.directory, METHOD)
         self.shape = ModelShape(**self.manifest["model"])
         self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
         self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
@@ -67,21 +82,22 @@ class DistillData:
             raise TrainingFileError(
                 f"DistillCache data at {directory} needs train and val prompts; it has {len(self.train)} "
                 f"train and {len(self.val)} val; make more with: "
-                + datagen_hint(self.shape.name, str(directory))
+                + datagen_hint(METHOD, self.shape.name, str(directory))
             )
 
-    def load(self, shard: dict, names=None) -> dict[str, torch.Tensor]:
+    def load(self, shard: dict, names=TENSORS) -> dict[str, torch.Tensor]:
         path = self.directory / shard["file"]
         try:
             with safe_open(path, framework="pt") as f:
-                return {name: f.get_tensor(name) for name in (names or f.keys())}
+                return {name: f.get_tensor(name) for name in names}
         except Exception as error:  # missing or truncated shard: safetensors raises its own types
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            hint = datagen_hint(self.shape.name, str(self.directory))
+            hint = datagen_hint(METHOD, self.shape.name, str(self.directory))
             raise TrainingFileError(f"{path} is unreadable ({reason}); make it again with: {hint}") from None
 
     def summary(self) -> dict:
         return {
+            "mixture": self.manifest.get("mixture"),
             **self.manifest["config"],
             "train_prompts": len(self.train),
             "val_prompts": len(self.val),
@@ -211,7 +227,7 @@ def train(model, data_dir: Path, out_dir: Path, config: TrainConfig, command: st
     if shape != data.shape:
         raise TrainingFileError(
             f"DistillCache data at {data_dir} was made for {data.shape}, not for {shape}; make data for this "
-            f"model with: {datagen_hint(shape.name, str(data_dir))}"
+            f"model with: {datagen_hint(METHOD, shape.name, str(data_dir))}"
         )
     model.requires_grad_(False).eval()
     torch.manual_seed(config.seed)

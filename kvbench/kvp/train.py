@@ -54,7 +54,9 @@ class TrainConfig:
 
 
 class KVPData:
-    """The shards of one or more datagen folders made for one model, each read on demand for some heads.
+    """The shards of one or more datagen folders made for one model, each read on demand for some heads:
+    shared stores (kvbench.training.datagen) or ones made by KVP's own datagen before them (keys, values and
+    utility only).
 
     Several folders train one set of agents on their union (e.g. `--mixture ruler` and `--mixture text`
     made apart): a mixture is data, so a part made once serves every mixture that holds it.
@@ -63,7 +65,7 @@ class KVPData:
     def __init__(self, directories: Path | list[Path]):
         directories = [directories] if isinstance(directories, (str, Path)) else directories
         self.directories = [Path(directory) for directory in directories]
-        manifests = [read_manifest(d, "kvp", "kvbench kvp datagen --out DIR") for d in self.directories]
+        manifests = [read_manifest(d, "kvp") for d in self.directories]
         models = [manifest["model"] for manifest in manifests]
         if any(model != models[0] for model in models):
             names = ", ".join(f"{d} ({m.get('name')})" for d, m in zip(self.directories, models, strict=True))

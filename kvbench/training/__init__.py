@@ -85,16 +85,20 @@ def datagen_hint(method: str, name: str = "MODEL", out: str = "DIR") -> str:
     return f"kvbench {method} datagen --model {name} --out {out}"
 
 
-def read_manifest(directory: Path, method: str, hint: str) -> dict:
+def read_manifest(directory: Path, method: str) -> dict:
     """A data store's manifest, refused when it is missing, corrupt or lacks what `method` trains on: a
     shared store serves every method; one made by a single method (before the shared store) serves only it.
     """
     path = Path(directory) / MANIFEST_FILE
+    hint = datagen_hint(method, out=str(directory))
     manifest = read_json(path, f"{method} data", hint)
     made_by = manifest_method(manifest)
     if made_by not in (method, SHARED):
+        model = manifest.get("model")
+        name = model.get("name", "MODEL") if isinstance(model, dict) else "MODEL"
         raise TrainingFileError(
-            f"{path} is a {made_by} data store, which lacks what {method} trains on; make data with: {hint}"
+            f"{path} is a {made_by} data store, which lacks what {method} trains on; make data in another "
+            f"folder with: {datagen_hint(method, name)}"
         )
     try:
         ModelShape(**manifest["model"])
