@@ -254,6 +254,17 @@ def test_bad_data_stores_are_one_line_errors(tmp_path, tiny_model):
     one_line_error(lambda: data.load(data.train[0]), "p0.safetensors is unreadable.*datagen")
 
 
+def test_several_stores_train_as_their_union(tmp_path, tiny_model):
+    """A shared store and an older DistillCache one (e.g. two mixture parts made apart) train together."""
+    model = tiny_model()
+    write_store(model, tmp_path / "a", prompts=2)
+    write_store(model, tmp_path / "b", prompts=3, length=30, method="distillcache")
+    data = DistillData([tmp_path / "a", tmp_path / "b"])
+    assert (len(data.train), len(data.val)) == (3, 2)
+    assert [data.load(shard)["keys"].shape[2] for shard in data.train] == [40, 30, 30]
+    assert [folder["prompts"] for folder in data.summary()["folders"]] == [2, 3]
+
+
 def test_cli_refuses_a_bad_store_with_exit_2_and_writes_nothing(tmp_path):
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / MANIFEST_FILE).write_text(json.dumps({"model": {}, "config": {}, "shards": []}))

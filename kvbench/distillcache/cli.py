@@ -41,7 +41,11 @@ distillcache.add_command(datagen)
 
 @distillcache.command()
 @click.option(
-    "--data", required=True, type=click.Path(file_okay=False, path_type=Path), help="Datagen folder."
+    "--data",
+    required=True,
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Datagen folder; repeat to train on several (one model's), e.g. one per mixture part.",
 )
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Policy folder.")
 @click.option("--model", default=EMBEDDED, show_default=True, help="The model the data was made with.")
@@ -81,7 +85,7 @@ def train(
     from kvbench.distillcache.train import train as train_policy
     from kvbench.models import load_model
 
-    DistillData(data)  # refuse a bad data store before loading the model
+    DistillData(list(data))  # refuse a bad data store before loading the model
     config = TrainConfig(
         steps=steps,
         samples=samples,
@@ -94,7 +98,7 @@ def train(
     )
     llm, _ = load_model(model, device=device)
     command = "kvbench " + " ".join(sys.argv[1:])
-    train_policy(llm, data, out, config, command=command, log=click.echo)
+    train_policy(llm, list(data), out, config, command=command, log=click.echo)
 
 
 @distillcache.command()

@@ -32,14 +32,7 @@ from kvbench.distillcache.policy import (
     keep_order_log_prob,
 )
 from kvbench.kvp.reward import sample_rankings
-from kvbench.training import (
-    ModelShape,
-    TrainingFileError,
-    datagen_hint,
-    git_commit,
-    model_shape,
-    read_manifest,
-)
+from kvbench.training import TrainingData, TrainingFileError, git_commit, model_shape
 
 REFERENCES = ("knorm", "snapkv", "random")
 TENSORS = (
@@ -68,41 +61,22 @@ class TrainConfig:
     seed: int = 0
 
 
-class DistillData:
-    """The shards of a datagen folder, read on demand: the shared store (kvbench.training.datagen), or one
-    made by DistillCache's own datagen before it (the same tensors, RULER prompts only)."""
+class DistillData(TrainingData):
+    """DistillCache's view of one or more data stores (kvbench.training.TrainingData): shared stores
+    (kvbench.training.datagen) or ones made by DistillCache's own datagen before them (RULER prompts only)."""
 
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.manifest = read_manifest(self.directory, METHOD)
-        self.shape = ModelShape(**self.manifest["model"])
-        self.train = [s for s in self.manifest["shards"] if s["split"] == "train"]
-        self.val = [s for s in self.manifest["shards"] if s["split"] == "val"]
-        if not self.train or not self.val:
-            raise TrainingFileError(
-                f"DistillCache data at {directory} needs train and val prompts; it has {len(self.train)} "
-                f"train and {len(self.val)} val; make more with: "
-                + datagen_hint(METHOD, self.shape.name, str(directory))
-            )
+    method, label = METHOD, "DistillCache"
 
     def load(self, shard: dict, names=TENSORS) -> dict[str, torch.Tensor]:
-        path = self.directory / shard["file"]
+        path = Path(shard["directory"]) / shard["file"]
         try:
             with safe_open(path, framework="pt") as f:
                 return {name: f.get_tensor(name) for name in names}
         except Exception as error:  # missing or truncated shard: safetensors raises its own types
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            hint = datagen_hint(METHOD, self.shape.name, str(self.directory))
-            raise TrainingFileError(f"{path} is unreadable ({reason}); make it again with: {hint}") from None
-
-    def summary(self) -> dict:
-        return {
-            "mixture": self.manifest.get("mixture"),
-            **self.manifest["config"],
-            "train_prompts": len(self.train),
-            "val_prompts": len(self.val),
-            "prompt_tokens": sum(s["prompt_tokens"] for s in self.manifest["shards"]),
-        }
+            raise TrainingFileError(
+                f"{path} is unreadable ({reason}); make it again with: {self.hint()}"
+            ) from None
 
 
 def feature_statistics(data: DistillData) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,15 +193,18 @@ def train_step(model, policy, optimizer, prompt: dict, ratios: list[float], conf
     return {"loss": loss.item(), "rewards": rewards_by_ratio}
 
 
-def train(model, data_dir: Path, out_dir: Path, config: TrainConfig, command: str = "", log=print) -> dict:
-    """Train on the data in `data_dir` with `model` frozen; save the best EMA policy (validation) to out."""
+def train(
+    model, data_dir: Path | list[Path], out_dir: Path, config: TrainConfig, command: str = "", log=print
+) -> dict:
+    """Train on the data in `data_dir` (one folder or several) with `model` frozen; save the best EMA policy
+    (by validation) to out_dir."""
     started = time.perf_counter()
     data = DistillData(data_dir)
     shape = model_shape(model)
     if shape != data.shape:
         raise TrainingFileError(
-            f"DistillCache data at {data_dir} was made for {data.shape}, not for {shape}; make data for this "
-            f"model with: {datagen_hint(METHOD, shape.name, str(data_dir))}"
+            f"DistillCache data at {data.where} was made for {data.shape}, not for {shape}; "
+            f"make data for this model with: {data.hint(shape.name, 'DIR')}"
         )
     model.requires_grad_(False).eval()
     torch.manual_seed(config.seed)

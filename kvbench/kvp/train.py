@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from kvbench.errors import BadInput, TrainingFileError
+from kvbench.errors import BadInput
 from kvbench.kvp.agent import StackedAgents, build_agents
 from kvbench.kvp.checkpoint import ModelShape, save_agents
 from kvbench.kvp.reward import (
@@ -31,7 +31,7 @@ from kvbench.kvp.reward import (
     ranking_by_score,
     sample_rankings,
 )
-from kvbench.training import git_commit, read_manifest
+from kvbench.training import TrainingData, git_commit
 
 REFERENCES = ("oracle", "random", "knorm", "recency")
 
@@ -53,60 +53,17 @@ class TrainConfig:
     seed: int = 0
 
 
-class KVPData:
-    """The shards of one or more datagen folders made for one model, each read on demand for some heads:
-    shared stores (kvbench.training.datagen) or ones made by KVP's own datagen before them (keys, values and
-    utility only).
-
-    Several folders train one set of agents on their union (e.g. `--mixture ruler` and `--mixture text`
-    made apart): a mixture is data, so a part made once serves every mixture that holds it.
+class KVPData(TrainingData):
+    """KVP's view of one or more data stores (kvbench.training.TrainingData): shared stores
+    (kvbench.training.datagen) or ones made by KVP's own datagen before them (keys, values and utility only).
     """
 
-    def __init__(self, directories: Path | list[Path]):
-        directories = [directories] if isinstance(directories, (str, Path)) else directories
-        self.directories = [Path(directory) for directory in directories]
-        manifests = [read_manifest(d, "kvp") for d in self.directories]
-        models = [manifest["model"] for manifest in manifests]
-        if any(model != models[0] for model in models):
-            names = ", ".join(f"{d} ({m.get('name')})" for d, m in zip(self.directories, models, strict=True))
-            raise TrainingFileError(f"KVP data folders made for different models: {names}")
-        self.shape = ModelShape(**models[0])
-        self.manifests = manifests
-        shards = [
-            {**shard, "directory": str(directory)}
-            for directory, manifest in zip(self.directories, manifests, strict=True)
-            for shard in manifest["shards"]
-        ]
-        self.train = [s for s in shards if s["split"] == "train"]
-        self.val = [s for s in shards if s["split"] == "val"]
-        if not self.train or not self.val:
-            where = ", ".join(map(str, self.directories))
-            raise TrainingFileError(
-                f"KVP data at {where} needs train and val shards; "
-                f"it has {len(self.train)} train and {len(self.val)} val"
-            )
+    method, label = "kvp", "KVP"
 
     def load(self, shard: dict, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """keys, values (fp16, (heads, P, head_dim)) and utility (fp32, (heads, P)) of one prompt."""
         with safe_open(Path(shard["directory"]) / shard["file"], framework="pt") as f:
             return tuple(f.get_tensor(name).flatten(0, 1)[heads] for name in ("keys", "values", "utility"))
-
-    def summary(self) -> dict:
-        folders = [
-            {
-                "folder": str(directory),
-                "mixture": manifest.get("mixture"),
-                **manifest["config"],
-                "prompts": len(manifest["shards"]),
-            }
-            for directory, manifest in zip(self.directories, self.manifests, strict=True)
-        ]
-        return {
-            **(folders[0] if len(folders) == 1 else {"folders": folders}),
-            "train_prompts": len(self.train),
-            "val_prompts": len(self.val),
-            "prompt_tokens": sum(s["prompt_tokens"] for s in self.train + self.val),
-        }
 
 
 def select_heads(shape: ModelShape, layers: list[int] | None, kv_heads: list[int] | None) -> list[int]:

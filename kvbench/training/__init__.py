@@ -108,6 +108,64 @@ def read_manifest(directory: Path, method: str) -> dict:
     return manifest
 
 
+class TrainingData:
+    """The shards of one or more data stores made for one model, as `method` trains on them: several folders
+    train on their union (e.g. `--mixture ruler` and `--mixture text` made apart), so a mixture part made
+    once serves every mixture that holds it. Each shard records its folder; subclasses read the tensors."""
+
+    method = ""  # the trainer's method, e.g. "kvp"
+    label = ""  # its name in messages, e.g. "KVP"
+
+    def __init__(self, directories: Path | list[Path]):
+        directories = [directories] if isinstance(directories, (str, Path)) else directories
+        self.directories = [Path(directory) for directory in directories]
+        self.manifests = [read_manifest(directory, self.method) for directory in self.directories]
+        models = [manifest["model"] for manifest in self.manifests]
+        if any(model != models[0] for model in models):
+            names = ", ".join(f"{d} ({m.get('name')})" for d, m in zip(self.directories, models, strict=True))
+            raise TrainingFileError(f"{self.label} data folders made for different models: {names}")
+        self.shape = ModelShape(**models[0])
+        shards = [
+            {**shard, "directory": str(directory)}
+            for directory, manifest in zip(self.directories, self.manifests, strict=True)
+            for shard in manifest["shards"]
+        ]
+        self.train = [shard for shard in shards if shard["split"] == "train"]
+        self.val = [shard for shard in shards if shard["split"] == "val"]
+        if not self.train or not self.val:
+            raise TrainingFileError(
+                f"{self.label} data at {self.where} needs train and val prompts; it has {len(self.train)} "
+                f"train and {len(self.val)} val; make more with: {self.hint()}"
+            )
+
+    @property
+    def where(self) -> str:
+        return ", ".join(map(str, self.directories))
+
+    def hint(self, name: str | None = None, out: str | None = None) -> str:
+        """The datagen command for these folders (or `out`), for model `name` (default: the data's)."""
+        out = out or (str(self.directories[0]) if len(self.directories) == 1 else "DIR")
+        return datagen_hint(self.method, name or self.shape.name, out)
+
+    def summary(self) -> dict:
+        """What a checkpoint's card records of its data: each folder's mixture, config and size."""
+        folders = [
+            {
+                "folder": str(directory),
+                "mixture": manifest.get("mixture"),
+                **manifest["config"],
+                "prompts": len(manifest["shards"]),
+            }
+            for directory, manifest in zip(self.directories, self.manifests, strict=True)
+        ]
+        return {
+            **(folders[0] if len(folders) == 1 else {"folders": folders}),
+            "train_prompts": len(self.train),
+            "val_prompts": len(self.val),
+            "prompt_tokens": sum(shard["prompt_tokens"] for shard in self.train + self.val),
+        }
+
+
 def read_card(directory: Path, method: str, hint: str) -> dict:
     """A checkpoint's card, refused when it is missing, corrupt or made by another method."""
     path = Path(directory) / CARD_FILE
