@@ -1,7 +1,8 @@
 """KVP: learned per-head KV-cache eviction agents ("Learning to Evict from Key-Value Cache", ICML 2026).
 
-datagen.py stores keys, values and each prompt token's future utility from uncompressed runs over a training
-mixture (kvbench.tasks.mixture); train.py fits one small scorer per (layer, KV head) on them with
-Plackett-Luce policy gradients (reward.py); agent.py holds the scorers (two architectures: compact, and
-Apple's); checkpoint.py reads and writes agents; kvbench/presses/kvp.py is the press that uses them.
+Its training data is the learned presses' shared store (kvbench.training.datagen: keys, values and each
+prompt token's future utility, among others, from uncompressed runs over a training mixture); train.py fits
+one small scorer per (layer, KV head) on them with Plackett-Luce policy gradients (reward.py); agent.py holds
+the scorers (two architectures: compact, and Apple's); checkpoint.py reads and writes agents;
+kvbench/presses/kvp.py is the press that uses them.
 """
