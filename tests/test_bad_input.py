@@ -307,6 +307,8 @@ CASES = [
     (["kvp", "report", "{tmp}/empty"], 2, "no KVP agents at {tmp}/empty (missing card.json)"),
     (["kvp", "report", "{tmp}/badcard"], 2, "badcard/card.json: not a KVP agents card"),
     (["kvp", "report", "{tmp}/listcard"], 2, "listcard/card.json: not a KVP agents card"),
+    (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/empty"], 2, "no kvp data at {tmp}/empty"),
+    (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/nope"], 2, "no kvp data at {tmp}/nope"),
     (["kvp", "nope"], 2, "No such command 'nope'"),
     # lm-eval
     (["lm-eval", "--press", "nope", *LM_EVAL[3:], *OUT], 2, "unknown press 'nope'"),

@@ -7,8 +7,16 @@ from safetensors.torch import save_file
 
 from kvbench.kvp.agent import AppleAgents, KVPAgents, position_features
 from kvbench.kvp.checkpoint import ModelShape, load_agents
-from kvbench.kvp.train import KVPData, TrainConfig, feature_statistics, select_heads, token_batch, train
-from kvbench.training import MANIFEST_FILE
+from kvbench.kvp.train import (
+    KVPData,
+    TrainConfig,
+    feature_statistics,
+    select_heads,
+    token_batch,
+    train,
+    validation_cost_on,
+)
+from kvbench.training import MANIFEST_FILE, TrainingFileError
 
 SHAPE = {"name": "synthetic", "num_layers": 2, "num_kv_heads": 1, "head_dim": 8}
 
@@ -179,3 +187,27 @@ def test_two_data_folders_train_as_their_union(tmp_path):
     (second / MANIFEST_FILE).write_text(json.dumps({**manifest, "model": {**SHAPE, "name": "other"}}))
     with pytest.raises(ValueError, match="different models"):
         KVPData([first, second])
+
+
+def test_agents_are_scored_again_on_another_stores_validation_prompts(tmp_path):
+    """`kvp report --data`: on its own store the cost is the card's; on another store's prompts it is
+    recomputed there (the references too); a store made for another model is refused."""
+    own, other = tmp_path / "own", tmp_path / "other"
+    for directory in (own, other):
+        directory.mkdir()
+    write_synthetic_data(own, train=4, val=3)
+    write_synthetic_data(other, train=1, val=4, lengths=lambda index: 120 + index)
+    config = TrainConfig(steps=20, prompts=1, rankings=4, warmup=5, eval_every=10, hidden=8)
+    card = train(own, tmp_path / "agents", config, log=lambda line: None)
+    agents, _ = load_agents(tmp_path / "agents")
+    costs, prompts = validation_cost_on(agents, card, own)
+    assert prompts == 3
+    for name, rewards in (("agents", card["validation"]["agent"]), ("knorm", card["validation"]["knorm"])):
+        assert costs[name] == pytest.approx(-sum(rewards) / len(rewards), rel=1e-5)
+    elsewhere, prompts = validation_cost_on(agents, card, other)
+    assert prompts == 4 and elsewhere["oracle"] == pytest.approx(1.0)
+    assert elsewhere["agents"] != pytest.approx(costs["agents"])
+    manifest = json.loads((other / MANIFEST_FILE).read_text())
+    (other / MANIFEST_FILE).write_text(json.dumps({**manifest, "model": {**SHAPE, "name": "another"}}))
+    with pytest.raises(TrainingFileError, match="made for"):
+        validation_cost_on(agents, card, other)

@@ -105,11 +105,26 @@ def train(data, out, layers, heads, steps, prompts, tokens, rankings, lr, arch, 
 @kvp.command()
 @click.argument("agents", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG plot per layer.")
-def report(agents, plot):
-    """Validation cost per head of the agents in AGENTS vs oracle, random, knorm and recency (1 = oracle)."""
-    from kvbench.kvp.checkpoint import card_arch, load_card, plot_validation, validation_table
+@click.option(
+    "--data",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also score them on the validation prompts of these datagen folders (e.g. another mixture's).",
+)
+def report(agents, plot, data):
+    """Validation cost per head of the agents in AGENTS vs oracle, random, knorm and recency (1 = oracle).
+
+    \b
+    kvbench kvp report presses/kvp/smollm2-135m
+    kvbench kvp report agents/broad --data data/ruler     # the same cost on another store's prompts
+    """
+    from kvbench.kvp.checkpoint import card_arch, load_agents, load_card, plot_validation, validation_table
 
     card = load_card(agents)
+    if data:  # a bad data folder fails before anything is printed
+        from kvbench.kvp.train import validation_cost_on
+
+        costs, prompts = validation_cost_on(load_agents(agents)[0], card, list(data))
     agent, training = (
         card.get(key) if isinstance(card.get(key), dict) else {} for key in ("agent", "training")
     )
@@ -121,6 +136,15 @@ def report(agents, plot):
     click.echo(table.to_string(index=False, float_format="{:.3f}".format))
     means = table.drop(columns=["layer", "kv_head"]).mean()
     click.echo("mean   " + "  ".join(f"{name} {value:.3f}" for name, value in means.items()))
+    if data:
+        from kvbench.kvp.train import validation_cost_on
+
+        costs, prompts = validation_cost_on(load_agents(agents)[0], card, list(data))
+        where = ", ".join(map(str, data))
+        click.echo(
+            f"on the {prompts} validation prompts of {where}: "
+            + "  ".join(f"{name} {cost:.3f}" for name, cost in costs.items())
+        )
     if plot:
         plot_validation(card, plot)
         click.echo(f"plot: {plot}")

@@ -31,7 +31,7 @@ from kvbench.kvp.reward import (
     ranking_by_score,
     sample_rankings,
 )
-from kvbench.training import TrainingData, git_commit
+from kvbench.training import TrainingData, TrainingFileError, git_commit
 
 REFERENCES = ("oracle", "random", "knorm", "recency")
 
@@ -145,6 +145,18 @@ def validation_reward(agents: StackedAgents, val: list[tuple]) -> torch.Tensor:
         scores = agents(keys[None], values[None])[0]
         rewards.append(-normalised_cost(utility, ranking_by_score(scores)).squeeze(-1))
     return torch.stack(rewards).mean(0)
+
+
+def validation_cost_on(agents: StackedAgents, card: dict, data_dirs: Path | list[Path]) -> tuple[dict, int]:
+    """Mean normalised cost (1 = oracle) over the heads, of the agents and the reference rankings, on the
+    validation prompts of other data stores (e.g. another mixture's); and how many prompts that was."""
+    data = KVPData(data_dirs)
+    made_for = ModelShape(**card["model"])
+    if data.shape != made_for:
+        raise TrainingFileError(f"the agents were made for {made_for}, the data for {data.shape}")
+    val = [data.load(shard, card["heads"]) for shard in data.val]
+    rewards = {"agents": validation_reward(agents, val), **reference_rewards(val)}
+    return {name: -reward.mean().item() for name, reward in rewards.items()}, len(val)
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
