@@ -304,11 +304,18 @@ def run(press, ratio, memory, press_args, **options):
     help="Instead of --ratios: comma-separated memory budgets in (0, 1] (fractions of the 16-bit full "
     "cache), e.g. 0.5,0.25,0.1. Evictors run at ratio 1 - memory, codecs solve their own knobs.",
 )
+@click.option(
+    "--press-arg",
+    "press_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Press parameter for every press of the sweep (repeatable), e.g. agents=agents/broad for kvp.",
+)
 @protocol_options
 @task_options
 @model_options
 @ray_options
-def sweep(presses, ratios, memory, ray_address, ray_workers, ray_cpus, ray_gpus, **options):
+def sweep(presses, ratios, memory, press_args, ray_address, ray_workers, ray_cpus, ray_gpus, **options):
     """Score every press at every ratio or memory budget (plus no compression) on a suite or tasks.
 
     One uncompressed prefill per sample serves every config that compresses inside kvpress's hook;
@@ -321,10 +328,13 @@ def sweep(presses, ratios, memory, ray_address, ray_workers, ray_cpus, ray_gpus,
       kvbench sweep --presses kvp,snapkv,quant,varrate --memory 0.5,0.25,0.1 --suite ruler-1k
       kvbench sweep --presses kvp,snapkv --ratios 0.5 --suite ruler-4k --ray auto --ray-gpus 1 --device cuda
     """
+    from kvbench.presses import parse_press_args
     from kvbench.runner import sweep as sweep_presses
 
     executor = ray_executor(ray_address, ray_workers, ray_cpus, ray_gpus)
-    frame = sweep_presses(presses, ratios, memory=memory, executor=executor, **options)
+    frame = sweep_presses(
+        presses, ratios, memory=memory, press_args=parse_press_args(press_args), executor=executor, **options
+    )
     print_summary(frame, options["out"])
 
 

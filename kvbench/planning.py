@@ -127,8 +127,10 @@ def configs_for_sweep(
     protocol: str = DEFAULT_PROTOCOL,
     interval: int | None = None,
     chunk: int | None = None,
+    press_args: dict | None = None,
 ) -> list[Config]:
     """The grid of `kvbench sweep`: no compression, then every press at every ratio (or memory budget).
+    `press_args` go to every press of the grid (e.g. another set of KVP agents), never to `none`.
 
     Each list may also be given as comma-separated text ("knorm,snapkv", "0.25,0.5"). A codec asked for a
     memory it cannot reach (2-bit codes still cost more than 10 %) is left out of the grid with a
@@ -146,7 +148,9 @@ def configs_for_sweep(
         config
         for name in names
         if name != "none"
-        for config in budget_configs(name, ratio_values, memory_values, protocol_)
+        for config in budget_configs(
+            name, ratio_values, memory_values, protocol_, tuple(sorted((press_args or {}).items()))
+        )
     ]
     if len(set(configs)) != len(configs):
         raise BadInput("duplicate configs: each press and ratio may appear once")

@@ -113,11 +113,14 @@ def sweep(
     protocol: str = DEFAULT_PROTOCOL,
     interval: int | None = None,
     chunk: int | None = None,
+    press_args: dict | None = None,
     **setup,
 ) -> pd.DataFrame:
     """Score every press at every ratio (or memory budget), plus no compression, as `kvbench sweep` does;
-    the rows of this sweep. `setup`: the keywords of `prepare_plan`."""
-    return run_configs(configs_for_sweep(presses, ratios, memory, protocol, interval, chunk), **setup)
+    the rows of this sweep. `press_args` go to every press but `none`. `setup`: the keywords of
+    `prepare_plan`."""
+    configs = configs_for_sweep(presses, ratios, memory, protocol, interval, chunk, press_args)
+    return run_configs(configs, **setup)
 
 
 def run_configs(

@@ -251,6 +251,12 @@ CASES = [
         "'think'",
     ),
     ([*SWEEP, "--length", "20000", *OUT], 2, "--length 20000 exceeds"),
+    ([*SWEEP, "--press-arg", "bogus=1", *OUT], 2, "press 'snapkv' has no argument 'bogus'"),
+    (
+        [*SWEEP[:2], "knorm,kvp", *SWEEP[3:], "--press-arg", "agents={tmp}/compact", *OUT],
+        2,
+        "no argument 'agents'",
+    ),
     ([*SWEEP, "--device", "bogus", *OUT], 2, "unknown device 'bogus'"),
     ([*SWEEP, "--suite", "nope", *OUT], 2, "unknown suite 'nope'"),
     ([*SWEEP, "--model", "{tmp}/empty", *OUT], 2, "has no config.json"),
