@@ -58,6 +58,7 @@ class MemoryView:
     measured: pd.DataFrame  # press x budget: mean over samples of kv_bytes / kv_bytes_full
     rank: pd.DataFrame  # press x budget: 1 = best average at that budget
     mean_rank: pd.Series
+    lead: pd.DataFrame  # per budget: the leader's paired lead over the runner-up (`paired_lead`)
     points: (
         pd.DataFrame
     )  # every compressed config of the leaderboard: press, memory (measured), average, stderr
@@ -81,6 +82,7 @@ class Leaderboard:
     delta: pd.DataFrame | None  # press x ratio: mean over tasks of (task mean - reference task mean)
     rank: pd.DataFrame  # press x ratio: 1 = best average at that ratio
     mean_rank: pd.Series  # press: mean of its ranks over ratios
+    lead: pd.DataFrame  # per ratio: the leader's paired lead over the runner-up (`paired_lead`)
     kept: pd.DataFrame  # index (press, ratio), columns kept_fraction, kept_bytes, memory
     context_tokens: pd.Series  # task: mean context length in tokens
     missing: dict[tuple[str, float], list[str]]  # (press, ratio) -> ["task have/expected", ...]
@@ -231,6 +233,39 @@ def config_stats(rows: pd.DataFrame, key: str) -> pd.DataFrame:
     )
 
 
+def paired_lead(rows: pd.DataFrame, average: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Per column of `average` (a ratio or a memory budget): the best press, the runner-up, and the best's
+    lead on the samples both scored, paired by (task, sample): the mean over tasks of the per-task mean
+    difference and its standard error (as `config_stats` computes them; NaN below 2 pairs in a task).
+    Pairing removes what the two presses share (how hard a sample is), so a lead can be told apart from
+    noise where the two intervals of the leaderboard overlap."""
+    leads = []
+    for column in average.columns:
+        ranked = average[column].dropna().sort_values(ascending=False)
+        if len(ranked) < 2:
+            continue
+        best, runner_up = ranked.index[:2]
+        cell = rows[rows[key] == column]
+        scores = [
+            cell[cell["press"] == press].groupby(["task", "sample_id"])["score"].mean()
+            for press in (best, runner_up)
+        ]
+        difference = (scores[0] - scores[1]).dropna()
+        per_task = difference.groupby(level="task").agg(["mean", "count", "var"])
+        stderr = (per_task["var"] / per_task["count"]).sum() ** 0.5 / len(per_task)
+        leads.append(
+            {
+                key: column,
+                "best": best,
+                "runner-up": runner_up,
+                "lead": per_task["mean"].mean(),
+                "stderr": stderr if (per_task["count"] >= 2).all() else float("nan"),
+                "pairs": len(difference),
+            }
+        )
+    return pd.DataFrame(leads, columns=[key, "best", "runner-up", "lead", "stderr", "pairs"])
+
+
 def ranking(average: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, list[str]]:
     """Rank at each column (1 = best; ties share), mean rank, and the presses by mean rank then by average."""
     rank = average.rank(axis=0, ascending=False, method="min")  # NaN where a press lacks that column
@@ -258,7 +293,7 @@ def build_memory_view(
     frames = [points[["press", "memory", "average", "stderr"]]]
     empty = pd.DataFrame(columns=pd.Index([], dtype=float), index=pd.Index([], name="press"))
     average = stderr = samples = measured = rank = empty
-    mean_rank, missing = pd.Series(dtype=float), {}
+    mean_rank, missing, lead = pd.Series(dtype=float), {}, paired_lead(memory_rows, empty, "budget")
     if not memory_rows.empty:
         stats = config_stats(memory_rows.rename(columns={"memory": "budget"}), "budget")
         frames.append(stats.reset_index()[["press", "memory", "average", "stderr"]])
@@ -267,6 +302,7 @@ def build_memory_view(
             stats[column].unstack("budget")[columns] for column in ("average", "stderr", "samples", "memory")
         )
         rank, mean_rank, order = ranking(average)
+        lead = paired_lead(memory_rows.rename(columns={"memory": "budget"}), average, "budget")
         average, stderr, samples, measured = (
             frame.loc[order] for frame in (average, stderr, samples, measured)
         )
@@ -279,6 +315,7 @@ def build_memory_view(
         measured=measured,
         rank=rank,
         mean_rank=mean_rank,
+        lead=lead,
         points=pd.concat([frame for frame in frames if not frame.empty], ignore_index=True),
         missing=missing,
     )
@@ -288,6 +325,10 @@ def suite_of(rows: pd.DataFrame, runs: list[Run]) -> str:
     suites = sorted({run.config["suite"] for run in runs if run.config.get("suite")})
     tasks = rows["task"].nunique()
     return ", ".join(suites) if suites else f"{tasks} task{'s' if tasks > 1 else ''}"
+
+
+def compressed_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["press"] != REFERENCE_PRESS]
 
 
 def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
@@ -328,6 +369,7 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
         delta=delta,
         rank=rank,
         mean_rank=mean_rank,
+        lead=paired_lead(compressed_rows(rows), average, "ratio"),
         kept=stats[["kept_fraction", "kept_bytes", "memory"]],
         context_tokens=pd.concat([rows, memory_rows]).groupby("task")["context_tokens"].mean(),
         missing=find_missing(counts, runs, requested_configs(runs, "ratio", codecs)),
@@ -722,10 +764,42 @@ def ratio_leaderboard_blocks(board: Leaderboard, plot: Path, styles: dict[str, S
             + codecs
         ),
         Table(scores),
+        *lead_blocks(board.lead, "ratio"),
         Image(
             plot_scores(board, styles, plot),
             "Average score vs compression ratio; shaded: 95 % confidence interval",
         ),
+    ]
+
+
+def lead_blocks(lead: pd.DataFrame, key: str) -> list:
+    """The leader's paired lead over the runner-up at each ratio or budget, and whether it is beyond noise."""
+    if lead.empty:
+        return []
+    table = pd.DataFrame(
+        {
+            key: lead[key].map(lambda value: f"{value:g}"),
+            "leader": lead["best"],
+            "runner-up": lead["runner-up"],
+            "lead (paired)": [
+                ("+" if value >= 0 else "") + fmt_interval(value, stderr)
+                for value, stderr in zip(lead["lead"], lead["stderr"], strict=True)
+            ],
+            "beyond the 95 % interval": [
+                "" if pd.isna(stderr) else ("yes" if value - Z95 * stderr > 0 else "no")
+                for value, stderr in zip(lead["lead"], lead["stderr"], strict=True)
+            ],
+            "pairs": lead["pairs"],
+        }
+    )
+    return [
+        Paragraph(
+            "The leader's lead over the runner-up, paired: score differences on the samples both scored "
+            "(same task and sample), averaged as the leaderboard averages (mean of the per-task means) ± "
+            "95 % half-width. Pairing takes out what the two share (how hard each sample is), so it can "
+            "tell two presses apart where their intervals above overlap."
+        ),
+        Table(table.set_index(key)),
     ]
 
 
@@ -763,6 +837,7 @@ def memory_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> l
                 + (" `*`: incomplete, see Missing results." if view.missing else "")
             ),
             Table(table),
+            *lead_blocks(view.lead, "budget"),
         ]
     blocks += [
         Paragraph(

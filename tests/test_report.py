@@ -477,3 +477,25 @@ def test_press_styles_are_distinct():
     assert len({(s.color, s.marker) for s in styles}) == 12  # every press its own look
     assert len({s.color for s in styles[:9]}) == 9  # the first nine their own colour
     assert "#000000" not in {s.color for s in styles}  # black is the no-compression line's
+
+
+def test_the_leaders_lead_is_paired_by_sample(tmp_path):
+    """Two presses whose scores swing together from sample to sample: their intervals overlap, but the
+    paired lead (a - b on each sample, mean of the per-task means) is beyond noise. A sample only one of
+    them scored is no pair."""
+    a = {"t1": [90, 30, 80, 20], "t2": [70, 10, 60, 0, 50]}
+    gaps = [10, 12, 10, 12]
+    b = {
+        "t1": [s - g for s, g in zip(a["t1"], gaps, strict=True)],
+        "t2": [s - g for s, g in zip(a["t2"], gaps, strict=False)],  # b lacks t2's fifth sample
+    }
+    results = write_results(tmp_path / "results", rows_of({("a", 0.5): a, ("b", 0.5): b}))
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
+    [lead] = board.lead.to_dict("records")
+    assert (lead["ratio"], lead["best"], lead["runner-up"], lead["pairs"]) == (0.5, "a", "b", 8)
+    assert lead["lead"] == pytest.approx(11.0)  # t2's fifth sample (a only) left out
+    per_task_variance = pd.Series(gaps).var() / 4
+    assert lead["stderr"] == pytest.approx((2 * per_task_variance) ** 0.5 / 2)
+    half_widths = 1.96 * (board.stderr.at["a", 0.5] + board.stderr.at["b", 0.5])
+    assert board.average.at["a", 0.5] - board.average.at["b", 0.5] < half_widths  # intervals overlap
+    assert lead["lead"] - 1.96 * lead["stderr"] > 0  # the paired lead stays clear of zero
