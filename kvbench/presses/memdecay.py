@@ -25,8 +25,10 @@ from kvbench.engine import REGIONS
 from kvbench.errors import MemDecayError
 
 CALIBRATION_FILE = "calibration.json"
-QUERY_CHUNK = 256  # query rows whose attention is held at once: bounds memory on long prefills; the
-# smaller, the more of the causally masked half of the square is skipped
+# Query rows whose attention is held at once: bounds memory on long prefills; the smaller, the more of the
+# causally masked half of the square is skipped and the better the block stays in cache (64 measured fastest
+# at 1k and 4k tokens on one CPU thread: 2-3x faster than 512).
+QUERY_CHUNK = 64
 
 
 def default_calibration_dir(model_name: str) -> Path:
@@ -87,20 +89,19 @@ def query_attention(module: nn.Module, hidden_states: torch.Tensor, keys: torch.
     n, length = hidden_states.shape[1], keys.shape[2]
     batch, kv_heads, _, head_dim = keys.shape
     groups = module.config.num_attention_heads // kv_heads
+    queries = get_prerope_query_states(module, hidden_states)
+    positions = torch.arange(position - n + 1, position + 1, device=queries.device)
+    cos, sin = module.rotary_emb(queries, positions.unsqueeze(0))
+    # Scaled before the product (exact for a power of two), query heads grouped by their KV head (as
+    # repeat_kv pairs them) so that each KV head's keys serve its group without being copied.
+    queries = (queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)) * module.scaling
+    queries = queries.view(batch, kv_heads, groups, n, head_dim)
     for start in range(0, n, QUERY_CHUNK):
         rows = slice(start, min(start + QUERY_CHUNK, n))
-        queries = get_prerope_query_states(module, hidden_states[:, rows])
-        positions = torch.arange(position - n + 1 + rows.start, position - n + 1 + rows.stop)
-        cos, sin = module.rotary_emb(queries, positions.unsqueeze(0).to(queries.device))
-        # Scaled before the product (exact for a power of two), query heads grouped by their KV head (as
-        # repeat_kv pairs them) so that each KV head's keys serve its group without being copied.
-        queries = (queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)) * module.scaling
         chunk = rows.stop - rows.start
         seen = length - n + rows.stop
-        scores = queries.reshape(batch, kv_heads, groups * chunk, head_dim) @ keys[:, :, :seen].transpose(
-            2, 3
-        )
-        scores = scores.view(batch, kv_heads, groups, chunk, seen)
+        block = queries[:, :, :, rows].reshape(batch, kv_heads, groups * chunk, head_dim)
+        scores = (block @ keys[:, :, :seen].transpose(2, 3)).view(batch, kv_heads, groups, chunk, seen)
         # Only the last `chunk` columns hold entries some query of the chunk does not see: a 0/-inf bias
         # there (the same logits as masked_fill, at a fraction of its cost on CPU).
         own = torch.arange(chunk, device=keys.device)

@@ -21,8 +21,10 @@ from kvbench.presses.quant import (
 )
 
 BITS = 4  # the quantised tier is int4 (the authors' QUANTIZATION_BIT_WIDTH = 4)
-QUERY_CHUNK = 256  # prompt queries scored at a time: bounds the (heads x chunk x length) attention block, and
-# the smaller, the more of the causally masked half of the square is skipped
+# Prompt queries scored at a time: bounds the (heads x chunk x length) attention block; the smaller, the more
+# of the causally masked half of the square is skipped and the better the block stays in cache (64 measured
+# fastest at 1k and 4k tokens on one CPU thread: 2-3x faster than 512).
+QUERY_CHUNK = 64
 
 
 @dataclass
