@@ -18,7 +18,7 @@ from transformers import DynamicCache
 from kvbench.models import load_model
 from kvbench.presses import PRESSES, build_press
 
-DEFAULT_PRESSES = "knorm,quant,lowrank,varrate,qevict,andpro"
+DEFAULT_PRESSES = "knorm,quant,lowrank,varrate,qevict,andpro,memdecay"
 
 
 def prefill(model, input_ids, press=None) -> float:

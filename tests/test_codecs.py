@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import rotate_half
 
 from kvbench.models import load_model
 from kvbench.presses import build_press
@@ -456,3 +457,42 @@ def test_qevict_scores_decoded_tokens_with_their_own_rope_positions(tiny_model_d
         module, hidden, keys, None, key_positions, positions, last_step
     )
     assert torch.allclose(scores, rebuilt) and torch.allclose(scores.sum(-1), torch.full((1, 2), 8.0))
+
+
+def reference_received_attention(module, hidden, keys, key_positions, query_positions, cos, sin):
+    """Dense: every query's masked softmax over every entry, averaged over the query heads of a KV head,
+    summed over the queries, in float64."""
+    batch, kv_heads, n, head_dim = keys.shape
+    queries = module.q_proj(hidden).view(batch, len(query_positions), -1, head_dim).transpose(1, 2)
+    queries = queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)
+    queries = queries.double().view(batch, kv_heads, -1, len(query_positions), head_dim)
+    logits = torch.einsum("bhgqd,bhnd->bhgqn", queries, keys.double()) / head_dim**0.5
+    future = key_positions.view(batch, kv_heads, 1, 1, n) > query_positions.view(1, 1, 1, -1, 1)
+    return logits.masked_fill(future, float("-inf")).softmax(-1).mean(2).sum(2)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("chunk", [3, 5, 512])
+@pytest.mark.parametrize("prefill", [True, False])
+def test_qevict_chunked_scores_match_a_dense_reference(tiny_model_dir, monkeypatch, chunk, prefill):
+    """Chunk by chunk the scores leave out the entries no query of the chunk sees and mask only those some
+    query does not see: the dense masked softmax's, at a prefill and on a compressed cache whose KV heads
+    keep different positions."""
+    monkeypatch.setattr(qevict_module, "QUERY_CHUNK", chunk)
+    model, _ = load_model(tiny_model_dir)
+    module = model.model.layers[0].self_attn
+    torch.manual_seed(0)
+    count = 24 if prefill else 8
+    kept = [torch.randperm(30)[:12].sort().values for _ in range(2)]
+    old = torch.stack([torch.cat([k, torch.arange(32, 40)]) for k in kept]).unsqueeze(0)
+    key_positions = torch.arange(24).expand(1, 2, -1) if prefill else old
+    query_positions = torch.arange(24) if prefill else torch.arange(32, 40)
+    hidden = torch.randn(1, count, model.config.hidden_size)
+    keys = torch.randn(1, 2, key_positions.shape[2], 16)
+    cos, sin = model.model.rotary_emb(hidden, query_positions.unsqueeze(0))
+    given = dict(position_embeddings=(cos, sin), cache_position=query_positions)
+    scores = qevict_module.received_attention(
+        module, hidden, keys, None, key_positions, query_positions, given
+    )
+    expected = reference_received_attention(module, hidden, keys, key_positions, query_positions, cos, sin)
+    torch.testing.assert_close(scores, expected.float(), rtol=1e-5, atol=1e-6)

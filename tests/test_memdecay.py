@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from kvbench.engine import REGIONS, tokenize_sample
 from kvbench.models import load_model, load_tokenizer, model_name
-from kvbench.presses import build_press
+from kvbench.presses import build_press, memdecay
 from kvbench.presses.memdecay import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
 from kvbench.presses.memdecay_calibration import LifetimeStats, fit_calibration, measure, write_calibration
 from kvbench.tasks.base import Sample
@@ -190,6 +190,29 @@ def test_press_matches_the_reference_over_two_successive_compressions(tmp_path, 
     kept, states = reference_call(module, hidden, keys, states, 21, known, True, 48, 1.0, pin, 4)
     assert_matches(press, module, kept, states, keys, values, new_keys, new_values)
     assert new_keys.shape[2] == 21
+
+
+def test_attention_in_small_query_chunks_matches_the_reference(tmp_path, tiny_llama, monkeypatch):
+    """Chunked, the attention leaves out the entries no query of a chunk sees and masks only the chunk's own
+    diagonal block: with chunks of 7 queries (the 40-token prefill in 6, the 9 decoded tokens in 2) the
+    ages are the reference's and the accumulated attention equal to float tolerance."""
+    monkeypatch.setattr(memdecay, "QUERY_CHUNK", 7)
+    model = tiny_llama
+    module = model.model.layers[0].self_attn
+    press = make_press(tmp_path, model, compression_ratio=0.5, page_size=4, beta=1.0)
+    known = [SYSTEM] * 6 + [USER] * 20 + [TOOL] * 14
+    press.use_regions(torch.tensor(known))
+    torch.manual_seed(2)
+    hidden, keys = 30 * torch.randn(1, 40, 64), 3 * torch.randn(1, 2, 40, 16)
+    new_keys, new_values, values = call_press(press, module, hidden, keys, 39, decoding=False)
+    kept, states = reference_call(module, hidden, keys, None, 20, known, False, 39, 1.0, "", 4)
+    assert_matches(press, module, kept, states, keys, values, new_keys, new_values)
+    keys = torch.cat([new_keys, 3 * torch.randn(1, 2, 9, 16)], dim=2)
+    hidden = 30 * torch.randn(1, 9, 64)
+    press.compression_ratio = 1 - 21 / 29
+    new_keys, new_values, values = call_press(press, module, hidden, keys, 48, decoding=True)
+    kept, states = reference_call(module, hidden, keys, states, 21, known, True, 48, 1.0, "", 4)
+    assert_matches(press, module, kept, states, keys, values, new_keys, new_values)
 
 
 def test_new_entries_fed_whole_are_user_and_decoded_ones_assistant(tmp_path, tiny_llama):

@@ -2,6 +2,7 @@
 per-head SVD basis. VarRate (Esmat, Shah, Jannesari, arXiv 2607.15498) gives salient tokens more coefficients;
 `lowrank` is its uniform-rank ablation. Both are built from a memory budget (INTERFACES.md, codec presses)."""
 
+import itertools
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -54,11 +55,16 @@ class LowRankStore:
         ):
             coefficients = packed.new_zeros(heads, self.n_middle, columns)
             coefficients[kept] = packed
-            middle = (coefficients.float() @ basis.float().transpose(1, 2)).to(dtype)
-            protected = protected.to(dtype)
-            sinks, window = protected[:, : self.n_sinks], protected[:, self.n_sinks :]
-            restored.append(torch.cat([sinks, middle, window], dim=1))
+            restored.append(reconstruct(coefficients, basis, protected, self.n_sinks, dtype))
         return restored[0], restored[1]
+
+
+def reconstruct(coefficients, basis, protected, n_sinks: int, dtype: torch.dtype) -> torch.Tensor:
+    """(kv heads, length, dim) in `dtype` from a head's 16-bit coefficients (heads, middle, columns; zero past
+    each token's rank), its basis and its protected sinks and window."""
+    middle = (coefficients.float() @ basis.float().transpose(1, 2)).to(dtype)
+    protected = protected.to(dtype)
+    return torch.cat([protected[:, :n_sinks], middle, protected[:, n_sinks:]], dim=1)
 
 
 @dataclass
@@ -96,6 +102,7 @@ class LowRankPress(BasePress):
         if self.n_sinks < 0 or self.window_size < 0:
             raise ValueError(f"{self.name} needs n_sinks, window_size >= 0")
 
+    @torch.no_grad()
     def compress(
         self,
         module: nn.Module,
@@ -105,14 +112,35 @@ class LowRankPress(BasePress):
         attentions: torch.Tensor,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        restored = [
-            store.unpack(keys.dtype) for store in self.pack(module, hidden_states, keys, values, kwargs)
-        ]
+        # What unpack(pack(...)) gives, without packing: the coefficients past each token's rank are zeroed in
+        # place rather than dropped and put back as zeros (boolean gathers and scatters cost more than the
+        # projection itself).
+        layout, row_ranks = self.allocate_rows(module, hidden_states, keys, values, kwargs)
+        restored = []
+        for row, ranks in enumerate(row_ranks):
+            parts, kept = self.project(keys[row], values[row], ranks, layout)
+            restored.append(
+                [
+                    reconstruct(
+                        parts[f"{name}_coefficients"].masked_fill(~kept, 0),
+                        parts[f"{name}_basis"],
+                        parts[f"protected_{name}s"],
+                        layout.n_sinks,
+                        keys.dtype,
+                    )
+                    for name in ("key", "value")
+                ]
+            )
         return torch.stack([k for k, _ in restored]), torch.stack([v for _, v in restored])
 
     @torch.no_grad()
     def pack(self, module, hidden_states, keys, values, kwargs) -> list[LowRankStore]:
         """The store of each sequence of the batch; sets layer_bytes[layer] to its accounted bytes."""
+        layout, row_ranks = self.allocate_rows(module, hidden_states, keys, values, kwargs)
+        return [self.encode(keys[row], values[row], ranks, layout) for row, ranks in enumerate(row_ranks)]
+
+    def allocate_rows(self, module, hidden_states, keys, values, kwargs) -> tuple["Layout", list]:
+        """The layout and each sequence's ranks (kv heads, middle); sets layer_bytes[layer]."""
         batch, heads, length, key_dim = keys.shape
         value_dim = values.shape[-1]
         n_sinks = min(self.n_sinks, length)
@@ -126,7 +154,7 @@ class LowRankPress(BasePress):
         layout = Layout(heads, length, n_sinks, n_window, key_dim, value_dim, self.indexed)
         budget = int(self.memory * length * heads * (key_dim + value_dim) * BYTES)
         salience = self.salience(module, hidden_states, keys, kwargs, n_sinks, n_middle) if n_middle else None
-        stores, total = [], 0
+        row_ranks = []
         for row in range(batch):
             if n_middle == 0:
                 if layout.full > budget:
@@ -138,17 +166,17 @@ class LowRankPress(BasePress):
                 ranks = self.allocate(
                     salience[row] if salience is not None else None, layout, max_rank, budget
                 )
-            stores.append(self.encode(keys[row], values[row], ranks, layout))
-            total += layout.bytes(ranks)
-        self.layer_bytes[module.layer_idx] = total
-        return stores
+            row_ranks.append(ranks)
+        self.layer_bytes[module.layer_idx] = sum(layout.bytes(ranks) for ranks in row_ranks)
+        return layout, row_ranks
 
     def salience(self, module, hidden_states, keys, kwargs, n_sinks, n_middle) -> torch.Tensor | None:
         return None
 
     def allocate(self, salience, layout: "Layout", max_rank: int, budget: int) -> torch.Tensor:
         """The largest uniform rank that fits."""
-        fits = [r for r in range(1, max_rank + 1) if layout.bytes_uniform(r) <= budget]
+        # Bytes grow with the rank: the ranks that fit are the first ones.
+        fits = list(itertools.takewhile(lambda r: layout.bytes_uniform(r) <= budget, range(1, max_rank + 1)))
         if not fits:
             raise ValueError(
                 f"{self.name}: memory {self.memory} is below what rank 1 for every token needs "
@@ -158,6 +186,22 @@ class LowRankPress(BasePress):
 
     def encode(self, keys, values, ranks: torch.Tensor, layout: "Layout") -> LowRankStore:
         """One sequence (kv heads, length, dim) -> its store, ranks (kv heads, middle) given."""
+        parts, kept = self.project(keys, values, ranks, layout)
+        for name in ("key", "value"):
+            parts[f"{name}_coefficients"] = parts[f"{name}_coefficients"][kept]
+        columns = kept.shape[-1]
+        index_dtype = torch.uint8 if columns <= 255 else torch.int16
+        return LowRankStore(
+            n_sinks=layout.n_sinks,
+            n_middle=layout.n_middle,
+            ranks=ranks.to(keys.device).to(index_dtype) if self.indexed else None,
+            **parts,
+        )
+
+    def project(self, keys, values, ranks: torch.Tensor, layout: "Layout") -> tuple[dict, torch.Tensor]:
+        """One sequence's bases, protected entries and coefficients (kv heads, middle, columns), all 16-bit,
+        the coefficients before truncation, and `kept` (kv heads, middle, columns): those within each token's
+        rank."""
         dtype = keys.dtype if keys.dtype in (torch.float16, torch.bfloat16) else torch.float16
         middle = slice(layout.n_sinks, layout.length - layout.n_window)
         columns = int(ranks.max()) if ranks.numel() else 0
@@ -168,15 +212,9 @@ class LowRankPress(BasePress):
             basis = top_right_singular_vectors(tensor[:, middle].float(), columns).to(dtype)
             coefficients = (tensor[:, middle].float() @ basis.float()).to(dtype)
             protected = torch.cat([tensor[:, : layout.n_sinks], tensor[:, middle.stop :]], dim=1).to(dtype)
-            parts.update({f"{name}_basis": basis, f"{name}_coefficients": coefficients[kept]})
+            parts.update({f"{name}_basis": basis, f"{name}_coefficients": coefficients})
             parts[f"protected_{name}s"] = protected
-        index_dtype = torch.uint8 if columns <= 255 else torch.int16
-        return LowRankStore(
-            n_sinks=layout.n_sinks,
-            n_middle=layout.n_middle,
-            ranks=ranks.to(index_dtype) if self.indexed else None,
-            **parts,
-        )
+        return parts, kept
 
 
 def top_right_singular_vectors(matrix: torch.Tensor, columns: int) -> torch.Tensor:
@@ -301,5 +339,7 @@ class VarRatePress(LowRankPress):
             return torch.from_numpy(ranks(high))
         for _ in range(100):
             middle = (low + high) / 2
+            if not low < middle < high:  # adjacent floats: the remaining steps would change nothing
+                break
             low, high = (middle, high) if layout.bytes(ranks(middle)) <= budget else (low, middle)
         return torch.from_numpy(ranks(low))

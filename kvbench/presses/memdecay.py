@@ -18,14 +18,17 @@ import torch
 from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept, get_prerope_query_states
 from torch import nn
-from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+from transformers.models.llama.modeling_llama import rotate_half
 
 from kvbench import models, resources
 from kvbench.engine import REGIONS
 from kvbench.errors import MemDecayError
 
 CALIBRATION_FILE = "calibration.json"
-QUERY_CHUNK = 512  # query rows whose attention is held at once: bounds memory on long prefills
+# Query rows whose attention is held at once: bounds memory on long prefills; the smaller, the more of the
+# causally masked half of the square is skipped and the better the block stays in cache (64 measured fastest
+# at 1k and 4k tokens on one CPU thread: 2-3x faster than 512).
+QUERY_CHUNK = 64
 
 
 def default_calibration_dir(model_name: str) -> Path:
@@ -80,25 +83,34 @@ class EntryState:
 def query_attention(module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor, position: int):
     """Yield (first row, weights) chunk by chunk: the attention of the queries of `hidden_states` (the last
     tokens, at the positions ending at `position`) over the cache `keys`, averaged over the query heads of
-    each KV head, shape (batch, kv_heads, rows, entries). Query t of n sees the entries up to its own,
-    L - n + t (the new entries are at the end of the cache, in order)."""
+    each KV head, shape (batch, kv_heads, rows, seen). Query t of n sees the entries up to its own,
+    L - n + t (the new entries are at the end of the cache, in order); `seen` is the number of entries the
+    chunk's last query sees: the weights of later entries are exactly 0 and left out."""
     n, length = hidden_states.shape[1], keys.shape[2]
-    kv_heads = keys.shape[1]
+    batch, kv_heads, _, head_dim = keys.shape
     groups = module.config.num_attention_heads // kv_heads
-    keys = repeat_kv(keys, groups)
+    queries = get_prerope_query_states(module, hidden_states)
+    positions = torch.arange(position - n + 1, position + 1, device=queries.device)
+    cos, sin = module.rotary_emb(queries, positions.unsqueeze(0))
+    # Scaled before the product (exact for a power of two), query heads grouped by their KV head (as
+    # repeat_kv pairs them) so that each KV head's keys serve its group without being copied.
+    queries = (queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)) * module.scaling
+    queries = queries.view(batch, kv_heads, groups, n, head_dim)
     for start in range(0, n, QUERY_CHUNK):
         rows = slice(start, min(start + QUERY_CHUNK, n))
-        queries = get_prerope_query_states(module, hidden_states[:, rows])
-        positions = torch.arange(position - n + 1 + rows.start, position - n + 1 + rows.stop)
-        cos, sin = module.rotary_emb(queries, positions.unsqueeze(0).to(queries.device))
-        queries = queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)
-        scores = torch.matmul(queries, keys.transpose(2, 3)) * module.scaling
-        own = torch.arange(length - n + rows.start, length - n + rows.stop, device=keys.device)
-        future = torch.arange(length, device=keys.device) > own.unsqueeze(1)
-        scores = scores.masked_fill(future, float("-inf"))
+        chunk = rows.stop - rows.start
+        seen = length - n + rows.stop
+        block = queries[:, :, :, rows].reshape(batch, kv_heads, groups * chunk, head_dim)
+        scores = (block @ keys[:, :, :seen].transpose(2, 3)).view(batch, kv_heads, groups, chunk, seen)
+        # Only the last `chunk` columns hold entries some query of the chunk does not see: a 0/-inf bias
+        # there (the same logits as masked_fill, at a fraction of its cost on CPU).
+        own = torch.arange(chunk, device=keys.device)
+        future = torch.zeros(chunk, chunk, device=keys.device).masked_fill_(
+            own > own.unsqueeze(1), float("-inf")
+        )
+        scores[..., seen - chunk :] += future
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
-        batch, _, chunk, _ = weights.shape
-        yield rows.start, weights.view(batch, kv_heads, groups, chunk, length).mean(dim=2)
+        yield rows.start, weights.mean(dim=2)
 
 
 def retention_scores(
@@ -260,8 +272,12 @@ class MemDecayPress(ScorerPress):
                 seen = (length - n + rows + 1).to(torch.float32)  # entries each query sees
                 attended = weights > (self.threshold / seen).view(1, 1, -1, 1)
                 steps = (added - n + rows).to(torch.float32).view(1, 1, -1, 1)
-                last = torch.maximum(last, torch.where(attended, steps, float("-inf")).amax(dim=2))
-                attention = attention + weights.sum(dim=2)
+                width = weights.shape[-1]  # later entries: weight 0, neither attended nor accumulated
+                latest = torch.where(attended, steps, float("-inf")).amax(dim=2)
+                last = torch.cat([torch.maximum(last[..., :width], latest), last[..., width:]], dim=-1)
+                attention = torch.cat(
+                    [attention[..., :width] + weights.sum(dim=2), attention[..., width:]], -1
+                )
         return EntryState(region, (added - 1) - last, attention)
 
     def state_scores(self, state: EntryState) -> torch.Tensor:

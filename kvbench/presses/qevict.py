@@ -21,7 +21,10 @@ from kvbench.presses.quant import (
 )
 
 BITS = 4  # the quantised tier is int4 (the authors' QUANTIZATION_BIT_WIDTH = 4)
-QUERY_CHUNK = 512  # prompt queries scored at a time: bounds the (heads x chunk x length) attention block
+# Prompt queries scored at a time: bounds the (heads x chunk x length) attention block; the smaller, the more
+# of the causally masked half of the square is skipped and the better the block stays in cache (64 measured
+# fastest at 1k and 4k tokens on one CPU thread: 2-3x faster than 512).
+QUERY_CHUNK = 64
 
 
 @dataclass
@@ -214,16 +217,37 @@ def received_attention(module, hidden_states, keys, attentions, key_positions, q
         ids = torch.arange(last - count + 1, last + 1, device=keys.device).unsqueeze(0)
         cos, sin = module.rotary_emb(hidden, ids)
     cos, sin = cos[:, -count:].unsqueeze(1), sin[:, -count:].unsqueeze(1)
-    queries = (queries * cos + rotate_half(queries) * sin).view(batch, kv_heads, -1, count, head_dim)
     scaling = getattr(module, "scaling", head_dim**-0.5)
+    # Scaled before the product (d values a query, not n logits; exact when scaling is a power of two).
+    queries = ((queries * cos + rotate_half(queries) * sin).float() * scaling).view(
+        batch, kv_heads, -1, count, head_dim
+    )
+    groups = queries.shape[2]
+    keys = keys.float()
     received = torch.zeros(batch, kv_heads, n, device=keys.device)
-    future_of = key_positions.view(batch, kv_heads, 1, 1, n)
     for start in range(0, count, QUERY_CHUNK):
+        positions = query_positions[start : start + QUERY_CHUNK]
+        # Entries no query of the chunk sees get a weight of exactly 0: only the first `seen` columns (up to
+        # the last entry any of them sees) are computed, and only those after `open` (the first entry some
+        # query does not see) masked.
+        visible = key_positions <= positions[-1]
+        seen = int((visible * torch.arange(1, n + 1, device=keys.device)).amax())
+        hidden_from_some = (key_positions > positions[0]).flatten(0, 1).any(0)
+        open_ = int(hidden_from_some.int().argmax()) if hidden_from_some.any() else n
+        open_ = min(open_, seen)
         chunk = queries[:, :, :, start : start + QUERY_CHUNK]
-        logits = torch.einsum("bhgcd,bhnd->bhgcn", chunk.float(), keys.float()) * scaling
-        future = future_of > query_positions[start : start + QUERY_CHUNK].view(1, 1, 1, -1, 1)
-        weights = logits.masked_fill(future, float("-inf")).softmax(-1)
-        received += weights.mean(2).sum(2)
+        rows = chunk.shape[3]
+        logits = chunk.reshape(batch, kv_heads, groups * rows, head_dim) @ keys[:, :, :seen].transpose(2, 3)
+        logits = logits.view(batch, kv_heads, groups, rows, seen)
+        future = key_positions[:, :, open_:seen].view(batch, kv_heads, 1, 1, -1) > positions.view(
+            1, 1, 1, -1, 1
+        )
+        # Added as a bias (0 or -inf): the same logits as masked_fill, at a tenth of its cost on CPU.
+        logits[..., open_:] += torch.zeros(future.shape, device=keys.device).masked_fill_(
+            future, float("-inf")
+        )
+        weights = logits.softmax(-1).view(batch, kv_heads, groups * rows, seen)
+        received[..., :seen] += weights.sum(2) / groups
     return received
 
 
