@@ -23,6 +23,7 @@ from kvbench.runner import Plan, run_plan
 PRESSES = ("knorm", "snapkv", "tova", "streaming_llm")
 TASKS = ("niah_single_1", "niah_single_2")
 TIMINGS = ("prefill_s", "decode_s")
+NOT_COMPARED = (*TIMINGS, "source")  # source: the folder a row was read from, a fresh one per run
 
 
 def sweep(model, tokenizer, plan: Plan, workers: int, out: Path) -> tuple[float, list[dict]]:
@@ -31,7 +32,8 @@ def sweep(model, tokenizer, plan: Plan, workers: int, out: Path) -> tuple[float,
     with ResultsStore(out) as store:
         frame = run_plan(model, tokenizer, plan, store, progress=False, executor=executor)
     seconds = time.perf_counter() - start
-    rows = [{k: v for k, v in row.items() if k not in TIMINGS} for row in frame.to_dict("records")]
+    frame = frame.drop(columns=[name for name in NOT_COMPARED if name in frame]).astype(object)
+    rows = frame.where(frame.notna(), None).to_dict("records")  # NaN != NaN would make equal rows differ
     return seconds, sorted(rows, key=lambda row: (row["task"], row["sample_id"], row["config_id"]))
 
 
@@ -60,6 +62,12 @@ def main() -> None:
     one, two = (min(seconds for seconds, _ in times[n]) for n in (1, 2))
     same = all(rows == times[1][0][1] for runs in times.values() for _, rows in runs)
     print(f"speed-up of 2 workers: {one / two:.2f}x (fastest of {args.repeats}); rows identical: {same}")
+    for _, rows in (run for runs in times.values() for run in runs):
+        for mine, first in zip(rows, times[1][0][1], strict=True):
+            for name in sorted(set(mine) | set(first)):
+                if mine.get(name) != first.get(name):
+                    where = f"{mine['task']} {mine['sample_id']} {mine['press']} {name}"
+                    print(f"  differs: {where}: {mine.get(name)!r} vs {first.get(name)!r}")
 
 
 if __name__ == "__main__":
