@@ -298,3 +298,15 @@ def test_lm_eval_kvbench_is_lm_evals_own_command_line_with_the_model_registered(
     assert results["config"]["press"] == "knorm" and results["config"]["protocols"] == {
         "tiny_mc": "query-aware"
     }
+
+
+def test_lm_eval_kvbench_adds_kvbench_tasks_unless_given_a_path():
+    from kvbench.lm_eval_cli import with_kvbench_tasks
+    from kvbench.resources import lm_eval_tasks_dir
+
+    argv = ["--model", "kvbench", "--tasks", "kvbench_vt"]
+    assert with_kvbench_tasks(argv) == [*argv, "--include_path", str(lm_eval_tasks_dir())]
+    assert (lm_eval_tasks_dir() / "kvbench_vt.yaml").is_file()
+    for own in (["--include_path", "mine"], ["--include_path=mine"]):
+        assert with_kvbench_tasks([*argv, *own]) == [*argv, *own]
+    assert with_kvbench_tasks(["--help"]) == ["--help"] and with_kvbench_tasks([]) == []
