@@ -8,6 +8,24 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from kvbench.models import load_model, load_tokenizer
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="where the tests that take the `device` fixture run their models (cpu, cuda, cuda:N)",
+    )
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    """The --device the engine's tests run their models on; `uv run pytest --device cuda` checks the
+    engine against kvpress's pipeline on a GPU."""
+    name = request.config.getoption("--device")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip("--device cuda, but torch sees no CUDA device")
+    return name
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip without CUDA."""
     if torch.cuda.is_available():

@@ -52,14 +52,14 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def peaked_model(tiny_model, tokenizer):
+def peaked_model(tiny_model, tokenizer, device):
     """The tiny model with a larger init than the default: peaked attention, so that presses and ratios
     change the answers; named after the embedded folder, where kvzip reloads the tokenizer from."""
 
     def make(architecture: str):
         model = tiny_model(architecture, len(tokenizer), initializer_range=0.1, attn_implementation="sdpa")
         model.config.name_or_path = str(embedded_folder())
-        return model
+        return model.to(device)
 
     return make
 
@@ -190,15 +190,15 @@ def stepwise_reference(model, tokenizer, sample: Sample, config: Config) -> tupl
     cache = DynamicCache()
     with torch.no_grad():
         with config.build_press()(model):
-            model.model(input_ids=prompt.context_ids, past_key_values=cache)
+            model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=cache)
         lengths = {layer.keys.shape[2] for layer in cache.layers}
         position = prompt.context_ids.shape[1]
         ids = [*prompt.question_ids[0].tolist()]
         for step in range(prompt.question_ids.shape[1] + sample.max_new_tokens - 1):
             logits = model(
-                input_ids=torch.tensor([[ids[step]]]),
+                input_ids=torch.tensor([[ids[step]]], device=model.device),
                 past_key_values=cache,
-                position_ids=torch.tensor([[position]]),
+                position_ids=torch.tensor([[position]], device=model.device),
             ).logits
             position += 1
             if step >= prompt.question_ids.shape[1] - 1:
@@ -212,7 +212,12 @@ def test_per_layer_cache_lengths_decode_in_the_same_batch(monkeypatch, tokenizer
     configs = [Config("pyramidkv", 0.5), Config("knorm", 0.5), Config("chunkkv", 0.75), Config("tova", 0.25)]
     engine_ids, _ = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
     references = [stepwise_reference(model, tokenizer, sample, config) for config in configs]
-    assert [len(lengths) > 1 for _, lengths in references] == [True, False, True, False]
+    # pyramidkv's layers always differ in length. chunkkv's differ only when some layers keep the short last
+    # chunk, which rides on float rounding: they did on CPU and did not on an H200.
+    assert [len(lengths) > 1 for _, lengths in references] in (
+        [True, False, True, False],
+        [True, False, False, False],
+    )
     # The stepwise reference itself equals the pipeline where the pipeline runs.
     assert references[1][0] == pipeline_token_ids(monkeypatch, model, tokenizer, sample, configs[1])
     assert engine_ids == [ids for ids, _ in references]
@@ -357,7 +362,9 @@ def test_attention_weights_are_those_of_the_eager_attention(tokenizer, architect
         layer.self_attn.register_forward_hook(compare, with_kwargs=True) for layer in model.model.layers
     ]
     with torch.no_grad():
-        model.model(input_ids=torch.randint(0, 1000, (1, 50)), past_key_values=DynamicCache())
+        model.model(
+            input_ids=torch.randint(0, 1000, (1, 50), device=model.device), past_key_values=DynamicCache()
+        )
     for handle in handles:
         handle.remove()
     assert compared == [0, 1]
@@ -388,8 +395,8 @@ def test_first_line_keeps_the_first_non_empty_line(tokenizer):
 
 
 @pytest.mark.slow
-def test_embedded_model_matches_the_pipeline(monkeypatch):
-    model, tokenizer = load_model()
+def test_embedded_model_matches_the_pipeline(monkeypatch, device):
+    model, tokenizer = load_model(device=device)
     needle = "The secret code of the blue door is 4711."
     filler = "The grass is green. The sky is blue. The sun is warm. " * 10
     sample = word_soup_sample(
@@ -516,11 +523,11 @@ def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, to
         decoding = adapter.decoding_press(press, 8, engine.budget_entries(config, n))
         with torch.no_grad():
             with press(model):
-                model.model(input_ids=prompt.context_ids, past_key_values=cache)
+                model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=cache)
             # kvpress's __call__ would reset the press's state first; hook it as it is instead.
             with adapter.attention_hooks(model, decoding.forward_hook):
                 decoder = BatchedDecoder(model, cache, attention=None)
-                (tokens,) = decoder.decode(prompt.question_ids, n, sample.max_new_tokens)
+                (tokens,) = decoder.decode(prompt.question_ids.to(model.device), n, sample.max_new_tokens)
         assert result["prediction"] == tokenizer.decode(tokens, skip_special_tokens=True), config
         answers.append(tokens)
     assert answers[0] != answers[1]
@@ -540,18 +547,18 @@ def streaming_reference(model, tokenizer, sample, config: Config) -> tuple[list[
     with torch.no_grad():
         with press(model):
             for start in range(0, n, chunk):
-                ids = prompt.context_ids[:, start : start + chunk]
-                positions = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+                ids = prompt.context_ids[:, start : start + chunk].to(model.device)
+                positions = torch.arange(start, start + ids.shape[1], device=model.device).unsqueeze(0)
                 model(input_ids=ids, past_key_values=cache, position_ids=positions)
         held = cache.get_seq_length()
-        ids = prompt.question_ids
+        ids = prompt.question_ids.to(model.device)
         position, tokens = n, []
         for _ in range(sample.max_new_tokens):
-            positions = torch.arange(position, position + ids.shape[1]).unsqueeze(0)
+            positions = torch.arange(position, position + ids.shape[1], device=model.device).unsqueeze(0)
             logits = model(input_ids=ids, past_key_values=cache, position_ids=positions).logits
             position += ids.shape[1]
             tokens.append(int(logits[0, -1].argmax()))
-            ids = torch.tensor([[tokens[-1]]])
+            ids = torch.tensor([[tokens[-1]]], device=model.device)
     return tokens, held
 
 
