@@ -43,6 +43,7 @@ class Run:
     command: str
     config: dict
     versions: dict
+    hardware: dict  # machine, cpus and, on CUDA, gpu: what the timings ran on
     git_commit: str
     started: str
     finished: str  # "" while the run goes on, or when it was interrupted
@@ -141,6 +142,7 @@ def read_runs(rows_file: Path) -> list[Run]:
             command=record.get("command") or "",
             config=record.get("config") or {},
             versions=record.get("versions") or {},
+            hardware=record.get("hardware") or {},
             git_commit=record.get("git_commit") or "unknown",
             started=record.get("started") or "",
             finished=record.get("finished") or "",
@@ -968,6 +970,14 @@ def wrap_command(command: str, width: int = 96) -> str:
     return "\n".join([*lines, line])
 
 
+def describe_hardware(hardware: dict) -> str:
+    """ ", on NVIDIA H200 + 16 CPUs" or ", on 2 CPUs"; "" for runs recorded before kvbench noted it."""
+    if "cpus" not in hardware:
+        return ""
+    gpu = f"{hardware['gpu']} + " if hardware.get("gpu") else ""
+    return f", on {gpu}{hardware['cpus']} CPUs"
+
+
 def provenance_blocks(runs: list[Run]) -> list:
     if not runs:
         return [
@@ -986,7 +996,8 @@ def provenance_blocks(runs: list[Run]) -> list:
         )
         blocks += [  # when and where first, then the command it describes
             Paragraph(
-                f"`{run.results_dir}`, git `{run.git_commit}`, started {fmt_time(run.started)}, {ended}:"
+                f"`{run.results_dir}`, git `{run.git_commit}`{describe_hardware(run.hardware)}, "
+                f"started {fmt_time(run.started)}, {ended}:"
             ),
             Code(wrap_command(run.command) if run.command else "(command not recorded)"),
         ]

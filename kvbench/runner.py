@@ -9,6 +9,7 @@ any store, so that a scheduler can spread units over workers and write their row
 units on Ray actors).
 """
 
+import os
 import platform
 import subprocess
 import sys
@@ -371,6 +372,16 @@ def package_versions() -> dict:
     return versions
 
 
+def hardware(device: str) -> dict:
+    """What the rows' timings ran on: CPU cores and, on CUDA, the GPU's name."""
+    found = {"machine": platform.machine(), "cpus": os.cpu_count()}
+    if device.startswith("cuda"):
+        import torch
+
+        found["gpu"] = torch.cuda.get_device_name(device)
+    return found
+
+
 def git_commit() -> str | None:
     """The checkout's commit (-dirty with uncommitted changes); None for an installed wheel."""
     root = checkout_root()
@@ -428,6 +439,7 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
             for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
         },
         "versions": package_versions(),
+        "hardware": hardware(plan.device),
         "git_commit": git_commit(),
         "started": started,
         "finished": datetime.now(timezone.utc).isoformat() if frame is not None else None,

@@ -1,6 +1,7 @@
 """The CLI through click's CliRunner: listings and real runs (bad input: tests/test_bad_input.py)."""
 
 import json
+import os
 
 from click.testing import CliRunner
 
@@ -55,6 +56,7 @@ def test_run_scores_the_embedded_model_and_resumes(tmp_path):
     assert row.kv_total == row.context_tokens * 90 and row.kv_kept == (row.context_tokens // 2) * 90
     record = json.loads(next((out / "runs").glob("*.json")).read_text())
     assert record["config"]["configs"][0]["press"] == "snapkv" and "kvpress" in record["versions"]
+    assert record["hardware"]["cpus"] == os.cpu_count() and "gpu" not in record["hardware"]
     assert record["config"]["tasks"] == ["niah_single_1"] and record["config"]["length"] == 512
 
     again = invoke(*args)  # resumed: nothing left to compute, the row is not duplicated

@@ -69,6 +69,7 @@ def write_results(folder: Path, rows: list[dict], run_config: dict | None = None
                 "command": "kvbench sweep --presses knorm,snapkv --ratios 0.25,0.5 --tasks t1,t2",
                 "config": {"model": "smollm2-135m", "length": 1024, "seed": 0} | run_config,
                 "versions": {"kvpress": "0.5.5", "torch": "2.15.0"},
+                "hardware": {"machine": "x86_64", "cpus": 16, "gpu": "NVIDIA H200"},
                 "git_commit": "abc1234",
                 "started": "2026-01-01T00:00:00",
                 "finished": "2026-01-01T00:10:00",
@@ -125,6 +126,7 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     # 256 x 1250 B = 312.5 KiB and 256 x 5000 / 6 B = 208.3 KiB; the ratio 0 column is none's only.
     assert "| knorm |  | 75.0% (312.5 KiB) | 50.0% (208.3 KiB) |" in readme
     assert "kvbench sweep --presses knorm,snapkv" in readme and "abc1234" in readme
+    assert "abc1234`, on NVIDIA H200 + 16 CPUs, started" in readme
     assert "| t2 | 4 | 902 |" in readme  # samples, mean context tokens (900..903)
     assert "Missing results" not in readme
 
