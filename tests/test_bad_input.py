@@ -38,6 +38,11 @@ CASES = [
     (["distillcache", "train", *OUT, "--data", "{tmp}/empty"], 2, "no distillcache data at {tmp}/empty"),
     (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--steps", "0"], 2, "'--steps': 0"),
     (
+        ["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--arch", "apple"],
+        2,
+        "'--arch': 'apple' is not one of",
+    ),
+    (
         ["distillcache", "train", *OUT, "--data", "{tmp}/kvpdata-x"],
         2,
         "kvpdata-x/manifest.json is a kvp data store, which lacks what distillcache trains on; "

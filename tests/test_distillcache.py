@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from kvbench.cli import main
 from kvbench.distillcache import train as training
 from kvbench.distillcache.checkpoint import WEIGHTS_FILE, load_policy, save_policy
-from kvbench.distillcache.policy import DistillCachePolicy, keep_order_log_prob, token_features
+from kvbench.distillcache.policy import ARCHS, DistillCachePolicy, keep_order_log_prob, token_features
 from kvbench.distillcache.train import DistillData, TrainConfig, compressed_log_probs, kl_rewards
 from kvbench.kvp.reward import sample_rankings
 from kvbench.presses import build_press, press_state
@@ -117,7 +117,8 @@ def test_keep_order_log_prob_matches_brute_force_enumeration():
     assert first.float().mean().item() == pytest.approx(expected, abs=0.015)
 
 
-def test_training_steps_raise_the_reward_on_a_tiny_problem(monkeypatch):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_training_steps_raise_the_reward_on_a_tiny_problem(monkeypatch, arch):
     """Reward = minus the number of 'needle' entries evicted, needles marked by a high key norm: a few
     REINFORCE steps make the sampled keep-sets better and the policy's top-k keep the needles."""
     torch.manual_seed(0)
@@ -136,7 +137,7 @@ def test_training_steps_raise_the_reward_on_a_tiny_problem(monkeypatch):
     monkeypatch.setattr(training, "compressed_log_probs", fake_log_probs)
     monkeypatch.setattr(training, "kl_rewards", lambda full, evict: evict[..., -1])
     config = TrainConfig(samples=8, lr=0.05, entropy_bonus=0.0)
-    policy = DistillCachePolicy(hidden=8)
+    policy = DistillCachePolicy(hidden=8, arch=arch, heads=(layers, heads))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(0)
     rewards = [training.train_step(None, policy, optimizer, prompt, [0.5], config, generator)["rewards"][0.5]]
@@ -149,18 +150,42 @@ def test_training_steps_raise_the_reward_on_a_tiny_problem(monkeypatch):
     assert needles.gather(-1, top).sum() == needles.sum()
 
 
-def test_train_end_to_end_on_a_tiny_store_saves_a_policy_the_press_loads(tmp_path, tiny_model):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_train_end_to_end_on_a_tiny_store_saves_a_policy_the_press_loads(tmp_path, tiny_model, arch):
     model = tiny_model()
     write_store(model, tmp_path / "data")
-    config = TrainConfig(steps=3, samples=2, eval_every=2, eval_ratios=[0.5], hidden=8)
+    config = TrainConfig(steps=3, samples=2, eval_every=2, eval_ratios=[0.5], hidden=8, arch=arch)
     card = training.train(model, tmp_path / "data", tmp_path / "policy", config, log=lambda line: None)
     assert set(card["validation"]["kl"]) == {"distillcache", "knorm", "snapkv", "random"}
     assert [row["step"] for row in card["validation"]["history"]] == [0, 2, 3]
     policy, card_on_disk, digest = load_policy(tmp_path / "policy", model_shape(model))
     assert card_on_disk["method"] == "distillcache" and len(digest) == 12
+    assert policy.arch == card_on_disk["policy"]["arch"] == arch
     press = build_press("distillcache", 0.5, weights=str(tmp_path / "policy"))
     prefill(model, torch.randint(3, 128, (1, 20)), press)
     assert press_state(press) == digest
+
+
+def test_per_head_policy_with_the_shared_weights_in_every_head_scores_as_the_shared_one():
+    torch.manual_seed(0)
+    shared = DistillCachePolicy(hidden=8)
+    torch.nn.init.normal_(shared.net[2].weight)
+    per_head = DistillCachePolicy(hidden=8, arch="per-head", heads=(3, 2))
+    first, second = shared.net[0], shared.net[2]
+    with torch.no_grad():
+        per_head.w1.copy_(first.weight.T.expand(3, 2, -1, -1))
+        per_head.b1.copy_(first.bias.expand(3, 2, -1))
+        per_head.w2.copy_(second.weight[0].expand(3, 2, -1))
+        per_head.b2.fill_(second.bias.item())
+        every_layer = torch.randn(3, 2, 10, 7)  # training's layout: (layers, kv_heads, L, 7)
+        torch.testing.assert_close(per_head(every_layer), shared(every_layer))
+        one_layer = torch.randn(4, 2, 10, 7)  # the press's: (batch, kv_heads, L, 7) of one layer
+        torch.testing.assert_close(per_head(one_layer, 2), shared(one_layer))
+        # Changing one head's weights changes that head's scores only, and only in its layer.
+        per_head.w2[2, 1] += 1
+        changed = ~torch.isclose(per_head(one_layer, 2), shared(one_layer))
+        assert changed[:, 1].all() and not changed[:, 0].any()
+        torch.testing.assert_close(per_head(one_layer, 1), shared(one_layer))
 
 
 def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path, tiny_model):

@@ -47,7 +47,7 @@ def save_policy(directory: Path, policy: DistillCachePolicy, card: dict) -> None
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in policy.state_dict().items()}
     write_atomically(directory / WEIGHTS_FILE, lambda path: save_file(state, path))
-    policy_card = {"hidden": policy.hidden, "features": list(FEATURES), "window": WINDOW}
+    policy_card = {"arch": policy.arch, "hidden": policy.hidden, "features": list(FEATURES), "window": WINDOW}
     write_json(directory / CARD_FILE, {"method": METHOD, **card, "policy": policy_card})
 
 
@@ -62,10 +62,14 @@ def load_policy(directory: Path, shape: ModelShape | None = None) -> tuple[Disti
         check_fits(card, shape, directory, "DistillCache weights", hint)
     path = directory / WEIGHTS_FILE
     state = load_weights(path, hint)
+    arch = (card.get("policy") or {}).get("arch", "shared")  # cards before per-head: shared
     try:
-        policy = DistillCachePolicy(hidden=state["net.0.weight"].shape[0])
+        if arch == "per-head":
+            policy = DistillCachePolicy(state["w1"].shape[-1], arch, tuple(state["w1"].shape[:2]))
+        else:
+            policy = DistillCachePolicy(state["net.0.weight"].shape[0], arch)
         policy.load_state_dict(state)
-    except (KeyError, RuntimeError) as error:
+    except (KeyError, RuntimeError, ValueError) as error:
         reason = str(error).strip().splitlines()[0]
         raise TrainingFileError(f"{path} is corrupt ({reason}); make it again with: {hint}") from None
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]

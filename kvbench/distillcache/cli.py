@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from kvbench.distillcache.policy import ARCHS
 from kvbench.distillcache.train import TrainConfig
 from kvbench.models import EMBEDDED
 from kvbench.training.cli import datagen
@@ -72,6 +73,13 @@ distillcache.add_command(datagen)
 @click.option("--entropy-bonus", default=DEFAULTS.entropy_bonus, show_default=True, type=click.FloatRange(0))
 @click.option(
     "--hidden", default=DEFAULTS.hidden, show_default=True, type=click.IntRange(min=1), help="MLP width."
+)
+@click.option(
+    "--arch",
+    default=DEFAULTS.arch,
+    show_default=True,
+    type=click.Choice(ARCHS),
+    help="shared: one MLP for all heads (the paper's); per-head: one per (layer, KV head), as KVP's agents.",
 )
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)

@@ -1,4 +1,5 @@
-"""DistillCache's policy: seven features per (layer, KV head, cache entry) and an MLP shared by all heads.
+"""DistillCache's policy: seven features per (layer, KV head, cache entry) and an MLP, shared by all heads
+or one per head.
 
 Features of entry j in layer l (the paper names the signals, not their exact form; these forms are ours):
   0 log mean attention paid to j by the observation window (the last W=32 queries; the query heads of the
@@ -20,6 +21,7 @@ positions), as kvpress's SnapKVPress does: no eager attention, so the press runs
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
@@ -89,20 +91,45 @@ def token_features(
     )
 
 
-class DistillCachePolicy(nn.Module):
-    """features (..., 7) -> scores (...): standardise, then Linear(7, hidden), SiLU, Linear(hidden, 1)."""
+ARCHS = ("shared", "per-head")
 
-    def __init__(self, hidden: int = 32):
+
+class DistillCachePolicy(nn.Module):
+    """features (..., 7) -> scores (...): standardise, then Linear(7, hidden), SiLU, Linear(hidden, 1).
+
+    arch "shared" (the paper's "lightweight policy network"): one MLP for every head, which learns of the
+    layer through feature 6 only. "per-head": one MLP per (layer, KV head), as KVP's agents are; heads =
+    (num_layers, num_kv_heads). Both start with the output layer at zero: a uniform keep-set.
+    """
+
+    def __init__(self, hidden: int = 32, arch: str = "shared", heads: tuple[int, int] = (1, 1)):
         super().__init__()
-        self.hidden = hidden
-        self.net = nn.Sequential(nn.Linear(len(FEATURES), hidden), nn.SiLU(), nn.Linear(hidden, 1))
-        nn.init.zeros_(self.net[2].weight)  # every entry starts at the same score: a uniform keep-set
-        nn.init.zeros_(self.net[2].bias)
+        self.hidden, self.arch = hidden, arch
+        if arch == "shared":
+            self.net = nn.Sequential(nn.Linear(len(FEATURES), hidden), nn.SiLU(), nn.Linear(hidden, 1))
+            nn.init.zeros_(self.net[2].weight)
+            nn.init.zeros_(self.net[2].bias)
+        elif arch == "per-head":
+            bound = 1 / math.sqrt(len(FEATURES))  # nn.Linear's default init, head by head
+            self.w1 = nn.Parameter(torch.empty(*heads, len(FEATURES), hidden).uniform_(-bound, bound))
+            self.b1 = nn.Parameter(torch.empty(*heads, hidden).uniform_(-bound, bound))
+            self.w2 = nn.Parameter(torch.zeros(*heads, hidden))
+            self.b2 = nn.Parameter(torch.zeros(*heads))
+        else:
+            raise ValueError(f"unknown DistillCache arch {arch!r} (one of {', '.join(ARCHS)})")
         self.register_buffer("feature_mean", torch.zeros(len(FEATURES)))
         self.register_buffer("feature_std", torch.ones(len(FEATURES)))
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net((features - self.feature_mean) / self.feature_std).squeeze(-1)
+    def forward(self, features: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """features (layers, kv_heads, L, 7), every layer at once; or (batch, kv_heads, L, 7) of `layer`."""
+        x = (features - self.feature_mean) / self.feature_std
+        if self.arch == "shared":
+            return self.net(x).squeeze(-1)
+        if layer is None:
+            hidden = F.silu(torch.einsum("yklf,ykfh->yklh", x, self.w1) + self.b1.unsqueeze(2))
+            return torch.einsum("yklh,ykh->ykl", hidden, self.w2) + self.b2.unsqueeze(-1)
+        hidden = F.silu(torch.einsum("bklf,kfh->bklh", x, self.w1[layer]) + self.b1[layer].unsqueeze(1))
+        return torch.einsum("bklh,kh->bkl", hidden, self.w2[layer]) + self.b2[layer].unsqueeze(-1)
 
 
 def keep_count(length: int, ratio: float) -> int:

@@ -58,6 +58,7 @@ class TrainConfig:
     eval_every: int = 25
     eval_ratios: list[float] = field(default_factory=lambda: [0.5, 0.75, 0.9])
     hidden: int = 32
+    arch: str = "shared"  # or "per-head" (kvbench.distillcache.policy)
     seed: int = 0
 
 
@@ -209,7 +210,7 @@ def train(
     model.requires_grad_(False).eval()
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
-    policy = DistillCachePolicy(config.hidden)
+    policy = DistillCachePolicy(config.hidden, config.arch, (shape.num_layers, shape.num_kv_heads))
     mean, std = feature_statistics(data)
     policy.feature_mean.copy_(mean)
     policy.feature_std.copy_(std)

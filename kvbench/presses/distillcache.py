@@ -73,4 +73,4 @@ class DistillCachePress(ScorerPress):
         features = token_features(
             module, hidden_states, keys, values, self.rotary, last_position, self.num_layers
         )
-        return self.policy(features)
+        return self.policy(features, module.layer_idx)
