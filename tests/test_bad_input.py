@@ -305,6 +305,11 @@ CASES = [
     (["kvp", "datagen", "--out", "{tmp}/text.txt"], 2, "text.txt"),
     (["kvp", "datagen", "--out", "{tmp}/badmanifest"], 2, "badmanifest/manifest.json"),
     ([*TRAIN, "--data", "{tmp}/empty"], 2, "no kvp data at {tmp}/empty (missing manifest.json)"),
+    (
+        [*TRAIN, "--data", "{tmp}/empty", "--budget-weights", "top"],
+        2,
+        "'--budget-weights': 'top' is not one of",
+    ),
     ([*TRAIN, "--data", "{tmp}/badmanifest"], 2, "badmanifest/manifest.json is corrupt"),
     ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (bad field 'model')"),
     (

@@ -30,6 +30,21 @@ def test_cost_by_hand():
     assert normalised_cost(utility, torch.tensor([[0, 1, 2]])).item() == pytest.approx(2.2 / 1.5)
 
 
+@pytest.mark.parametrize(
+    "budget_weights, weight", [("uniform", lambda k: 1.0), ("harmonic", lambda k: 1 / (k + 1))]
+)
+def test_cost_is_the_weighted_sum_over_budgets_of_the_utility_evicted(budget_weights, weight):
+    utility = torch.tensor([0.05, 0.4, 0.15, 0.3, 0.1], dtype=torch.float64)
+    rankings = torch.tensor(list(itertools.permutations(range(5))))
+    costs = ranking_cost(utility, rankings, budget_weights)
+    for ranking, cost in zip(rankings.tolist(), costs.tolist(), strict=True):
+        # Budget k keeps the ranking's first k tokens and evicts the rest.
+        by_budgets = sum(weight(k) * utility[ranking[k:]].sum().item() for k in range(5))
+        assert cost == pytest.approx(by_budgets)
+    normalised = normalised_cost(utility, rankings, budget_weights)
+    assert normalised.min().item() == pytest.approx(1.0) and (normalised >= 1 - 1e-9).all()
+
+
 def test_cost_is_one_at_the_oracle_and_larger_for_every_other_ranking():
     utility = torch.tensor([0.05, 0.4, 0.15, 0.3, 0.1])
     oracle = tuple(utility.argsort(descending=True).tolist())

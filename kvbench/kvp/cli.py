@@ -5,6 +5,7 @@ from pathlib import Path
 import click
 
 from kvbench.kvp.agent import ARCHS
+from kvbench.kvp.reward import BUDGET_WEIGHTS
 from kvbench.kvp.train import TrainConfig
 from kvbench.training.cli import datagen
 
@@ -77,9 +78,32 @@ kvp.add_command(datagen)
     type=click.IntRange(min=1),
     help="Scorer width [default: the arch's, compact 64, apple 256].",
 )
+@click.option(
+    "--budget-weights",
+    type=click.Choice(BUDGET_WEIGHTS),
+    default=DEFAULTS.budget_weights,
+    show_default=True,
+    help="How much each cache budget counts in the training reward: uniform (the paper's) or harmonic "
+    "(budget k weighs 1/k: high compression ratios count most). Validation always uses uniform.",
+)
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
-def train(data, out, layers, heads, steps, prompts, tokens, rankings, lr, arch, hidden, eval_every, seed):
+def train(
+    data,
+    out,
+    layers,
+    heads,
+    steps,
+    prompts,
+    tokens,
+    rankings,
+    lr,
+    arch,
+    hidden,
+    budget_weights,
+    eval_every,
+    seed,
+):
     """Train one agent per (layer, KV head) on datagen output and save the best (by validation) to --out."""
     from kvbench.kvp.train import KVPData
     from kvbench.kvp.train import train as train_agents
@@ -97,6 +121,7 @@ def train(data, out, layers, heads, steps, prompts, tokens, rankings, lr, arch, 
         eval_every=eval_every,
         arch=arch,
         hidden=hidden,
+        budget_weights=budget_weights,
         seed=seed,
     )
     train_agents(list(data), out, config, layers=layers, kv_heads=heads, log=click.echo)

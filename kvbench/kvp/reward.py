@@ -4,27 +4,49 @@ A ranking orders a prompt's tokens best first; keeping its top k for a budget k 
 rest. Summed over every budget k = 0..P-1, the loss of ranking sigma is sum_r (r+1) * u[sigma_r]. We divide by
 the oracle's (utility sorted descending), so a ranking's normalised cost is 1 at the oracle and larger
 otherwise; the reward is its negative.
+
+Budget weights (training only; validation and reports always use the paper's uniform sum): with weight w_k on
+budget k the cost is sum_r W(r) u[sigma_r], W(r) = sum_{k <= r} w_k. "uniform" (w_k = 1, W(r) = r + 1) is
+the paper's; "harmonic" (w_k = 1/(k+1), W(r) the harmonic number H(r+1)) makes the small budgets of high
+compression ratios count most: the budget that keeps 10 % weighs 5 times the one that keeps half.
 """
 
 import torch
 
+BUDGET_WEIGHTS = ("uniform", "harmonic")
 
-def ranking_cost(utility: torch.Tensor, rankings: torch.Tensor) -> torch.Tensor:
+
+def rank_weights(length: int, budget_weights: str, dtype, device) -> torch.Tensor:
+    """W(r) for ranks r = 0..length-1: the summed weight of the budgets that evict rank r."""
+    ranks = torch.arange(1, length + 1, dtype=dtype, device=device)
+    if budget_weights == "uniform":
+        return ranks
+    if budget_weights == "harmonic":
+        return ranks.reciprocal().cumsum(-1)
+    raise ValueError(f"unknown budget weights {budget_weights!r} (one of {', '.join(BUDGET_WEIGHTS)})")
+
+
+def ranking_cost(
+    utility: torch.Tensor, rankings: torch.Tensor, budget_weights: str = "uniform"
+) -> torch.Tensor:
     """Cost of rankings. utility: (..., P); rankings: (..., K, P) token indices, best first -> (..., K)."""
     ranked = utility.unsqueeze(-2).expand(rankings.shape).gather(-1, rankings)
-    weights = torch.arange(1, utility.shape[-1] + 1, dtype=utility.dtype, device=utility.device)
-    return ranked @ weights
+    return ranked @ rank_weights(utility.shape[-1], budget_weights, utility.dtype, utility.device)
 
 
-def oracle_cost(utility: torch.Tensor) -> torch.Tensor:
+def oracle_cost(utility: torch.Tensor, budget_weights: str = "uniform") -> torch.Tensor:
     """Cost of the best ranking (utility sorted descending): (..., P) -> (...)."""
     oracle = utility.argsort(dim=-1, descending=True).unsqueeze(-2)
-    return ranking_cost(utility, oracle).squeeze(-1).clamp_min(torch.finfo(utility.dtype).tiny)
+    cost = ranking_cost(utility, oracle, budget_weights).squeeze(-1)
+    return cost.clamp_min(torch.finfo(utility.dtype).tiny)
 
 
-def normalised_cost(utility: torch.Tensor, rankings: torch.Tensor) -> torch.Tensor:
+def normalised_cost(
+    utility: torch.Tensor, rankings: torch.Tensor, budget_weights: str = "uniform"
+) -> torch.Tensor:
     """ranking_cost / oracle_cost: exactly 1 for the oracle ranking, larger for any worse one."""
-    return ranking_cost(utility, rankings) / oracle_cost(utility).unsqueeze(-1)
+    cost = ranking_cost(utility, rankings, budget_weights)
+    return cost / oracle_cost(utility, budget_weights).unsqueeze(-1)
 
 
 def random_normalised_cost(utility: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ class TrainConfig:
     ema: float = 0.99
     eval_every: int = 100
     arch: str = "compact"  # a name in kvbench.kvp.agent.ARCHS
+    budget_weights: str = "uniform"  # a name in kvbench.kvp.reward.BUDGET_WEIGHTS (the training reward only)
     hidden: int | None = None  # the scorer's width; None: the architecture's default (compact 64, apple 256)
     seed: int = 0
 
@@ -208,7 +209,7 @@ def train(
         )
         scores = agents(keys, values, positions=positions, lengths=lengths)  # (prompts, heads, T)
         rankings = sample_rankings(scores.detach(), config.rankings, generator)  # (prompts, heads, K, T)
-        reward = -normalised_cost(utility, rankings)  # (prompts, heads, K)
+        reward = -normalised_cost(utility, rankings, config.budget_weights)  # (prompts, heads, K)
         baseline = (reward.sum(-1, keepdim=True) - reward) / (config.rankings - 1)  # leave-one-out mean
         advantage = reward - baseline
         # Heads have their own weights: summing over heads keeps each head's gradient its own.
