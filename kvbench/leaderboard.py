@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from kvbench.errors import NoResults
+from kvbench.errors import BadInput, NoResults
 from kvbench.results import load_rows, load_runs, results_files
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
 
@@ -93,6 +93,8 @@ class Leaderboard:
     codecs: list[str]  # presses run with a ratio that store fewer bytes than their kept entries
     has_bytes: bool  # rows record kv_bytes, or ran with a memory budget: the memory view is shown
     memory_view: MemoryView | None  # None without configs in the memory view
+    versus: pd.DataFrame | None = None  # with `report --versus`: each press's paired difference to it
+    baseline: str | None = None  # the press `versus` compares to
 
     @property
     def title(self) -> str:
@@ -235,37 +237,71 @@ def config_stats(rows: pd.DataFrame, key: str) -> pd.DataFrame:
     )
 
 
+def paired_difference(cell: pd.DataFrame, press: str, other: str) -> tuple[float, float, int]:
+    """`press` minus `other` on the samples both scored in `cell` (the rows of one ratio or budget), paired
+    by (task, sample): the mean over tasks of the per-task mean difference, its standard error (as
+    `config_stats` computes them; NaN below 2 pairs in a task) and the number of pairs."""
+    scores = [
+        cell[cell["press"] == name].groupby(["task", "sample_id"])["score"].mean() for name in (press, other)
+    ]
+    difference = (scores[0] - scores[1]).dropna()
+    if difference.empty:
+        return float("nan"), float("nan"), 0
+    per_task = difference.groupby(level="task").agg(["mean", "count", "var"])
+    stderr = (per_task["var"] / per_task["count"]).sum() ** 0.5 / len(per_task)
+    return (
+        per_task["mean"].mean(),
+        stderr if (per_task["count"] >= 2).all() else float("nan"),
+        len(difference),
+    )
+
+
 def paired_lead(rows: pd.DataFrame, average: pd.DataFrame, key: str) -> pd.DataFrame:
     """Per column of `average` (a ratio or a memory budget): the best press, the runner-up, and the best's
-    lead on the samples both scored, paired by (task, sample): the mean over tasks of the per-task mean
-    difference and its standard error (as `config_stats` computes them; NaN below 2 pairs in a task).
-    Pairing removes what the two presses share (how hard a sample is), so a lead can be told apart from
-    noise where the two intervals of the leaderboard overlap."""
+    lead on the samples both scored (`paired_difference`). Pairing removes what the two presses share (how
+    hard a sample is), so a lead can be told apart from noise where the two intervals of the leaderboard
+    overlap."""
     leads = []
     for column in average.columns:
         ranked = average[column].dropna().sort_values(ascending=False)
         if len(ranked) < 2:
             continue
         best, runner_up = ranked.index[:2]
-        cell = rows[rows[key] == column]
-        scores = [
-            cell[cell["press"] == press].groupby(["task", "sample_id"])["score"].mean()
-            for press in (best, runner_up)
-        ]
-        difference = (scores[0] - scores[1]).dropna()
-        per_task = difference.groupby(level="task").agg(["mean", "count", "var"])
-        stderr = (per_task["var"] / per_task["count"]).sum() ** 0.5 / len(per_task)
+        lead, stderr, pairs = paired_difference(rows[rows[key] == column], best, runner_up)
         leads.append(
             {
                 key: column,
                 "best": best,
                 "runner-up": runner_up,
-                "lead": per_task["mean"].mean(),
-                "stderr": stderr if (per_task["count"] >= 2).all() else float("nan"),
-                "pairs": len(difference),
+                "lead": lead,
+                "stderr": stderr,
+                "pairs": pairs,
             }
         )
     return pd.DataFrame(leads, columns=[key, "best", "runner-up", "lead", "stderr", "pairs"])
+
+
+def paired_versus(rows: pd.DataFrame, average: pd.DataFrame, key: str, baseline: str) -> pd.DataFrame:
+    """Every other press's paired difference to `baseline` (`paired_difference`) at each column of
+    `average` both were scored at: columns press, `key`, difference, stderr, pairs."""
+    found = [
+        {
+            key: column,
+            "press": press,
+            **dict(
+                zip(
+                    ("difference", "stderr", "pairs"),
+                    paired_difference(rows[rows[key] == column], press, baseline),
+                    strict=True,
+                )
+            ),
+        }
+        for column in average.columns
+        if pd.notna(average[column].get(baseline))
+        for press in average[column].dropna().index
+        if press != baseline
+    ]
+    return pd.DataFrame(found, columns=["press", key, "difference", "stderr", "pairs"])
 
 
 def ranking(average: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, list[str]]:
@@ -333,7 +369,7 @@ def compressed_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["press"] != REFERENCE_PRESS]
 
 
-def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
+def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = None) -> Leaderboard:
     """Leaderboard of the rows of one (model, length, protocol), which carry the columns
     `with_report_columns` adds."""
     codec = codec_rows(rows)
@@ -381,6 +417,8 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run]) -> Leaderboard:
         codecs=sorted(codecs),
         has_bytes=bool(len(memory_rows)) or bool(pd.concat([rows, memory_rows])["kv_bytes"].notna().any()),
         memory_view=build_memory_view(memory_rows, stats, runs, codecs),
+        versus=paired_versus(compressed_rows(rows), average, "ratio", versus) if versus else None,
+        baseline=versus,
     )
 
 
@@ -398,14 +436,17 @@ def runs_for(rows: pd.DataFrame, runs: list[Run]) -> list[Run]:
     ]
 
 
-def build_leaderboards(rows: pd.DataFrame, runs: list[Run]) -> list[Leaderboard]:
-    """One leaderboard per (model, length, protocol): scores are never averaged across them."""
+def build_leaderboards(rows: pd.DataFrame, runs: list[Run], versus: str | None = None) -> list[Leaderboard]:
+    """One leaderboard per (model, length, protocol): scores are never averaged across them. `versus`: a
+    press (as the leaderboard names it) every other press is compared to, paired by sample."""
     rows = with_report_columns(rows)
     rows["protocol_order"] = [
         PROTOCOLS.index(p) if p in PROTOCOLS else len(PROTOCOLS) for p in rows["protocol"]
     ]
     keys = ["model", "length", "protocol_order", "protocol_label"]
-    return [build_leaderboard(group, runs_for(group, runs)) for _, group in rows.groupby(keys, sort=True)]
+    return [
+        build_leaderboard(group, runs_for(group, runs), versus) for _, group in rows.groupby(keys, sort=True)
+    ]
 
 
 def with_report_columns(rows: pd.DataFrame) -> pd.DataFrame:
@@ -767,10 +808,36 @@ def ratio_leaderboard_blocks(board: Leaderboard, plot: Path, styles: dict[str, S
         ),
         Table(scores),
         *lead_blocks(board.lead, "ratio"),
+        *versus_blocks(board),
         Image(
             plot_scores(board, styles, plot),
             "Average score vs compression ratio; shaded: 95 % confidence interval",
         ),
+    ]
+
+
+def versus_blocks(board: Leaderboard) -> list:
+    """With `report --versus`: each press minus the baseline, paired by sample, per ratio; bold where the
+    difference is beyond its 95 % interval."""
+    if board.versus is None or board.versus.empty:
+        return []
+
+    def cell(difference: float, stderr: float) -> str:
+        text = ("+" if difference >= 0 else "") + fmt_interval(difference, stderr)
+        return f"**{text}**" if pd.notna(stderr) and abs(difference) - Z95 * stderr > 0 else text
+
+    versus = board.versus.assign(
+        cell=[cell(d, e) for d, e in zip(board.versus["difference"], board.versus["stderr"], strict=True)]
+    )
+    table = versus.pivot(index="press", columns="ratio", values="cell").fillna("")
+    table = table.reindex([p for p in board.average.index if p in table.index])
+    table.columns = [f"{c:g}" for c in table.columns]
+    return [
+        Paragraph(
+            f"Each press minus `{board.baseline}`, paired by sample (same task and sample), averaged as the "
+            "leaderboard averages ± 95 % half-width; bold: beyond the interval."
+        ),
+        Table(table),
     ]
 
 
@@ -1153,18 +1220,25 @@ def collect(paths: list[Path], recursive: bool = False) -> Collected:
     return Collected([str(file.parent) for file in files], rows, runs, notes)
 
 
-def render_report(result_dirs: Path | str | list, out: Path | str, recursive: bool = False) -> Path:
+def render_report(
+    result_dirs: Path | str | list, out: Path | str, recursive: bool = False, versus: str | None = None
+) -> Path:
     """Write README.md, index.html and the PNG plots of the results in `result_dirs` (one folder or a
-    list; with `recursive`, the folders below them too) into `out`; the folder written."""
+    list; with `recursive`, the folders below them too) into `out`; the folder written. `versus`: a press,
+    as the leaderboard names it, that every other press is compared to, paired by sample."""
     if isinstance(result_dirs, (str, Path)):
         result_dirs = [result_dirs]
     collected = collect(result_dirs, recursive)
+    boards = build_leaderboards(collected.rows, collected.runs, versus)
+    if versus and not any(versus in board.average.index for board in boards):
+        names = sorted({press for board in boards for press in board.average.index})
+        raise BadInput(f"--versus {versus!r} is not a press of these results (they hold {', '.join(names)})")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = [Paragraph("Results folders: " + ", ".join(f"`{d}`" for d in collected.dirs))]
     blocks += [Paragraph(note) for note in collected.notes]
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))
-    for board in build_leaderboards(collected.rows, collected.runs):
+    for board in boards:
         blocks += leaderboard_blocks(board, out_dir, styles)
     title = "kvbench report"
     (out_dir / "README.md").write_text(to_markdown(title, blocks))
@@ -1185,12 +1259,18 @@ def render_report(result_dirs: Path | str | list, out: Path | str, recursive: bo
     is_flag=True,
     help="Also read the results folders below each RESULT_DIR (by default only RESULT_DIR/rows.jsonl).",
 )
-def report(result_dirs: tuple[Path, ...], out: Path, recursive: bool):
+@click.option(
+    "--versus",
+    metavar="PRESS",
+    help="Add a table of every press minus PRESS, paired by sample, e.g. --versus streaming_llm or --versus "
+    "'kvp(agents=agents/old)' (as the leaderboard names it).",
+)
+def report(result_dirs: tuple[Path, ...], out: Path, recursive: bool, versus: str | None):
     """Leaderboards, per-task tables and plots from one or more results folders."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            out_dir = render_report(list(result_dirs), out, recursive)
+            out_dir = render_report(list(result_dirs), out, recursive, versus)
         except NoResults as error:
             out_dir = error
     for caught_warning in caught:  # one line each, not Python's two-line warning format

@@ -282,6 +282,11 @@ CASES = [
     (["report", "{tmp}/empty", *OUT], 2, "empty holds no results"),
     (["report", "{tmp}/garbage", *OUT], 2, "garbage/rows.jsonl"),
     (["report", *OUT], 2, "Missing argument 'RESULT_DIRS"),
+    (
+        ["report", "{tmp}/scored", *OUT, "--versus", "nope"],
+        2,
+        "--versus 'nope' is not a press of these results",
+    ),
     # kvp datagen, train, report
     ([*DATAGEN, "--length", "10"], 2, "10 is below the minimum of task 'niah_single_1'"),
     ([*DATAGEN, "--length", "20000"], 2, "20000 exceeds the 8192-token context"),
@@ -394,6 +399,8 @@ def make_files(tmp: Path) -> None:
         json.dumps({k: v for k, v in good.items() if k != "length"}) + "\n"
     )
     (tmp / "lb" / "musique.jsonl").write_text("[1, 2]\n")
+    with ResultsStore(tmp / "scored") as store:  # one well-formed row
+        store.append(Row("c", "m", "knorm", 0.5, "t", 1024, 0, "s0", content_hash="h", score=1.0))
     (tmp / "results").mkdir()
     (tmp / "results" / "rows.jsonl").write_text(
         json.dumps({"config_id": "c", "task": "t", "score": 1}) + "\n"

@@ -501,3 +501,29 @@ def test_the_leaders_lead_is_paired_by_sample(tmp_path):
     half_widths = 1.96 * (board.stderr.at["a", 0.5] + board.stderr.at["b", 0.5])
     assert board.average.at["a", 0.5] - board.average.at["b", 0.5] < half_widths  # intervals overlap
     assert lead["lead"] - 1.96 * lead["stderr"] > 0  # the paired lead stays clear of zero
+
+
+def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
+    """b and c against a: b trails a by the same 10-12 on every sample (beyond noise though the intervals
+    overlap); c is a plus a little noise. The CLI writes the table and refuses an unknown baseline."""
+    a = {"t1": [90, 30, 80, 20], "t2": [70, 10, 60, 0]}
+    gaps = {"t1": [10, 12, 10, 12], "t2": [12, 10, 12, 10]}
+    b = {task: [s - g for s, g in zip(a[task], gaps[task], strict=True)] for task in a}
+    c = {"t1": [95, 25, 80, 20], "t2": [70, 10, 65, 0]}
+    scores = {("a", 0.5): a, ("b", 0.5): b, ("c", 0.5): c, ("a", 0.75): a}
+    results = write_results(tmp_path / "results", rows_of(scores))
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="a")
+    versus = board.versus.set_index(["press", "ratio"])
+    assert set(versus.index) == {("b", 0.5), ("c", 0.5)}  # only where a was scored too; not a itself
+    assert versus.at[("b", 0.5), "difference"] == pytest.approx(-11.0)
+    assert versus.at[("b", 0.5), "stderr"] == pytest.approx((2 * pd.Series(gaps["t1"]).var() / 4) ** 0.5 / 2)
+    # c - a: t1 +5, -5, 0, 0 (mean 0), t2 0, 0, +5, 0 (mean 1.25): the mean of the task means
+    assert versus.at[("c", 0.5), "difference"] == pytest.approx(0.625)
+    assert versus.at[("b", 0.5), "pairs"] == 8
+
+    outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r"), "--versus", "a"])
+    assert outcome.exit_code == 0, outcome.output
+    assert "| b | **-11.0 ± " in (tmp_path / "r" / "README.md").read_text()
+    outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r2"), "--versus", "z"])
+    assert outcome.exit_code != 0 and "--versus 'z' is not a press of these results" in str(outcome.exception)
+    assert not (tmp_path / "r2" / "README.md").exists()
