@@ -64,6 +64,7 @@ class MemoryView:
         pd.DataFrame
     )  # every compressed config of the leaderboard: press, memory (measured), average, stderr
     missing: dict[tuple[str, float], list[str]]  # (press, budget) -> ["task have/expected", ...]
+    versus: pd.DataFrame | None = None  # with `report --versus`: each press's paired difference to it
 
 
 @dataclass
@@ -322,7 +323,11 @@ def codec_rows(rows: pd.DataFrame) -> pd.Series:
 
 
 def build_memory_view(
-    memory_rows: pd.DataFrame, ratio_stats: pd.DataFrame, runs: list[Run], codecs: set[str]
+    memory_rows: pd.DataFrame,
+    ratio_stats: pd.DataFrame,
+    runs: list[Run],
+    codecs: set[str],
+    versus: str | None = None,
 ) -> MemoryView | None:
     """The memory leaderboard (configs by budget asked) and every compressed config at its measured memory."""
     points = ratio_stats.drop(index=REFERENCE_PRESS, level="press", errors="ignore").reset_index()
@@ -332,6 +337,7 @@ def build_memory_view(
     empty = pd.DataFrame(columns=pd.Index([], dtype=float), index=pd.Index([], name="press"))
     average = stderr = samples = measured = rank = empty
     mean_rank, missing, lead = pd.Series(dtype=float), {}, paired_lead(memory_rows, empty, "budget")
+    compared = None
     if not memory_rows.empty:
         stats = config_stats(memory_rows.rename(columns={"memory": "budget"}), "budget")
         frames.append(stats.reset_index()[["press", "memory", "average", "stderr"]])
@@ -341,6 +347,10 @@ def build_memory_view(
         )
         rank, mean_rank, order = ranking(average)
         lead = paired_lead(memory_rows.rename(columns={"memory": "budget"}), average, "budget")
+        if versus:
+            compared = paired_versus(
+                memory_rows.rename(columns={"memory": "budget"}), average, "budget", versus
+            )
         average, stderr, samples, measured = (
             frame.loc[order] for frame in (average, stderr, samples, measured)
         )
@@ -356,6 +366,7 @@ def build_memory_view(
         lead=lead,
         points=pd.concat([frame for frame in frames if not frame.empty], ignore_index=True),
         missing=missing,
+        versus=compared,
     )
 
 
@@ -416,7 +427,7 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = 
         longbench_e_buckets=bucket_means(rows),
         codecs=sorted(codecs),
         has_bytes=bool(len(memory_rows)) or bool(pd.concat([rows, memory_rows])["kv_bytes"].notna().any()),
-        memory_view=build_memory_view(memory_rows, stats, runs, codecs),
+        memory_view=build_memory_view(memory_rows, stats, runs, codecs, versus),
         versus=paired_versus(compressed_rows(rows), average, "ratio", versus) if versus else None,
         baseline=versus,
     )
@@ -808,7 +819,7 @@ def ratio_leaderboard_blocks(board: Leaderboard, plot: Path, styles: dict[str, S
         ),
         Table(scores),
         *lead_blocks(board.lead, "ratio"),
-        *versus_blocks(board),
+        *versus_blocks(board.versus, "ratio", board.baseline, board.average.index),
         Image(
             plot_scores(board, styles, plot),
             "Average score vs compression ratio; shaded: 95 % confidence interval",
@@ -816,25 +827,24 @@ def ratio_leaderboard_blocks(board: Leaderboard, plot: Path, styles: dict[str, S
     ]
 
 
-def versus_blocks(board: Leaderboard) -> list:
-    """With `report --versus`: each press minus the baseline, paired by sample, per ratio; bold where the
-    difference is beyond its 95 % interval."""
-    if board.versus is None or board.versus.empty:
+def versus_blocks(versus: pd.DataFrame | None, key: str, baseline: str | None, order: pd.Index) -> list:
+    """With `report --versus`: each press minus the baseline, paired by sample, per ratio or budget, in the
+    leaderboard's order; bold where the difference is beyond its 95 % interval."""
+    if versus is None or versus.empty:
         return []
 
     def cell(difference: float, stderr: float) -> str:
         text = ("+" if difference >= 0 else "") + fmt_interval(difference, stderr)
         return f"**{text}**" if pd.notna(stderr) and abs(difference) - Z95 * stderr > 0 else text
 
-    versus = board.versus.assign(
-        cell=[cell(d, e) for d, e in zip(board.versus["difference"], board.versus["stderr"], strict=True)]
-    )
-    table = versus.pivot(index="press", columns="ratio", values="cell").fillna("")
-    table = table.reindex([p for p in board.average.index if p in table.index])
-    table.columns = [f"{c:g}" for c in table.columns]
+    cells = [cell(d, e) for d, e in zip(versus["difference"], versus["stderr"], strict=True)]
+    table = versus.assign(cell=cells).pivot(index="press", columns=key, values="cell").fillna("")
+    table = table.reindex([press for press in order if press in table.index])
+    table = table[sorted(table.columns, reverse=key == "budget")]  # as the leaderboard: most memory first
+    table.columns = [f"{column:g}" for column in table.columns]
     return [
         Paragraph(
-            f"Each press minus `{board.baseline}`, paired by sample (same task and sample), averaged as the "
+            f"Each press minus `{baseline}`, paired by sample (same task and sample), averaged as the "
             "leaderboard averages ± 95 % half-width; bold: beyond the interval."
         ),
         Table(table),
@@ -907,6 +917,7 @@ def memory_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> l
             ),
             Table(table),
             *lead_blocks(view.lead, "budget"),
+            *versus_blocks(view.versus, "budget", board.baseline, view.average.index),
         ]
     blocks += [
         Paragraph(
@@ -1230,8 +1241,11 @@ def render_report(
         result_dirs = [result_dirs]
     collected = collect(result_dirs, recursive)
     boards = build_leaderboards(collected.rows, collected.runs, versus)
-    if versus and not any(versus in board.average.index for board in boards):
-        names = sorted({press for board in boards for press in board.average.index})
+    names = sorted(
+        {press for board in boards for press in board.average.index}
+        | {press for board in boards if board.memory_view for press in board.memory_view.average.index}
+    )
+    if versus and versus not in names:
         raise BadInput(f"--versus {versus!r} is not a press of these results (they hold {', '.join(names)})")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -527,3 +527,17 @@ def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r2"), "--versus", "z"])
     assert outcome.exit_code != 0 and "--versus 'z' is not a press of these results" in str(outcome.exception)
     assert not (tmp_path / "r2" / "README.md").exists()
+
+
+def test_versus_covers_the_memory_view(tmp_path):
+    a = {"t1": [90, 30, 80, 20], "t2": [70, 10, 60, 0]}
+    b = {task: [s - 10 for s in scores] for task, scores in a.items()}
+    rows = [row | {"memory": 0.25} for row in rows_of({("a", 0.75): a, ("b", 0.75): b})]
+    results = write_results(tmp_path / "results", rows)
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="a")
+    [compared] = board.memory_view.versus.to_dict("records")
+    assert (compared["press"], compared["budget"], compared["difference"]) == (
+        "b",
+        0.25,
+        pytest.approx(-10.0),
+    )
