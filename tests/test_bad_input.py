@@ -43,6 +43,11 @@ CASES = [
         "'--arch': 'apple' is not one of",
     ),
     (
+        ["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--init", "snapkv"],
+        2,
+        "'--init': 'snapkv' is not one of",
+    ),
+    (
         ["distillcache", "train", *OUT, "--data", "{tmp}/kvpdata-x"],
         2,
         "kvpdata-x/manifest.json is a kvp data store, which lacks what distillcache trains on; "

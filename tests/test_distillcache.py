@@ -188,6 +188,20 @@ def test_per_head_policy_with_the_shared_weights_in_every_head_scores_as_the_sha
         torch.testing.assert_close(per_head(one_layer, 1), shared(one_layer))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_knorm_start_ranks_entries_as_knorm_does(arch):
+    """Keep the entries with the smallest keys: the order of kvpress's KnormPress, for both archs."""
+    torch.manual_seed(0)
+    policy = DistillCachePolicy(hidden=8, arch=arch, heads=(3, 2))
+    policy.feature_mean.copy_(torch.randn(7))
+    policy.feature_std.copy_(torch.rand(7) + 0.5)
+    policy.start_as_knorm()
+    features = policy.feature_mean + policy.feature_std * torch.randn(3, 2, 50, 7)  # z-scores ~ N(0, 1)
+    key_norm = features[..., 3]
+    assert torch.equal(policy(features).argsort(-1), (-key_norm).argsort(-1))
+    assert torch.equal(policy(features[1:2], 1).argsort(-1), (-key_norm[1:2]).argsort(-1))
+
+
 def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path, tiny_model):
     model = tiny_model()
     policy = random_policy(model, tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from kvbench.distillcache.policy import ARCHS
+from kvbench.distillcache.policy import ARCHS, INITS
 from kvbench.distillcache.train import TrainConfig
 from kvbench.models import EMBEDDED
 from kvbench.training.cli import datagen
@@ -80,6 +80,13 @@ distillcache.add_command(datagen)
     show_default=True,
     type=click.Choice(ARCHS),
     help="shared: one MLP for all heads (the paper's); per-head: one per (layer, KV head), as KVP's agents.",
+)
+@click.option(
+    "--init",
+    default=DEFAULTS.init,
+    show_default=True,
+    type=click.Choice(INITS),
+    help="uniform: every entry scored alike at step 0; knorm: start from knorm's ranking (a warm start).",
 )
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)

@@ -92,6 +92,8 @@ def token_features(
 
 
 ARCHS = ("shared", "per-head")
+INITS = ("uniform", "knorm")
+KEY_NORM = FEATURES.index("log_key_norm")
 
 
 class DistillCachePolicy(nn.Module):
@@ -119,6 +121,25 @@ class DistillCachePolicy(nn.Module):
             raise ValueError(f"unknown DistillCache arch {arch!r} (one of {', '.join(ARCHS)})")
         self.register_buffer("feature_mean", torch.zeros(len(FEATURES)))
         self.register_buffer("feature_std", torch.ones(len(FEATURES)))
+
+    @torch.no_grad()
+    def start_as_knorm(self, margin: float = 8.0) -> None:
+        """Score silu(margin - standardised log key norm) with one hidden unit and nothing else: the order
+        of kvpress's KnormPress (keep the smallest keys) wherever that z-score is under margin + 1.28 (SiLU
+        rises from -1.28 on). A warm start: REINFORCE then moves from knorm instead of from uniform scores."""
+        if self.arch == "shared":
+            first, second = self.net[0], self.net[2]
+            first.weight[0].zero_()
+            first.weight[0, KEY_NORM], first.bias[0] = -1.0, margin
+            second.weight.zero_()
+            second.weight[0, 0] = 1.0
+            second.bias.zero_()
+            return
+        self.w1[..., 0].zero_()
+        self.w1[..., KEY_NORM, 0], self.b1[..., 0] = -1.0, margin
+        self.w2.zero_()
+        self.w2[..., 0] = 1.0
+        self.b2.zero_()
 
     def forward(self, features: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """features (layers, kv_heads, L, 7), every layer at once; or (batch, kv_heads, L, 7) of `layer`."""

@@ -59,6 +59,7 @@ class TrainConfig:
     eval_ratios: list[float] = field(default_factory=lambda: [0.5, 0.75, 0.9])
     hidden: int = 32
     arch: str = "shared"  # or "per-head" (kvbench.distillcache.policy)
+    init: str = "uniform"  # or "knorm": start from knorm's ranking (DistillCachePolicy.start_as_knorm)
     seed: int = 0
 
 
@@ -214,6 +215,8 @@ def train(
     mean, std = feature_statistics(data)
     policy.feature_mean.copy_(mean)
     policy.feature_std.copy_(std)
+    if config.init == "knorm":
+        policy.start_as_knorm()
     ema = copy.deepcopy(policy).requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
@@ -233,7 +236,7 @@ def train(
     best = validate_ema()
     best_state, best_step = copy.deepcopy(ema.state_dict()), 0
     history = [{"step": 0, "kl": mean_kl(best), "seconds": round(time.perf_counter() - started, 1)}]
-    log(f"step 0 policy kl {mean_kl(best):.4f} (uniform scores)")
+    log(f"step 0 policy kl {mean_kl(best):.4f} ({config.init} start)")
     step_seconds = []
     for step in range(1, config.steps + 1):
         tick = time.perf_counter()
