@@ -129,6 +129,7 @@ class DistillCachePolicy(nn.Module):
         rises from -1.28 on). A warm start: REINFORCE then moves from knorm instead of from uniform scores."""
         if self.arch == "shared":
             first, second = self.net[0], self.net[2]
+            assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)  # for the type checker
             first.weight[0].zero_()
             first.weight[0, KEY_NORM], first.bias[0] = -1.0, margin
             second.weight.zero_()
