@@ -285,23 +285,16 @@ def paired_lead(rows: pd.DataFrame, average: pd.DataFrame, key: str) -> pd.DataF
 def paired_versus(rows: pd.DataFrame, average: pd.DataFrame, key: str, baseline: str) -> pd.DataFrame:
     """Every other press's paired difference to `baseline` (`paired_difference`) at each column of
     `average` both were scored at: columns press, `key`, difference, stderr, pairs."""
-    found = [
-        {
-            key: column,
-            "press": press,
-            **dict(
-                zip(
-                    ("difference", "stderr", "pairs"),
-                    paired_difference(rows[rows[key] == column], press, baseline),
-                    strict=True,
-                )
-            ),
-        }
-        for column in average.columns
-        if pd.notna(average[column].get(baseline))
-        for press in average[column].dropna().index
-        if press != baseline
-    ]
+    found = []
+    for column in average.columns:
+        if pd.isna(average[column].get(baseline)):
+            continue
+        cell = rows[rows[key] == column]
+        for press in average[column].dropna().index.drop(baseline):
+            difference, stderr, pairs = paired_difference(cell, press, baseline)
+            found.append(
+                {key: column, "press": press, "difference": difference, "stderr": stderr, "pairs": pairs}
+            )
     return pd.DataFrame(found, columns=["press", key, "difference", "stderr", "pairs"])
 
 
