@@ -1,4 +1,4 @@
-"""The text and held-out task families, the training mixtures, and the held-out rule's checks."""
+"""The text, held-out and confirmation task families, the training mixtures, the held-out rule's checks."""
 
 import re
 
@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from kvbench.cli import main
 from kvbench.tasks import (
     METRICS,
+    confirm,
     family_of,
     generated,
     heldout,
@@ -21,7 +22,7 @@ from kvbench.tasks import (
 )
 from kvbench.tasks.mixture import KINDS, MIXTURES, UnknownMixture, mixture, mixture_kinds
 
-GENERATED = {**text.GENERATORS, **heldout.GENERATORS}
+GENERATED = {**text.GENERATORS, **heldout.GENERATORS, **confirm.GENERATORS}
 TASKS = list(GENERATED)
 
 
@@ -30,10 +31,17 @@ def tokenizer(embedded_tokenizer):
     return embedded_tokenizer
 
 
+def material(sample) -> str:
+    """The context as the model reads the material: a quoted layout's "> " line marks removed."""
+    if sample.meta["layout"] == "quoted":
+        return re.sub(r"(?m)^> ?", "", sample.context)
+    return sample.context
+
+
 def answer_at(sample) -> list[re.Match]:
     """Where the context reads the answer prefix then the reference (a space between or not)."""
     pattern = re.escape(sample.answer_prefix) + " ?" + re.escape(sample.references[0])
-    return list(re.finditer(pattern, sample.context))
+    return list(re.finditer(pattern, material(sample)))
 
 
 # ---- generation ----
@@ -55,7 +63,7 @@ def test_the_answer_follows_its_prefix_once_in_the_context_and_nowhere_in_the_qu
     for sample in load_samples(task, length=1024, samples=4, seed=0, tokenizer=tokenizer):
         (reference,) = sample.references
         assert len(answer_at(sample)) == 1, sample.answer_prefix
-        assert sample.context.count(sample.answer_prefix) == 1
+        assert material(sample).count(sample.answer_prefix) == 1
         assert reference.lower() not in (sample.question + sample.answer_prefix).lower()
         assert sample.metric == "string_match_all"
         assert score_sample(sample, f" {reference}.") == 100
@@ -74,7 +82,7 @@ def test_inputs_fill_the_length_and_grow_with_it(task, tokenizer):
     assert sizes[2048] > 2.5 * sizes[512]
 
 
-@pytest.mark.parametrize("family", [text, heldout])
+@pytest.mark.parametrize("family", [text, heldout, confirm])
 def test_each_sample_draws_its_layout_from_its_family(family, tokenizer):
     layouts = {layout.name for layout in family.LAYOUTS}
     drawn = set()
@@ -97,7 +105,7 @@ def test_the_families_are_registered_and_listed():
     listed = CliRunner().invoke(main, ["tasks"]).output
     for task in TASKS:
         assert task in listed
-        assert family_of(task) in (text, heldout)
+        assert family_of(task) in (text, heldout, confirm)
     assert METRICS["string_match_all"] is ruler.string_match_all
 
 
@@ -122,11 +130,21 @@ def test_no_mixture_holds_a_held_out_kind():
     assert {x.name for x in text.LAYOUTS} & {x.name for x in heldout.LAYOUTS} == set()
 
 
-def test_the_held_out_suite_is_calibrated_size_and_held_out_family_only():
-    suite = load_suite("heldout")
+@pytest.mark.parametrize(("suite_name", "family"), [("heldout", heldout), ("heldout-confirm", confirm)])
+def test_the_held_out_suites_are_calibrated_size_and_their_family_only(suite_name, family):
+    suite = load_suite(suite_name)
     assert suite.length == 1024 and suite.samples >= 20 and len(suite.tasks) >= 4
-    assert all(family_of(task) is heldout for task in suite.tasks)
+    assert all(family_of(task) is family for task in suite.tasks)
     assert len({KINDS[task] for task in suite.tasks}) == len(suite.tasks)
+
+
+def test_the_confirmation_suite_shares_no_kind_or_layout_with_training_or_the_first_held_out_suite():
+    confirming = {KINDS[task] for task in load_suite("heldout-confirm").tasks}
+    for name in MIXTURES:
+        assert mixture_kinds(name) & confirming == set(), name
+    assert {KINDS[task] for task in load_suite("heldout").tasks} & confirming == set()
+    layouts = {x.name for x in confirm.LAYOUTS}
+    assert layouts & {x.name for x in (*text.LAYOUTS, *heldout.LAYOUTS)} == set()
 
 
 def test_mixture_parts_are_valid_tasks_at_valid_lengths():

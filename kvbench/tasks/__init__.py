@@ -8,7 +8,7 @@ import yaml
 
 from kvbench.errors import DataFileError, UnknownTask
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, heldout, longbench, ruler, text
+from kvbench.tasks import agent, confirm, heldout, longbench, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = [
@@ -26,8 +26,22 @@ __all__ = [
 
 # Each family module exposes: TASKS {name: one-line description}, METRICS {name: fn(prediction, sample)},
 # min_length(task) -> int, make_samples(task, length, samples, seed, tokenizer, data_dir) -> list[Sample].
-TASK_FAMILIES = {"ruler": ruler, "agent": agent, "text": text, "heldout": heldout, "longbench": longbench}
-METRICS = {**ruler.METRICS, **agent.METRICS, **text.METRICS, **heldout.METRICS, **longbench.METRICS}
+TASK_FAMILIES = {
+    "ruler": ruler,
+    "agent": agent,
+    "text": text,
+    "heldout": heldout,
+    "confirm": confirm,
+    "longbench": longbench,
+}
+METRICS = {
+    **ruler.METRICS,
+    **agent.METRICS,
+    **text.METRICS,
+    **heldout.METRICS,
+    **confirm.METRICS,
+    **longbench.METRICS,
+}
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite
 
 

@@ -1,5 +1,6 @@
-"""What the generated-offline families (kvbench.tasks.text, kvbench.tasks.heldout) share: text sources that
-ship with Python and its packages, instruction layouts, and the sample builder that fills a length.
+"""What the generated-offline families (kvbench.tasks.text, kvbench.tasks.heldout, kvbench.tasks.confirm)
+share: text sources that ship with Python and its packages, instruction layouts, and the sample builder that
+fills a length.
 
 A task is a `Generator`: from a sample seed and a number of units (records, paragraphs, lines, e-mails...)
 it drafts the material, the instruction, the question, the answer prefix and the one reference, which

@@ -9,7 +9,7 @@ only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), w
 from dataclasses import dataclass
 
 from kvbench.errors import BadInput
-from kvbench.tasks import heldout, longbench, ruler, text
+from kvbench.tasks import confirm, heldout, longbench, ruler, text
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ KINDS: dict[str, str] = {
     "agent_scratchpad": "agent-scratchpad",
     **text.KINDS,
     **heldout.KINDS,
+    **confirm.KINDS,
     **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
 }
 
