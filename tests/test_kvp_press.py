@@ -44,6 +44,33 @@ def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path, tiny_
         torch.testing.assert_close(compressed.layers[layer].values, values.gather(2, top))
 
 
+def test_a_recent_window_keeps_the_last_tokens_and_the_agents_top_picks_before_them(tmp_path, tiny_model):
+    model = tiny_model()
+    agents = random_agents(model, tmp_path)
+    input_ids = torch.randint(0, 128, (1, 40))
+    full = prefill(model, input_ids)
+    press = KVPPress(compression_ratio=0.5, agents=str(tmp_path), recent=0.25)
+    compressed = prefill(model, input_ids, press)
+    n_kept, window = 20, 5  # int(40 * 0.5), int(0.25 * 20)
+    for layer in range(2):
+        keys = full.layers[layer].keys
+        scores = agents(keys, full.layers[layer].values, heads=slice(2 * layer, 2 * layer + 2))
+        for head in range(2):
+            picked = scores[0, head, : 40 - window].topk(n_kept - window).indices.tolist()
+            kept = compressed.layers[layer].keys[0, head]
+            positions = (kept[:, None] == keys[0, head][None]).all(-1).nonzero()[:, 1]
+            assert sorted(positions.tolist()) == sorted(picked) + list(range(40 - window, 40))
+    # Without it, the press is the paper's: some of the last tokens go.
+    plain = prefill(model, input_ids, KVPPress(compression_ratio=0.5, agents=str(tmp_path)))
+    assert not torch.equal(plain.layers[0].keys, compressed.layers[0].keys)
+
+
+@pytest.mark.parametrize("recent", [-0.1, 1.0])
+def test_a_recent_fraction_outside_0_1_is_refused(recent):
+    with pytest.raises(ValueError, match="recent must be in"):
+        KVPPress(compression_ratio=0.5, recent=recent)
+
+
 def test_press_refuses_agents_of_another_model(tmp_path, tiny_model):
     model = tiny_model()
     for change in ({"name": "another-model"}, {"num_layers": 3}, {"num_kv_heads": 1}, {"head_dim": 32}):

@@ -19,10 +19,11 @@ from kvbench.tasks import (
     suite_names,
     task_names,
     text,
+    third,
 )
 from kvbench.tasks.mixture import KINDS, MIXTURES, UnknownMixture, mixture, mixture_kinds
 
-GENERATED = {**text.GENERATORS, **heldout.GENERATORS, **confirm.GENERATORS}
+GENERATED = {**text.GENERATORS, **heldout.GENERATORS, **confirm.GENERATORS, **third.GENERATORS}
 TASKS = list(GENERATED)
 
 
@@ -82,7 +83,7 @@ def test_inputs_fill_the_length_and_grow_with_it(task, tokenizer):
     assert sizes[2048] > 2.5 * sizes[512]
 
 
-@pytest.mark.parametrize("family", [text, heldout, confirm])
+@pytest.mark.parametrize("family", [text, heldout, confirm, third])
 def test_each_sample_draws_its_layout_from_its_family(family, tokenizer):
     layouts = {layout.name for layout in family.LAYOUTS}
     drawn = set()
@@ -105,7 +106,7 @@ def test_the_families_are_registered_and_listed():
     listed = CliRunner().invoke(main, ["tasks"]).output
     for task in TASKS:
         assert task in listed
-        assert family_of(task) in (text, heldout, confirm)
+        assert family_of(task) in (text, heldout, confirm, third)
     assert METRICS["string_match_all"] is ruler.string_match_all
 
 
@@ -122,15 +123,9 @@ def test_every_task_of_every_family_mixture_and_suite_has_a_kind():
     assert tasks <= set(task_names()) == set(KINDS)
 
 
-def test_no_mixture_holds_a_held_out_kind():
-    held_out = {KINDS[task] for task in load_suite("heldout").tasks}
-    for name in MIXTURES:
-        assert mixture_kinds(name) & held_out == set(), name
-    # Nor a held-out layout: the wrappers differ too.
-    assert {x.name for x in text.LAYOUTS} & {x.name for x in heldout.LAYOUTS} == set()
-
-
-@pytest.mark.parametrize(("suite_name", "family"), [("heldout", heldout), ("heldout-confirm", confirm)])
+@pytest.mark.parametrize(
+    ("suite_name", "family"), [("heldout", heldout), ("heldout-confirm", confirm), ("heldout-third", third)]
+)
 def test_the_held_out_suites_are_calibrated_size_and_their_family_only(suite_name, family):
     suite = load_suite(suite_name)
     assert suite.length == 1024 and suite.samples >= 20 and len(suite.tasks) >= 4
@@ -138,13 +133,15 @@ def test_the_held_out_suites_are_calibrated_size_and_their_family_only(suite_nam
     assert len({KINDS[task] for task in suite.tasks}) == len(suite.tasks)
 
 
-def test_the_confirmation_suite_shares_no_kind_or_layout_with_training_or_the_first_held_out_suite():
-    confirming = {KINDS[task] for task in load_suite("heldout-confirm").tasks}
-    for name in MIXTURES:
-        assert mixture_kinds(name) & confirming == set(), name
-    assert {KINDS[task] for task in load_suite("heldout").tasks} & confirming == set()
-    layouts = {x.name for x in confirm.LAYOUTS}
-    assert layouts & {x.name for x in (*text.LAYOUTS, *heldout.LAYOUTS)} == set()
+def test_each_held_out_suite_shares_no_kind_or_layout_with_training_or_an_earlier_held_out_suite():
+    seen_kinds = set().union(*(mixture_kinds(name) for name in MIXTURES))
+    seen_layouts = {x.name for x in text.LAYOUTS}
+    for suite, family in (("heldout", heldout), ("heldout-confirm", confirm), ("heldout-third", third)):
+        kinds = {KINDS[task] for task in load_suite(suite).tasks}
+        layouts = {x.name for x in family.LAYOUTS}
+        assert kinds & seen_kinds == set() and layouts & seen_layouts == set(), suite
+        seen_kinds |= kinds
+        seen_layouts |= layouts
 
 
 def test_mixture_parts_are_valid_tasks_at_valid_lengths():

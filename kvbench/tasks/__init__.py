@@ -8,7 +8,7 @@ import yaml
 
 from kvbench.errors import DataFileError, UnknownTask
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, confirm, heldout, longbench, ruler, text
+from kvbench.tasks import agent, confirm, heldout, longbench, ruler, text, third
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = [
@@ -32,6 +32,7 @@ TASK_FAMILIES = {
     "text": text,
     "heldout": heldout,
     "confirm": confirm,
+    "third": third,
     "longbench": longbench,
 }
 METRICS = {
@@ -40,6 +41,7 @@ METRICS = {
     **text.METRICS,
     **heldout.METRICS,
     **confirm.METRICS,
+    **third.METRICS,
     **longbench.METRICS,
 }
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite

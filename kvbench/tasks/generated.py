@@ -1,4 +1,4 @@
-"""What the generated-offline families (kvbench.tasks.text, kvbench.tasks.heldout, kvbench.tasks.confirm)
+"""What the generated-offline families (kvbench.tasks.text and the held-out heldout, confirm and third)
 share: text sources that ship with Python and its packages, instruction layouts, and the sample builder that
 fills a length.
 

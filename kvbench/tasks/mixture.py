@@ -9,7 +9,7 @@ only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), w
 from dataclasses import dataclass
 
 from kvbench.errors import BadInput
-from kvbench.tasks import confirm, heldout, longbench, ruler, text
+from kvbench.tasks import confirm, heldout, longbench, ruler, text, third
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ KINDS: dict[str, str] = {
     **text.KINDS,
     **heldout.KINDS,
     **confirm.KINDS,
+    **third.KINDS,
     **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
 }
 

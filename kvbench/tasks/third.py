@@ -1,0 +1,249 @@
+"""A third held-out family (`tasks/heldout-third.yaml`): task kinds and layouts in no training mixture and
+in neither earlier held-out suite, written to judge a change chosen on those two (TRAINING.md: KVP's
+recent window, picked on the first and the confirmation suite, is judged here). Like the confirmation
+suite it chooses nothing.
+
+- third_calendar_location: an iCalendar file of events (SUMMARY, DTSTART, DTEND, UID); the place of the one
+  event that has a LOCATION, named by its summary.
+- third_schema_default: a SQL schema dump (CREATE TABLE statements); the default value of the one column
+  that has a DEFAULT, named by its table and column.
+- third_forum_password: a forum thread of numbered posts with quoted replies; the Wi-Fi password one post
+  gives.
+- third_tasks_due: a Markdown task board (sections of `- [ ]` / `- [x]` items with owners); the due date of
+  the one item that has one, named by its title.
+
+As in the other held-out families, each answer sits in a line of a shape the material holds once, the
+answer prefix repeats the words that lead to it, and the score is RULER's `string_match_all` on the one
+reference. Layouts, used by no training or earlier held-out task: the material as a file in a Markdown code
+fence after the instruction (`fenced-file`), or the material split in two user turns around an assistant
+acknowledgement (`two-part`).
+"""
+
+import itertools
+import random
+from pathlib import Path
+
+from kvbench.tasks import agent, generated, ruler
+from kvbench.tasks.base import Sample
+from kvbench.tasks.generated import Draft, Generator, Layout, Placed
+
+
+def fenced_file(draft: Draft) -> Placed:
+    return Placed(f"{draft.instruction} The file follows.\n\n```\n{draft.body}\n```\n\n", draft.question)
+
+
+def two_part(draft: Draft) -> Placed:
+    """Split at the blank line nearest the middle: every body separates its units by blank lines, so no
+    unit (and no answer prefix) is cut in two."""
+    units = draft.body.split("\n\n")
+    ends = list(itertools.accumulate(len(unit) + 2 for unit in units))  # where each unit's text ends
+    half = 1 + min(range(len(units) - 1), key=lambda k: abs(ends[k] - len(draft.body) / 2), default=0)
+    messages = [
+        {"role": "user", "content": f"{draft.instruction} Part 1 of 2:\n\n" + "\n\n".join(units[:half])},
+        {"role": "assistant", "content": "Got it. Please send part 2."},
+        {"role": "user", "content": "Part 2 of 2:\n\n" + "\n\n".join(units[half:])},
+    ]
+    return Placed(agent.transcript(messages), draft.question, messages)
+
+
+LAYOUTS = (Layout("fenced-file", fenced_file), Layout("two-part", two_part))
+
+
+# ---- iCalendar: where the one located event takes place ----
+
+
+def event_summary(rng: random.Random) -> str:
+    return f"{agent.adjective(rng).capitalize()} {agent.noun(rng)} sync"
+
+
+def calendar_event(rng: random.Random, summary: str | None = None, location: str | None = None) -> str:
+    day, hour = rng.randint(1, 28), rng.randint(8, 17)
+    lines = [
+        "BEGIN:VEVENT",
+        f"UID:{generated.digits(rng, 8)}@calendar.example.org",
+        f"SUMMARY:{summary or event_summary(rng)}",
+        f"DTSTART:202605{day:02d}T{hour:02d}0000Z",
+        f"DTEND:202605{day:02d}T{hour + 1:02d}0000Z",
+        "END:VEVENT",
+    ]
+    if location:  # right after the summary, so the answer prefix can name the event
+        lines.insert(3, f"LOCATION:{location}")
+    return "\n".join(lines)
+
+
+def calendar_location(seed: str, units: int) -> Draft:
+    rng = random.Random(f"{seed}/needle")
+    summary, depth = event_summary(rng), rng.random()
+    location = f"{agent.noun(rng).capitalize()} Hall {generated.digits(rng, 3)}"
+    events = generated.fillers(seed, units - 1, [summary, location], calendar_event)
+    events = generated.place_at(events, calendar_event(rng, summary, location), depth)
+    return Draft(
+        "BEGIN:VCALENDAR\nVERSION:2.0\n\n" + "\n\n".join(events) + "\n\nEND:VCALENDAR",
+        "The text is a calendar in iCalendar format.",
+        f'Where does the event "{summary}" take place?',
+        f"SUMMARY:{summary}\nLOCATION:",
+        location,
+    )
+
+
+# ---- SQL schema: the default value of the one column that has one ----
+
+TYPES = ("INTEGER", "TEXT", "VARCHAR(64)", "BOOLEAN", "TIMESTAMP", "REAL")
+
+
+def identifier(rng: random.Random) -> str:
+    return f"{agent.noun(rng)}_{agent.noun(rng)}"
+
+
+def create_table(rng: random.Random, table: str | None = None, default: tuple[str, str] | None = None) -> str:
+    columns = ["  id INTEGER PRIMARY KEY"]
+    columns += [
+        f"  {identifier(rng)} {rng.choice(TYPES)}{rng.choice(['', ' NOT NULL'])}"
+        for _ in range(rng.randint(2, 5))
+    ]
+    if default:
+        column, value = default
+        columns.insert(rng.randint(1, len(columns)), f"  {column} VARCHAR(64) DEFAULT '{value}'")
+    return f"CREATE TABLE {table or identifier(rng)} (\n" + ",\n".join(columns) + "\n);"
+
+
+def schema_default(seed: str, units: int) -> Draft:
+    rng = random.Random(f"{seed}/needle")
+    table, column, depth = identifier(rng), identifier(rng), rng.random()
+    value = f"{agent.adjective(rng)}-{generated.digits(rng, 4)}"
+    tables = generated.fillers(seed, units - 1, [table, column, value], create_table)
+    tables = generated.place_at(tables, create_table(rng, table, (column, value)), depth)
+    return Draft(
+        "-- schema dump\n\n" + "\n\n".join(tables),
+        "The text is the schema of a SQL database.",
+        f"In the table {table}, what is the default value of the column {column}?",
+        f"{column} VARCHAR(64) DEFAULT '",
+        value,
+    )
+
+
+# ---- Forum thread: the Wi-Fi password one post gives ----
+
+POSTS = (
+    "Has anyone tried the new {noun}? Mine arrived {adj}.",
+    "Same here, the {noun} stopped working after a week.",
+    "You could try resetting the {noun} first.",
+    "Thanks, that fixed it. The {noun} is fine now.",
+    "Is the {noun} meetup still on for Friday?",
+    "I would not buy the {adj} one, the {noun} is too small.",
+    "Please keep this thread about the {noun}.",
+    "Does the {noun} come with a manual?",
+)
+
+
+def username(rng: random.Random) -> str:
+    return f"{agent.noun(rng)}{rng.randint(1, 99)}"
+
+
+def post(rng: random.Random, text: str | None = None) -> str:
+    lines = [f"Posted by {username(rng)}"]
+    if rng.random() < 0.3:
+        lines.append("> " + rng.choice(POSTS).format(noun=agent.noun(rng), adj=agent.adjective(rng)))
+    lines.append(text or rng.choice(POSTS).format(noun=agent.noun(rng), adj=agent.adjective(rng)))
+    return "\n".join(lines)
+
+
+def forum_password(seed: str, units: int) -> Draft:
+    """Posts of a thread; one gives the Wi-Fi password of a clubhouse. Post numbers are filled in after
+    placing, so they run in order."""
+    rng = random.Random(f"{seed}/needle")
+    password, depth = f"{agent.noun(rng)}{generated.digits(rng, 4)}", rng.random()
+    posts = generated.fillers(seed, units - 1, [password], post)
+    posts = generated.place_at(posts, post(rng, f"The clubhouse Wi-Fi password is {password} now."), depth)
+    return Draft(
+        "Thread: clubhouse questions\n\n" + "\n\n".join(f"#{k + 1} {text}" for k, text in enumerate(posts)),
+        "The text is a thread of a community forum.",
+        "According to the thread, what is the clubhouse Wi-Fi password now?",
+        "The clubhouse Wi-Fi password is",
+        password,
+    )
+
+
+# ---- Task board: the due date of the one item that has one ----
+
+SECTIONS = ("Backlog", "In progress", "Review", "Done")
+VERBS = ("Update", "Fix", "Write", "Review", "Plan")
+
+
+def task_title(rng: random.Random) -> str:
+    return f"{rng.choice(VERBS)} the {agent.adjective(rng)} {agent.noun(rng)}"
+
+
+def task_item(rng: random.Random, title: str | None = None, due: str | None = None) -> str:
+    owner, due = rng.choice(generated.FIRST_NAMES), f", due {due}" if due else ""
+    return f"- [{rng.choice([' ', 'x'])}] {title or task_title(rng)}{due} (@{owner})"
+
+
+def board_section(rng: random.Random) -> str:
+    items = [task_item(rng) for _ in range(rng.randint(3, 6))]
+    return "\n".join([f"## {rng.choice(SECTIONS)}", *items])
+
+
+def tasks_due(seed: str, units: int) -> Draft:
+    rng = random.Random(f"{seed}/needle")
+    title, depth = task_title(rng), rng.random()
+    due = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    sections = generated.fillers(seed, units - 1, [title, due], board_section)
+    needle = "\n".join([f"## {rng.choice(SECTIONS)}", task_item(rng), task_item(rng, title, due)])
+    sections = generated.place_at(sections, needle, depth)
+    return Draft(
+        "# Team board\n\n" + "\n\n".join(sections),
+        "The text is a team's task board in Markdown.",
+        f'When is the task "{title}" due?',
+        f"{title}, due",
+        due,
+    )
+
+
+GENERATORS = {
+    "third_calendar_location": Generator(
+        "iCalendar file: where the one event with a location takes place, named by its summary",
+        "icalendar",
+        calendar_location,
+        min_units=1,
+        max_units=generated.fixed(10**4),
+        max_new_tokens=12,
+    ),
+    "third_schema_default": Generator(
+        "SQL schema: the default value of the one column that has one, named by table and column",
+        "sql-schema",
+        schema_default,
+        min_units=1,
+        max_units=generated.fixed(10**4),
+        max_new_tokens=12,
+    ),
+    "third_forum_password": Generator(
+        "forum thread: the Wi-Fi password one post gives",
+        "forum-thread",
+        forum_password,
+        min_units=1,
+        max_units=generated.fixed(10**4),
+        max_new_tokens=12,
+    ),
+    "third_tasks_due": Generator(
+        "Markdown task board: the due date of the one item that has one, named by its title",
+        "task-board",
+        tasks_due,
+        min_units=1,
+        max_units=generated.fixed(10**4),
+        max_new_tokens=16,
+    ),
+}
+TASKS = {name: generator.description for name, generator in GENERATORS.items()}
+KINDS = {name: generator.kind for name, generator in GENERATORS.items()}
+METRICS = {"string_match_all": ruler.string_match_all}
+
+
+def min_length(task: str) -> int:
+    return GENERATORS[task].min_length
+
+
+def make_samples(
+    task: str, length: int, samples: int, seed: int, tokenizer, data_dir: Path | None
+) -> list[Sample]:
+    return generated.make_samples(GENERATORS, LAYOUTS, task, length, samples, seed, tokenizer)
