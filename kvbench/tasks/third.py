@@ -7,8 +7,8 @@ suite it chooses nothing.
   event that has a LOCATION, named by its summary.
 - third_schema_default: a SQL schema dump (CREATE TABLE statements); the default value of the one column
   that has a DEFAULT, named by its table and column.
-- third_forum_password: a forum thread of numbered posts with quoted replies; the Wi-Fi password one post
-  gives.
+- third_forum_network: a forum thread of numbered posts with quoted replies; the new Wi-Fi network name
+  one post gives, named by its poster.
 - third_tasks_due: a Markdown task board (sections of `- [ ]` / `- [x]` items with owners); the due date of
   the one item that has one, named by its title.
 
@@ -122,7 +122,7 @@ def schema_default(seed: str, units: int) -> Draft:
     )
 
 
-# ---- Forum thread: the Wi-Fi password one post gives ----
+# ---- Forum thread: the Wi-Fi network name one post gives ----
 
 POSTS = (
     "Has anyone tried the new {noun}? Mine arrived {adj}.",
@@ -140,27 +140,32 @@ def username(rng: random.Random) -> str:
     return f"{agent.noun(rng)}{rng.randint(1, 99)}"
 
 
-def post(rng: random.Random, text: str | None = None) -> str:
-    lines = [f"Posted by {username(rng)}"]
-    if rng.random() < 0.3:
+def post(rng: random.Random, text: str | None = None, user: str | None = None) -> str:
+    lines = [f"Posted by {user or username(rng)}"]
+    if not text and rng.random() < 0.3:
         lines.append("> " + rng.choice(POSTS).format(noun=agent.noun(rng), adj=agent.adjective(rng)))
     lines.append(text or rng.choice(POSTS).format(noun=agent.noun(rng), adj=agent.adjective(rng)))
     return "\n".join(lines)
 
 
-def forum_password(seed: str, units: int) -> Draft:
-    """Posts of a thread; one gives the Wi-Fi password of a clubhouse. Post numbers are filled in after
-    placing, so they run in order."""
+def forum_network(seed: str, units: int) -> Draft:
+    """Posts of a thread; one gives the new name of a clubhouse's Wi-Fi network. Post numbers are filled in
+    after placing, so they run in order."""
     rng = random.Random(f"{seed}/needle")
-    password, depth = f"{agent.noun(rng)}{generated.digits(rng, 4)}", rng.random()
-    posts = generated.fillers(seed, units - 1, [password], post)
-    posts = generated.place_at(posts, post(rng, f"The clubhouse Wi-Fi password is {password} now."), depth)
+    network = f"{agent.adjective(rng)}-{agent.noun(rng)}-{generated.digits(rng, 2)}"
+    user, depth = username(rng), rng.random()
+    text = f"The clubhouse Wi-Fi network is now called {network}."
+    posts = generated.fillers(seed, units - 1, [network, user], post)
+    posts = generated.place_at(posts, post(rng, text, user), depth)
+    # Calibration: asked for a Wi-Fi password, the model wrote a made-up one ("123456") half the time even
+    # with the poster named; a network name has no such prior. The prefix names the poster, as the e-mail
+    # task's names the subject.
     return Draft(
         "Thread: clubhouse questions\n\n" + "\n\n".join(f"#{k + 1} {text}" for k, text in enumerate(posts)),
         "The text is a thread of a community forum.",
-        "According to the thread, what is the clubhouse Wi-Fi password now?",
-        "The clubhouse Wi-Fi password is",
-        password,
+        f"According to {user}, what is the clubhouse Wi-Fi network called now?",
+        f"Posted by {user}\nThe clubhouse Wi-Fi network is now called",
+        network,
     )
 
 
@@ -175,7 +180,7 @@ def task_title(rng: random.Random) -> str:
 
 
 def task_item(rng: random.Random, title: str | None = None, due: str | None = None) -> str:
-    owner, due = rng.choice(generated.FIRST_NAMES), f", due {due}" if due else ""
+    owner, due = rng.choice(generated.FIRST_NAMES), f" [due {due}]" if due else ""
     return f"- [{rng.choice([' ', 'x'])}] {title or task_title(rng)}{due} (@{owner})"
 
 
@@ -195,7 +200,7 @@ def tasks_due(seed: str, units: int) -> Draft:
         "# Team board\n\n" + "\n\n".join(sections),
         "The text is a team's task board in Markdown.",
         f'When is the task "{title}" due?',
-        f"{title}, due",
+        f"{title} [due",  # not "title, due": the model went on "due to the task ..." (80 uncompressed)
         due,
     )
 
@@ -217,10 +222,10 @@ GENERATORS = {
         max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
-    "third_forum_password": Generator(
-        "forum thread: the Wi-Fi password one post gives",
+    "third_forum_network": Generator(
+        "forum thread: the new Wi-Fi network name one post gives, named by its poster",
         "forum-thread",
-        forum_password,
+        forum_network,
         min_units=1,
         max_units=generated.fixed(10**4),
         max_new_tokens=12,
