@@ -127,6 +127,11 @@ CASES = [
     ([*RUN[:2], "adakv", "--ratio", "0.5", "--press-arg", "inner=3", *OUT], 2, "inner press 3"),
     ([*RUN[:2], "random", "--ratio", "0.5", "--press-arg", "seed=x", *OUT], 2, "seed='x' is not int"),
     ([*RUN[:2], "h2o", "--ratio", "0.5", "--press-arg", "recent_fraction=a", *OUT], 2, "recent_fraction='a'"),
+    (
+        [*RUN[:2], "kvp", "--ratio", "0.5", "--press-arg", "recent_fraction=1.5", *OUT],
+        2,
+        "recent_fraction must be in [0, 1], got 1.5",
+    ),
     ([*RUN[:2], "quant", "--memory", "0.5", "--press-arg", "bits=x", *OUT], 2, "bits='x'"),
     ([*RUN[:2], "quant", "--memory", "0.01", *OUT], 2, "quant"),
     (

@@ -49,7 +49,7 @@ def test_a_recent_window_keeps_the_last_tokens_and_the_agents_top_picks_before_t
     agents = random_agents(model, tmp_path)
     input_ids = torch.randint(0, 128, (1, 40))
     full = prefill(model, input_ids)
-    press = KVPPress(compression_ratio=0.5, agents=str(tmp_path), recent=0.25)
+    press = KVPPress(compression_ratio=0.5, agents=str(tmp_path), recent_fraction=0.25)
     compressed = prefill(model, input_ids, press)
     n_kept, window = 20, 5  # int(40 * 0.5), int(0.25 * 20)
     for layer in range(2):
@@ -65,10 +65,10 @@ def test_a_recent_window_keeps_the_last_tokens_and_the_agents_top_picks_before_t
     assert not torch.equal(plain.layers[0].keys, compressed.layers[0].keys)
 
 
-@pytest.mark.parametrize("recent", [-0.1, 1.0])
-def test_a_recent_fraction_outside_0_1_is_refused(recent):
-    with pytest.raises(ValueError, match="recent must be in"):
-        KVPPress(compression_ratio=0.5, recent=recent)
+@pytest.mark.parametrize("fraction", [-0.1, 1.5])
+def test_a_recent_fraction_outside_0_1_is_refused(fraction):
+    with pytest.raises(ValueError, match="recent_fraction must be in"):
+        KVPPress(compression_ratio=0.5, recent_fraction=fraction)
 
 
 def test_press_refuses_agents_of_another_model(tmp_path, tiny_model):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from kvpress import ScorerPress
+from kvpress.utils import compute_n_kept
 from torch import nn
 
 from kvbench.errors import BadInput
@@ -49,24 +50,25 @@ class KVPPress(ScorerPress):
 
     agents: folder holding agents.safetensors + card.json; default presses/kvp/<model name>/.
     arch: the architecture the agents must be (compact or apple); None takes whichever the card records.
-    recent: the fraction of the kept entries given to the most recent prompt tokens whatever their scores
-        (H2O's and StreamingLLM's recent window), the rest ranked by the agents; 0 (the paper's press) by
+    recent_fraction: the fraction of the kept entries given to the most recent prompt tokens whatever their
+        scores (as H2O's press splits its budget), the rest ranked by the agents; 0 (the paper's press) by
         default. A fraction of the budget, not a token count, so it means the same at every ratio and
-        length; it is computed at each compression from the ratio then set, so decode-time and streaming
-        compressions (kvpress's DecodingPress sets the ratio per call) get it too.
+        length; taken from the ratio set at each compression, so decode-time and streaming compressions
+        (kvpress's DecodingPress sets the ratio per call) get it too. Measured in TRAINING.md: it costs
+        more than it gains, so it stays off.
     """
 
     compression_ratio: float = 0.0
     agents: str | None = None
     arch: str | None = None
-    recent: float = 0.0
+    recent_fraction: float = 0.0
     loaded: StackedAgents | None = field(default=None, init=False, repr=False, compare=False)
     state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of the weights
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0 <= self.recent < 1:
-            raise BadInput(f"kvp's recent must be in [0, 1), got {self.recent}")
+        if not 0 <= self.recent_fraction <= 1:
+            raise BadInput(f"recent_fraction must be in [0, 1], got {self.recent_fraction}")
         if self.arch is not None and self.arch not in ARCHS:
             raise KVPAgentsError(f"unknown KVP arch {self.arch!r} (choose one of: {', '.join(ARCHS)})")
         if self.agents:  # a folder given by hand is read now, so a bad one fails before the model loads
@@ -106,7 +108,7 @@ class KVPPress(ScorerPress):
         layer_heads = slice(module.layer_idx * num_kv_heads, (module.layer_idx + 1) * num_kv_heads)
         scores = self.loaded(keys, values, heads=layer_heads)
         length = scores.shape[-1]
-        window = int(self.recent * int(length * (1 - self.compression_ratio)))
-        if window:  # above every agent score, in the agents' order among themselves
-            scores[..., length - window :] += scores.amax() - scores.amin() + 1
+        n_recent = int(compute_n_kept(length, self.compression_ratio) * self.recent_fraction)
+        if n_recent:
+            scores[..., length - n_recent :] = torch.finfo(scores.dtype).max
         return scores
