@@ -228,6 +228,23 @@ def input_tokens(tokenizer, sample: Sample) -> int:
     return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
 
 
+def family_api(generators: dict[str, Generator], layouts: tuple[Layout, ...]):
+    """What a generated family module exposes to the task registry (kvbench.tasks): TASKS, KINDS, METRICS,
+    min_length(task) and make_samples(task, length, samples, seed, tokenizer, data_dir), from its
+    generators and layouts. Every generated task is scored by RULER's string_match_all on its one
+    reference."""
+
+    def min_length(task: str) -> int:
+        return generators[task].min_length
+
+    def family_samples(task: str, length: int, samples: int, seed: int, tokenizer, data_dir=None):
+        return make_samples(generators, layouts, task, length, samples, seed, tokenizer)
+
+    tasks = {name: generator.description for name, generator in generators.items()}
+    kinds = {name: generator.kind for name, generator in generators.items()}
+    return tasks, kinds, {"string_match_all": ruler.string_match_all}, min_length, family_samples
+
+
 def make_samples(
     generators: dict[str, Generator],
     layouts: tuple[Layout, ...],

@@ -27,10 +27,8 @@ user pastes it). Neither is a training layout. Scores: RULER's `string_match_all
 """
 
 import random
-from pathlib import Path
 
-from kvbench.tasks import agent, generated, ruler
-from kvbench.tasks.base import Sample
+from kvbench.tasks import agent, generated
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -313,16 +311,4 @@ GENERATORS = {
         max_new_tokens=24,
     ),
 }
-TASKS = {name: generator.description for name, generator in GENERATORS.items()}
-KINDS = {name: generator.kind for name, generator in GENERATORS.items()}
-METRICS = {"string_match_all": ruler.string_match_all}
-
-
-def min_length(task: str) -> int:
-    return GENERATORS[task].min_length
-
-
-def make_samples(
-    task: str, length: int, samples: int, seed: int, tokenizer, data_dir: Path | None
-) -> list[Sample]:
-    return generated.make_samples(GENERATORS, LAYOUTS, task, length, samples, seed, tokenizer)
+TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
