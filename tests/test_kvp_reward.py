@@ -31,7 +31,13 @@ def test_cost_by_hand():
 
 
 @pytest.mark.parametrize(
-    "budget_weights, weight", [("uniform", lambda k: 1.0), ("harmonic", lambda k: 1 / (k + 1))]
+    "budget_weights, weight",
+    [
+        ("uniform", lambda k: 1.0),
+        ("harmonic", lambda k: 1 / (k + 1)),
+        ("quarter", lambda k: float(k <= 5 / 4)),
+        ("tenth", lambda k: float(k <= 5 / 10)),
+    ],
 )
 def test_cost_is_the_weighted_sum_over_budgets_of_the_utility_evicted(budget_weights, weight):
     utility = torch.tensor([0.05, 0.4, 0.15, 0.3, 0.1], dtype=torch.float64)

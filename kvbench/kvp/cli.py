@@ -83,8 +83,9 @@ kvp.add_command(datagen)
     type=click.Choice(BUDGET_WEIGHTS),
     default=DEFAULTS.budget_weights,
     show_default=True,
-    help="How much each cache budget counts in the training reward: uniform (the paper's) or harmonic "
-    "(budget k weighs 1/k: high compression ratios count most). Validation always uses uniform.",
+    help="How much each cache budget counts in the training reward: uniform (the paper's), harmonic "
+    "(budget k weighs 1/k: high compression ratios count most), quarter or tenth (only the budgets keeping "
+    "at most a quarter or a tenth of the prompt count). Validation always uses uniform.",
 )
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)

@@ -9,11 +9,16 @@ Budget weights (training only; validation and reports always use the paper's uni
 budget k the cost is sum_r W(r) u[sigma_r], W(r) = sum_{k <= r} w_k. "uniform" (w_k = 1, W(r) = r + 1) is
 the paper's; "harmonic" (w_k = 1/(k+1), W(r) the harmonic number H(r+1)) makes the small budgets of high
 compression ratios count most: the budget that keeps 10 % weighs 5 times the one that keeps half.
+"quarter" and "tenth" (w_k = 1 for budgets keeping at most that share of the prompt, k <= P/4 or P/10, else
+0; W(r) = min(r + 1, that share + 1)) train for high ratios only: which tokens make the top quarter (or
+tenth), and their order there, is all the reward sees.
 """
 
 import torch
 
-BUDGET_WEIGHTS = ("uniform", "harmonic")
+# Budget weights that count only the budgets keeping at most this share of the prompt.
+TOP_SHARE = {"quarter": 0.25, "tenth": 0.1}
+BUDGET_WEIGHTS = ("uniform", "harmonic", *TOP_SHARE)
 
 
 def rank_weights(length: int, budget_weights: str, dtype, device) -> torch.Tensor:
@@ -23,6 +28,8 @@ def rank_weights(length: int, budget_weights: str, dtype, device) -> torch.Tenso
         return ranks
     if budget_weights == "harmonic":
         return ranks.reciprocal().cumsum(-1)
+    if budget_weights in TOP_SHARE:
+        return ranks.clamp_max(int(length * TOP_SHARE[budget_weights]) + 1)
     raise ValueError(f"unknown budget weights {budget_weights!r} (one of {', '.join(BUDGET_WEIGHTS)})")
 
 
