@@ -1,4 +1,4 @@
-"""The text, held-out and confirmation task families, the training mixtures, the held-out rule's checks."""
+"""The text and held-out task families, the training mixtures, the held-out rule's checks."""
 
 import re
 
@@ -10,6 +10,7 @@ from kvbench.tasks import (
     METRICS,
     confirm,
     family_of,
+    fourth,
     generated,
     heldout,
     load_samples,
@@ -23,8 +24,21 @@ from kvbench.tasks import (
 )
 from kvbench.tasks.mixture import KINDS, MIXTURES, UnknownMixture, mixture, mixture_kinds
 
-GENERATED = {**text.GENERATORS, **heldout.GENERATORS, **confirm.GENERATORS, **third.GENERATORS}
+GENERATED = {
+    **text.GENERATORS,
+    **heldout.GENERATORS,
+    **confirm.GENERATORS,
+    **third.GENERATORS,
+    **fourth.GENERATORS,
+}
 TASKS = list(GENERATED)
+# In the order they were written: each may share no kind or layout with training or an earlier one.
+HELD_OUT_SUITES = [
+    ("heldout", heldout),
+    ("heldout-confirm", confirm),
+    ("heldout-third", third),
+    ("heldout-fourth", fourth),
+]
 
 
 @pytest.fixture
@@ -33,9 +47,12 @@ def tokenizer(embedded_tokenizer):
 
 
 def material(sample) -> str:
-    """The context as the model reads the material: a quoted layout's "> " line marks removed."""
+    """The context as the model reads the material: the quoted layout's "> " and the numbered layout's
+    line numbers removed."""
     if sample.meta["layout"] == "quoted":
         return re.sub(r"(?m)^> ?", "", sample.context)
+    if sample.meta["layout"] == "numbered-lines":
+        return re.sub(r"(?m)^ *\d+\t", "", sample.context)
     return sample.context
 
 
@@ -83,7 +100,7 @@ def test_inputs_fill_the_length_and_grow_with_it(task, tokenizer):
     assert sizes[2048] > 2.5 * sizes[512]
 
 
-@pytest.mark.parametrize("family", [text, heldout, confirm, third])
+@pytest.mark.parametrize("family", [text, heldout, confirm, third, fourth])
 def test_each_sample_draws_its_layout_from_its_family(family, tokenizer):
     layouts = {layout.name for layout in family.LAYOUTS}
     drawn = set()
@@ -106,7 +123,7 @@ def test_the_families_are_registered_and_listed():
     listed = CliRunner().invoke(main, ["tasks"]).output
     for task in TASKS:
         assert task in listed
-        assert family_of(task) in (text, heldout, confirm, third)
+        assert family_of(task) in (text, heldout, confirm, third, fourth)
     assert METRICS["string_match_all"] is ruler.string_match_all
 
 
@@ -123,9 +140,7 @@ def test_every_task_of_every_family_mixture_and_suite_has_a_kind():
     assert tasks <= set(task_names()) == set(KINDS)
 
 
-@pytest.mark.parametrize(
-    ("suite_name", "family"), [("heldout", heldout), ("heldout-confirm", confirm), ("heldout-third", third)]
-)
+@pytest.mark.parametrize(("suite_name", "family"), HELD_OUT_SUITES)
 def test_the_held_out_suites_are_calibrated_size_and_their_family_only(suite_name, family):
     suite = load_suite(suite_name)
     assert suite.length == 1024 and suite.samples >= 20 and len(suite.tasks) >= 4
@@ -136,7 +151,7 @@ def test_the_held_out_suites_are_calibrated_size_and_their_family_only(suite_nam
 def test_each_held_out_suite_shares_no_kind_or_layout_with_training_or_an_earlier_held_out_suite():
     seen_kinds = set().union(*(mixture_kinds(name) for name in MIXTURES))
     seen_layouts = {x.name for x in text.LAYOUTS}
-    for suite, family in (("heldout", heldout), ("heldout-confirm", confirm), ("heldout-third", third)):
+    for suite, family in HELD_OUT_SUITES:
         kinds = {KINDS[task] for task in load_suite(suite).tasks}
         layouts = {x.name for x in family.LAYOUTS}
         assert kinds & seen_kinds == set() and layouts & seen_layouts == set(), suite

@@ -8,7 +8,7 @@ import yaml
 
 from kvbench.errors import DataFileError, UnknownTask
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, confirm, heldout, longbench, ruler, text, third
+from kvbench.tasks import agent, confirm, fourth, heldout, longbench, ruler, text, third
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = [
@@ -33,6 +33,7 @@ TASK_FAMILIES = {
     "heldout": heldout,
     "confirm": confirm,
     "third": third,
+    "fourth": fourth,
     "longbench": longbench,
 }
 METRICS = {
@@ -42,6 +43,7 @@ METRICS = {
     **heldout.METRICS,
     **confirm.METRICS,
     **third.METRICS,
+    **fourth.METRICS,
     **longbench.METRICS,
 }
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite

@@ -9,7 +9,7 @@ only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), w
 from dataclasses import dataclass
 
 from kvbench.errors import BadInput
-from kvbench.tasks import confirm, heldout, longbench, ruler, text, third
+from kvbench.tasks import confirm, fourth, heldout, longbench, ruler, text, third
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ KINDS: dict[str, str] = {
     **heldout.KINDS,
     **confirm.KINDS,
     **third.KINDS,
+    **fourth.KINDS,
     **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
 }
 
