@@ -17,7 +17,7 @@ import base64
 import html
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -1224,15 +1224,39 @@ def collect(paths: list[Path], recursive: bool = False) -> Collected:
     return Collected([str(file.parent) for file in files], rows, runs, notes)
 
 
+def split_press_labels(text: str) -> list[str]:
+    """`a,b(x=1, y=2),c` -> ["a", "b(x=1, y=2)", "c"]: commas inside a label's parentheses stay."""
+    return [label.strip() for label in re.split(r",(?![^()]*\))", text) if label.strip()]
+
+
+def only_presses(collected: Collected, presses: list[str]) -> Collected:
+    """`collected` with the rows of `presses` (as the leaderboard names them) and the reference only."""
+    held = set(collected.rows["press"])
+    unknown = [press for press in presses if press not in held]
+    if unknown:
+        raise BadInput(
+            f"--presses {unknown[0]!r} is not a press of these results (they hold {', '.join(sorted(held))})"
+        )
+    rows = collected.rows[collected.rows["press"].isin([*presses, REFERENCE_PRESS])]
+    return replace(collected, rows=rows.reset_index(drop=True))
+
+
 def render_report(
-    result_dirs: Path | str | list, out: Path | str, recursive: bool = False, versus: str | None = None
+    result_dirs: Path | str | list,
+    out: Path | str,
+    recursive: bool = False,
+    versus: str | None = None,
+    presses: list[str] | None = None,
 ) -> Path:
     """Write README.md, index.html and the PNG plots of the results in `result_dirs` (one folder or a
     list; with `recursive`, the folders below them too) into `out`; the folder written. `versus`: a press,
-    as the leaderboard names it, that every other press is compared to, paired by sample."""
+    as the leaderboard names it, that every other press is compared to, paired by sample. `presses`: only
+    these presses (as the leaderboard names them) and the reference; None: every press of the results."""
     if isinstance(result_dirs, (str, Path)):
         result_dirs = [result_dirs]
     collected = collect(result_dirs, recursive)
+    if presses:
+        collected = only_presses(collected, presses)
     boards = build_leaderboards(collected.rows, collected.runs, versus)
     names = sorted(
         {press for board in boards for press in board.average.index}
@@ -1272,12 +1296,21 @@ def render_report(
     help="Add a table of every press minus PRESS, paired by sample, e.g. --versus streaming_llm or --versus "
     "'kvp(agents=agents/old)' (as the leaderboard names it).",
 )
-def report(result_dirs: tuple[Path, ...], out: Path, recursive: bool, versus: str | None):
+@click.option(
+    "--presses",
+    metavar="LIST",
+    help="Report only these presses, comma-separated as the leaderboard names them (and the no-compression "
+    "reference), e.g. --presses kvp,streaming_llm,'kvp(agents=agents/old)'. Default: every press.",
+)
+def report(
+    result_dirs: tuple[Path, ...], out: Path, recursive: bool, versus: str | None, presses: str | None
+):
     """Leaderboards, per-task tables and plots from one or more results folders."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            out_dir = render_report(list(result_dirs), out, recursive, versus)
+            chosen = split_press_labels(presses) if presses else None
+            out_dir = render_report(list(result_dirs), out, recursive, versus, chosen)
         except NoResults as error:
             out_dir = error
     for caught_warning in caught:  # one line each, not Python's two-line warning format

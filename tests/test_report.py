@@ -8,7 +8,14 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvbench.leaderboard import build_leaderboards, collect, press_styles, render_report, report
+from kvbench.leaderboard import (
+    build_leaderboards,
+    collect,
+    press_styles,
+    render_report,
+    report,
+    split_press_labels,
+)
 from kvbench.results import ResultsStore, Row, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -526,6 +533,25 @@ def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
     assert "| b | **-11.0 ± " in (tmp_path / "r" / "README.md").read_text()
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r2"), "--versus", "z"])
     assert outcome.exit_code != 0 and "--versus 'z' is not a press of these results" in str(outcome.exception)
+    assert not (tmp_path / "r2" / "README.md").exists()
+
+
+def test_presses_keeps_only_the_named_presses_and_the_reference(tmp_path):
+    a = {"t1": [90, 30], "t2": [70, 10]}
+    scores = {("a", 0.5): a, ("b", 0.5): a, ("c", 0.5): a, ("none", 0.0): a}
+    rows = rows_of(scores)
+    for row in rows:  # c has two arguments: its label holds a comma
+        if row["press"] == "c":
+            row["press_args"] = {"x": 1, "y": 2}
+    results = write_results(tmp_path / "results", rows)
+    assert split_press_labels("a, c(x=1, y=2)") == ["a", "c(x=1, y=2)"]
+    out = render_report([results], tmp_path / "r", presses=["a", "c(x=1, y=2)"])
+    readme = (out / "README.md").read_text()
+    assert "| a |" in readme and "| c(x=1, y=2) |" in readme and "| b |" not in readme
+    assert "No compression (`none`)" in readme
+    outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r2"), "--presses", "a,zz"])
+    assert outcome.exit_code != 0
+    assert "--presses 'zz' is not a press of these results" in str(outcome.exception)
     assert not (tmp_path / "r2" / "README.md").exists()
 
 
