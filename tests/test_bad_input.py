@@ -331,6 +331,12 @@ CASES = [
         "'--budget-weights': 'top' is not one of",
     ),
     ([*TRAIN, "--data", "{tmp}/badmanifest"], 2, "badmanifest/manifest.json is corrupt"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--utility", "kl"], 2, "'--utility': 'kl' is not one of"),
+    (
+        [*TRAIN, "--data", "{tmp}/kvpdata-future", "--utility", "reconstruction"],
+        2,
+        "{tmp}/kvpdata-future holds no reconstruction scores, which --utility reconstruction trains on",
+    ),
     ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (bad field 'model')"),
     (
         [*TRAIN, "--data", "{tmp}/kvpdata-x", "--data", "{tmp}/kvpdata-y"],
@@ -407,6 +413,12 @@ def make_files(tmp: Path) -> None:
         (tmp / f"kvpdata-{name}").mkdir()
         store = {"method": "kvp", "model": {**shape, "name": name}, "config": {}, "shards": []}
         (tmp / f"kvpdata-{name}" / "manifest.json").write_text(json.dumps(store))
+    (tmp / "kvpdata-future").mkdir()  # made without --reconstruction: future attention only
+    shards = [
+        {"file": f"{split}.safetensors", "split": split, "prompt_tokens": 8} for split in ("train", "val")
+    ]
+    store = {"method": "shared", "model": shape, "config": {"reconstruction": False}, "shards": shards}
+    (tmp / "kvpdata-future" / "manifest.json").write_text(json.dumps(store))
     (tmp / "lb").mkdir()
     good = {"input": "Who?", "context": "Alice.", "answers": ["Alice"], "length": 2, "_id": "a"}
     (tmp / "lb" / "hotpotqa.jsonl").write_text(json.dumps(good) + "\n{not json\n")

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,11 @@ def synthetic_utility(keys: torch.Tensor) -> torch.Tensor:
     return torch.stack([by_key, by_recency]).unsqueeze(1)  # (layers, kv_heads, P)
 
 
-def write_synthetic_data(directory, train: int = 24, val: int = 6, lengths=lambda index: 48 + index % 17):
+def write_synthetic_data(
+    directory, train: int = 24, val: int = 6, lengths=lambda index: 48 + index % 17, reconstruction=None
+):
+    """A store of random keys and values whose utility is synthetic_utility; `reconstruction(keys)` adds a
+    reconstruction target (as datagen --reconstruction stores it)."""
     generator = torch.Generator().manual_seed(0)
     shards = []
     for index in range(train + val):
@@ -41,10 +46,13 @@ def write_synthetic_data(directory, train: int = 24, val: int = 6, lengths=lambd
             "values": values.half(),
             "utility": synthetic_utility(keys.half().float()[:, 0]),
         }
+        if reconstruction:
+            tensors["reconstruction"] = reconstruction(keys.half().float()[:, 0])
         file = f"synthetic-{index:05d}.safetensors"
         save_file(tensors, directory / file)
         shards.append({"file": file, "split": "val" if index >= train else "train", "prompt_tokens": length})
-    manifest = {"model": SHAPE, "config": {"tasks": ["synthetic"]}, "shards": shards}
+    config = {"tasks": ["synthetic"], "reconstruction": reconstruction is not None}
+    manifest = {"model": SHAPE, "config": config, "shards": shards}
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
 
 
@@ -59,6 +67,49 @@ def test_training_learns_a_near_oracle_ranking_of_a_known_utility(tmp_path):
     assert (agent > -1.05).all()  # within 5 % of the oracle's cost
     agents, saved_card = load_agents(tmp_path / "agents")
     assert saved_card["heads"] == [0, 1] and agents.num_heads == 2
+
+
+def swapped_utility(keys: torch.Tensor) -> torch.Tensor:
+    """synthetic_utility with its heads' needs swapped: head 0 the latest tokens, head 1 the tokens with a
+    large first coordinate of its own keys."""
+    return synthetic_utility(keys.flip(0)).flip(0)
+
+
+def test_agents_learn_the_utility_they_are_trained_on(tmp_path):
+    """Trained on the reconstruction target, the agents rank by it (near its oracle) and not by the future
+    attention stored beside it; the card records the target, and scoring again on the store uses it."""
+    write_synthetic_data(tmp_path, reconstruction=swapped_utility)
+    config = TrainConfig(
+        steps=200, prompts=1, rankings=8, lr=2e-2, warmup=20, ema=0.9, eval_every=50, hidden=16
+    )
+    config = replace(config, utility="reconstruction")
+    card = train(tmp_path, tmp_path / "agents", config, log=lambda line: None)
+    assert card["training"]["utility"] == "reconstruction"
+    assert (torch.tensor(card["validation"]["agent"]) > -1.05).all()
+    agents, _ = load_agents(tmp_path / "agents")
+    costs, _ = validation_cost_on(agents, card, tmp_path)
+    assert costs["agents"] == pytest.approx(-sum(card["validation"]["agent"]) / 2, rel=1e-5)
+    future, _ = validation_cost_on(agents, {**card, "training": {"utility": "future"}}, tmp_path)
+    assert future["agents"] > 1.5 * costs["agents"]
+
+
+def test_the_mixed_utility_averages_both_targets_scaled_to_one(tmp_path):
+    write_synthetic_data(tmp_path, train=2, val=1, reconstruction=lambda keys: 3 * swapped_utility(keys))
+    shard = KVPData(tmp_path).train[0]
+    _, _, future = KVPData(tmp_path, "future").load(shard, [0, 1])
+    _, _, rebuilt = KVPData(tmp_path, "reconstruction").load(shard, [0, 1])
+    _, _, mixed = KVPData(tmp_path, "mixed").load(shard, [0, 1])
+    torch.testing.assert_close(mixed, (future / future.sum(-1, keepdim=True) + rebuilt / 3) / 2)
+    torch.testing.assert_close(mixed.sum(-1), torch.ones(2))
+
+
+def test_a_store_without_reconstruction_scores_is_refused_for_that_utility(tmp_path):
+    write_synthetic_data(tmp_path, train=2, val=1)
+    for utility in ("reconstruction", "mixed"):
+        with pytest.raises(TrainingFileError, match="holds no reconstruction scores.*--reconstruction"):
+            KVPData(tmp_path, utility)
+    with pytest.raises(ValueError, match="unknown KVP utility 'kl'"):
+        KVPData(tmp_path, "kl")
 
 
 def mixed_lengths(index: int) -> int:

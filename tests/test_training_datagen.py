@@ -11,7 +11,7 @@ from kvbench.models import load_model
 from kvbench.presses.kvp import KVPPress
 from kvbench.tasks.mixture import MIXTURES, Part
 from kvbench.training import MANIFEST_FILE, datagen
-from kvbench.training.datagen import DatagenConfig, capture_prompt, plan_shards
+from kvbench.training.datagen import DatagenConfig, capture_prompt, plan_shards, reconstruction_prompt_ids
 
 
 def test_the_capture_is_one_teacher_forced_eager_pass_over_the_whole_prompt(tiny_model):
@@ -40,6 +40,39 @@ def test_the_capture_is_one_teacher_forced_eager_pass_over_the_whole_prompt(tiny
     log_probs = output.logits[0, 42:].log_softmax(-1)  # at the question's last token and after
     torch.testing.assert_close(captured["log_probs"].float(), log_probs, atol=2e-3, rtol=1e-3)
     assert captured["log_probs"].argmax(-1)[:-1].tolist() == continuation  # greedy
+
+
+def test_the_reconstruction_score_is_kvzips_max_attention_of_one_eager_pass_repeating_the_context(tiny_model):
+    """Against one eager pass over context + request + context: the most attention any query after the
+    context pays to each context token, over the KV group's heads and the queries; the other tensors are
+    those of a capture without it (the pass runs on a cache cropped back to the context)."""
+    model = tiny_model(vocab_size=97, eos_token_id=1)
+    context, question, request = list(range(3, 43)), [50, 51, 52], [60, 61, 62, 63]
+    plain = capture_prompt(model, context, question, gen_tokens=5)
+    captured = capture_prompt(model, context, question, gen_tokens=5, reconstruction_ids=request)
+    for name, tensor in plain.items():
+        assert torch.equal(captured[name], tensor), name
+    assert captured["reconstruction"].shape == (2, 2, 40)
+
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        output = model(torch.tensor([context + request + context]), output_attentions=True)
+    for layer, attention in enumerate(output.attentions):
+        repeat = attention[0, :, 40:, :40].reshape(2, 2, -1, 40)  # (kv heads, group, queries, P)
+        torch.testing.assert_close(captured["reconstruction"][layer], repeat.amax(dim=(1, 2)))
+
+
+def test_the_reconstruction_request_is_kvzips_before_the_templates_assistant_turn(embedded_tokenizer):
+    """KVZip's request, then what the chat template writes after a user's content (the turn's end and the
+    assistant's start), found in the template's own rendering, not written out by hand."""
+    ids = reconstruction_prompt_ids(embedded_tokenizer)
+    text = embedded_tokenizer.decode(ids)
+    request = "\n\nRepeat the previous context exactly."
+    assert text.startswith(request)
+    rendered = embedded_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert rendered.endswith("Hi" + text.removeprefix(request)) and text != request
 
 
 @pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
@@ -87,6 +120,8 @@ def test_datagen_train_report_and_run_end_to_end(tmp_path, tiny_model_dir):
     assert result.exit_code == 0, result.output
     assert "oracle -1.0000" in result.output
     assert load_card(agents)["heads"] == [0, 1, 2, 3]
+    result = runner.invoke(main, [*train, "--utility", "reconstruction"])
+    assert result.exit_code == 2 and "holds no reconstruction scores" in result.output
 
     result = runner.invoke(main, ["kvp", "report", str(agents), "--plot", str(tmp_path / "kvp.png")])
     assert result.exit_code == 0, result.output

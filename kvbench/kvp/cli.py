@@ -6,7 +6,7 @@ import click
 
 from kvbench.kvp.agent import ARCHS
 from kvbench.kvp.reward import BUDGET_WEIGHTS
-from kvbench.kvp.train import TrainConfig
+from kvbench.kvp.train import UTILITIES, TrainConfig
 from kvbench.training.cli import datagen
 
 DEFAULTS = TrainConfig()
@@ -87,6 +87,15 @@ kvp.add_command(datagen)
     "(budget k weighs 1/k: high compression ratios count most), quarter or tenth (only the budgets keeping "
     "at most a quarter or a tenth of the prompt count). Validation always uses uniform.",
 )
+@click.option(
+    "--utility",
+    type=click.Choice(UTILITIES),
+    default=DEFAULTS.utility,
+    show_default=True,
+    help="What a token is worth in the reward and validation: future (attention the question and answer "
+    "pay to it, the paper's), reconstruction (KVZip's score: attention while the model repeats the context; "
+    "data made with `datagen --reconstruction`), or mixed (both, each summing to 1 over the prompt).",
+)
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(
@@ -102,6 +111,7 @@ def train(
     arch,
     hidden,
     budget_weights,
+    utility,
     eval_every,
     seed,
 ):
@@ -110,7 +120,7 @@ def train(
     from kvbench.kvp.train import train as train_agents
     from kvbench.results import check_writable
 
-    KVPData(list(data))  # a missing or corrupt manifest fails before any work
+    KVPData(list(data), utility)  # a missing or corrupt manifest, or a missing target, fails before any work
     check_writable(out)
     config = TrainConfig(
         steps=steps,
@@ -123,6 +133,7 @@ def train(
         arch=arch,
         hidden=hidden,
         budget_weights=budget_weights,
+        utility=utility,
         seed=seed,
     )
     train_agents(list(data), out, config, layers=layers, kv_heads=heads, log=click.echo)

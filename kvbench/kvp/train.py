@@ -50,21 +50,57 @@ class TrainConfig:
     eval_every: int = 100
     arch: str = "compact"  # a name in kvbench.kvp.agent.ARCHS
     budget_weights: str = "uniform"  # a name in kvbench.kvp.reward.BUDGET_WEIGHTS (the training reward only)
+    utility: str = "future"  # a name in UTILITIES: the target of the reward and of validation
     hidden: int | None = None  # the scorer's width; None: the architecture's default (compact 64, apple 256)
     seed: int = 0
 
 
+# What the ranking cost counts as a token's utility: the attention the question and the answer pay to it
+# (the paper's future attention), KVZip's reconstruction score (question-agnostic; needs datagen's
+# --reconstruction), or both, each scaled to sum 1 over the prompt's tokens, averaged.
+UTILITIES = ("future", "reconstruction", "mixed")
+
+
 class KVPData(TrainingData):
     """KVP's view of one or more data stores (kvbench.training.TrainingData): shared stores
-    (kvbench.training.datagen) or ones made by KVP's own datagen before them (keys, values and utility only).
+    (kvbench.training.datagen) or ones made by KVP's own datagen before them (keys, values and utility
+    only). `utility` names the target (UTILITIES); a store without the reconstruction score is refused.
     """
 
     method, label = "kvp", "KVP"
 
+    def __init__(self, directories: Path | list[Path], utility: str = "future"):
+        super().__init__(directories)
+        if utility not in UTILITIES:
+            raise BadInput(f"unknown KVP utility {utility!r} (choose one of: {', '.join(UTILITIES)})")
+        self.utility = utility
+        if utility != "future":
+            lacking = [
+                str(directory)
+                for directory, manifest in zip(self.directories, self.manifests, strict=True)
+                if not manifest["config"].get("reconstruction")
+            ]
+            if lacking:
+                raise TrainingFileError(
+                    f"{lacking[0]} holds no reconstruction scores, which --utility {utility} trains on; "
+                    f"make data with: {self.hint(out='DIR')} --reconstruction"
+                )
+
     def load(self, shard: dict, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """keys, values (fp16, (heads, P, head_dim)) and utility (fp32, (heads, P)) of one prompt."""
+        names = {"future": ["utility"], "reconstruction": ["reconstruction"]}
+        names["mixed"] = names["future"] + names["reconstruction"]
         with safe_open(Path(shard["directory"]) / shard["file"], framework="pt") as f:
-            return tuple(f.get_tensor(name).flatten(0, 1)[heads] for name in ("keys", "values", "utility"))
+            keys, values, *targets = (
+                f.get_tensor(name).flatten(0, 1)[heads] for name in ("keys", "values", *names[self.utility])
+            )
+        if len(targets) == 1:
+            return keys, values, targets[0]
+        scaled = [
+            target / target.sum(-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
+            for target in targets
+        ]
+        return keys, values, sum(scaled) / len(scaled)
 
 
 def select_heads(shape: ModelShape, layers: list[int] | None, kv_heads: list[int] | None) -> list[int]:
@@ -151,7 +187,7 @@ def validation_reward(agents: StackedAgents, val: list[tuple]) -> torch.Tensor:
 def validation_cost_on(agents: StackedAgents, card: dict, data_dirs: Path | list[Path]) -> tuple[dict, int]:
     """Mean normalised cost (1 = oracle) over the heads, of the agents and the reference rankings, on the
     validation prompts of other data stores (e.g. another mixture's); and how many prompts that was."""
-    data = KVPData(data_dirs)
+    data = KVPData(data_dirs, card.get("training", {}).get("utility", "future"))
     made_for = ModelShape(**card["model"])
     if data.shape != made_for:
         raise TrainingFileError(f"the agents were made for {made_for}, the data for {data.shape}")
@@ -180,7 +216,7 @@ def train(
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
-    data = KVPData(data_dir)
+    data = KVPData(data_dir, config.utility)
     heads = select_heads(data.shape, layers, kv_heads)
     options = (
         {"positions": max(shard["prompt_tokens"] for shard in data.train)} if config.arch == "apple" else {}

@@ -15,7 +15,12 @@ the full cache (at most `gen_tokens` tokens, capped by the task's answer length)
     context, the function the press runs,
   - question_ids, continuation_ids: what DistillCache's reward feeds teacher-forced on compressed caches,
   - log_probs, fp16 (T + 1, vocab): the full cache's next-token log-probabilities at the question's last
-    token and at each continuation token (p_full,t of DistillCache's reward).
+    token and at each continuation token (p_full,t of DistillCache's reward),
+  - reconstruction (with `--reconstruction`; KVP's other target), fp32 (layers, kv_heads, P): KVZip's
+    question-agnostic score. On the context's cache the model reads a request to repeat the context, then
+    the whole context again (KVZip's request and its chat template's assistant turn); a token's score is
+    the most attention any of those queries pays to it, max over the KV group's query heads too, as
+    kvpress's KVzipPress scores (in one chunk: our contexts are shorter than its 2048-token chunks).
 
 Seeds: the k-th part of a task (in mixture order) draws its samples with seed `seed + k`, so a task at two
 lengths gets two different sets of needles, not the same needles in a longer haystack.
@@ -60,6 +65,7 @@ class DatagenConfig:
     seed: int = 10_000  # evaluation uses seeds 0..999
     gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
     val_fraction: float = 0.1  # the first round(fraction * samples) samples of each part validate
+    reconstruction: bool = False  # also store KVZip's reconstruction attention (one more pass a prompt)
 
     def __post_init__(self):
         self.parts = [Part(**part) if isinstance(part, dict) else part for part in self.parts]
@@ -105,15 +111,39 @@ def eager_attention(model):
         model.set_attn_implementation(previous)
 
 
+RECONSTRUCTION_REQUEST = "\n\nRepeat the previous context exactly."  # KVZip's (its first chunk's)
+
+
+def reconstruction_prompt_ids(tokenizer) -> list[int]:
+    """What follows the context in KVZip's reconstruction pass, before the context again: the request to
+    repeat it, then the chat template's end of the user turn and start of the assistant's (a bare newline
+    for a model without a template), as kvpress's KVzipPress builds it."""
+    request = tokenizer.encode(RECONSTRUCTION_REQUEST, add_special_tokens=False)
+    if tokenizer.chat_template is None:
+        return request + tokenizer.encode("\n", add_special_tokens=False)
+    marker = "\n" + "#" * 8  # text no template writes, so the split finds where the user's content ends
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "context" + marker}], add_generation_prompt=True, tokenize=False
+    )
+    return request + tokenizer.encode(rendered.split(marker)[1], add_special_tokens=False)
+
+
 @torch.no_grad()
-def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_tokens: int) -> dict:
+def capture_prompt(
+    model,
+    context_ids: list[int],
+    question_ids: list[int],
+    gen_tokens: int,
+    reconstruction_ids: list[int] | None = None,
+) -> dict:
     """Everything both trainers read of one prompt (the module docstring lists it); `continuation_ids` are
-    the greedy tokens.
+    the greedy tokens. `reconstruction_ids` (reconstruction_prompt_ids) adds the reconstruction score.
 
     The context is prefilled with the model's own attention implementation, exactly as the press sees it
     at evaluation (so keys, values and features are the press's); the question and the continuation then run
     under eager attention, whose weights give the utility, on the same cache: the teacher-forced pass over
-    context + question + continuation, computed once.
+    context + question + continuation, computed once. The reconstruction pass then runs, also eager, on the
+    cache cropped back to the context.
     """
     length = len(context_ids)
     num_layers = len(model.model.layers)
@@ -160,7 +190,7 @@ def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_t
                 break  # the stop token, or a token past the cap, is never fed back: its query reads nothing
             continuation.append(next_token)
             input_ids = torch.tensor([[next_token]], device=model.device)
-    return {
+    captured = {
         "keys": keys,
         "values": values,
         "utility": torch.stack([utility_sum[i] / queries[i] for i in layers]),
@@ -169,6 +199,29 @@ def capture_prompt(model, context_ids: list[int], question_ids: list[int], gen_t
         "continuation_ids": torch.tensor(continuation, dtype=torch.long),
         "log_probs": torch.stack(log_probs),
     }
+    if reconstruction_ids is not None:
+        cache.crop(length)
+        captured["reconstruction"] = reconstruction_score(model, cache, reconstruction_ids + context_ids)
+    return captured
+
+
+def reconstruction_score(model, cache: DynamicCache, repeat_ids: list[int]) -> torch.Tensor:
+    """KVZip's score of the cached context's tokens: (layers, kv_heads, P), the most attention any query of
+    `repeat_ids` (fed after the context) pays to the token, over the KV group's query heads too."""
+    length = cache.get_seq_length()
+    num_kv_heads = model.config.num_key_value_heads
+    scores = [torch.empty(0)] * len(model.model.layers)
+
+    def keep_max(module, args, kwargs, output):
+        weights = output[1][0, :, :, :length]  # (query heads, repeat queries, context)
+        grouped = weights.reshape(num_kv_heads, -1, *weights.shape[1:])
+        scores[module.layer_idx] = grouped.amax(dim=(1, 2)).float().cpu()
+
+    with attention_hooks(model, keep_max), eager_attention(model):
+        model(
+            input_ids=torch.tensor([repeat_ids], device=model.device), past_key_values=cache, logits_to_keep=1
+        )
+    return torch.stack(scores)
 
 
 def existing_manifest(directory: Path) -> dict | None:
@@ -234,6 +287,8 @@ def generate_data(
     out = Path(out)
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
     manifest = existing_manifest(out) or {"method": SHARED, "mixture": mixture, **head, "shards": []}
+    if isinstance(manifest["config"], dict) and "reconstruction" not in manifest["config"]:
+        manifest["config"]["reconstruction"] = False  # made before the option: a resumed run adds none
     if manifest_method(manifest) != SHARED or {key: manifest.get(key) for key in head} != head:
         raise BadInput(
             f"{out} holds {manifest_method(manifest)} data made with other settings "
@@ -244,13 +299,13 @@ def generate_data(
     out.mkdir(parents=True, exist_ok=True)
     done = {shard["file"] for shard in manifest["shards"]}
     todo = [shard for shard in planned if shard.file not in done]
+    repeat_prompt = reconstruction_prompt_ids(tokenizer) if config.reconstruction else None
     for shard in tqdm(todo, desc="datagen", disable=not progress):
         sample = shard.sample
         prompt = tokenize_sample(tokenizer, sample)  # split exactly as evaluation splits it
         context_ids, question_ids = prompt.context_ids[0].tolist(), prompt.question_ids[0].tolist()
-        captured = capture_prompt(
-            model, context_ids, question_ids, min(config.gen_tokens, sample.max_new_tokens)
-        )
+        gen_tokens = min(config.gen_tokens, sample.max_new_tokens)
+        captured = capture_prompt(model, context_ids, question_ids, gen_tokens, repeat_prompt)
         tensors = {name: tensor.contiguous() for name, tensor in captured.items()}
         write_atomically(out / shard.file, lambda path, tensors=tensors: save_file(tensors, path))
         manifest["shards"].append(
