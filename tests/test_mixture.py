@@ -10,6 +10,7 @@ from kvbench.tasks import (
     METRICS,
     confirm,
     family_of,
+    fifth,
     fourth,
     generated,
     heldout,
@@ -30,6 +31,7 @@ GENERATED = {
     **confirm.GENERATORS,
     **third.GENERATORS,
     **fourth.GENERATORS,
+    **fifth.GENERATORS,
 }
 TASKS = list(GENERATED)
 # In the order they were written: each may share no kind or layout with training or an earlier one.
@@ -38,6 +40,7 @@ HELD_OUT_SUITES = [
     ("heldout-confirm", confirm),
     ("heldout-third", third),
     ("heldout-fourth", fourth),
+    ("heldout-fifth", fifth),
 ]
 
 
@@ -47,12 +50,14 @@ def tokenizer(embedded_tokenizer):
 
 
 def material(sample) -> str:
-    """The context as the model reads the material: the quoted layout's "> " and the numbered layout's
-    line numbers removed."""
+    """The context as the model reads the material: the quoted layout's "> ", the numbered layout's line
+    numbers and the paginated layout's page headers removed."""
     if sample.meta["layout"] == "quoted":
         return re.sub(r"(?m)^> ?", "", sample.context)
     if sample.meta["layout"] == "numbered-lines":
         return re.sub(r"(?m)^ *\d+\t", "", sample.context)
+    if sample.meta["layout"] == "paginated":
+        return re.sub(r"(?m)^--- Page \d+ of \d+ ---\n", "", sample.context)
     return sample.context
 
 
@@ -100,7 +105,7 @@ def test_inputs_fill_the_length_and_grow_with_it(task, tokenizer):
     assert sizes[2048] > 2.5 * sizes[512]
 
 
-@pytest.mark.parametrize("family", [text, heldout, confirm, third, fourth])
+@pytest.mark.parametrize("family", [text, heldout, confirm, third, fourth, fifth])
 def test_each_sample_draws_its_layout_from_its_family(family, tokenizer):
     layouts = {layout.name for layout in family.LAYOUTS}
     drawn = set()
@@ -123,7 +128,7 @@ def test_the_families_are_registered_and_listed():
     listed = CliRunner().invoke(main, ["tasks"]).output
     for task in TASKS:
         assert task in listed
-        assert family_of(task) in (text, heldout, confirm, third, fourth)
+        assert family_of(task) in (text, heldout, confirm, third, fourth, fifth)
     assert METRICS["string_match_all"] is ruler.string_match_all
 
 

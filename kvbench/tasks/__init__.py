@@ -8,7 +8,7 @@ import yaml
 
 from kvbench.errors import DataFileError, UnknownTask
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, confirm, fourth, heldout, longbench, ruler, text, third
+from kvbench.tasks import agent, confirm, fifth, fourth, heldout, longbench, ruler, text, third
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = [
@@ -34,6 +34,7 @@ TASK_FAMILIES = {
     "confirm": confirm,
     "third": third,
     "fourth": fourth,
+    "fifth": fifth,
     "longbench": longbench,
 }
 METRICS = {
@@ -44,6 +45,7 @@ METRICS = {
     **confirm.METRICS,
     **third.METRICS,
     **fourth.METRICS,
+    **fifth.METRICS,
     **longbench.METRICS,
 }
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite

@@ -1,5 +1,5 @@
-"""What the generated-offline families (kvbench.tasks.text and the held-out heldout, confirm, third and
-fourth) share: text sources that ship with Python and its packages, instruction layouts, and the sample
+"""What the generated-offline families (kvbench.tasks.text and the held-out heldout, confirm, third, fourth
+and fifth) share: text sources that ship with Python and its packages, instruction layouts, and the sample
 builder that fills a length.
 
 A task is a `Generator`: from a sample seed and a number of units (records, paragraphs, lines, e-mails...)

@@ -9,7 +9,7 @@ only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), w
 from dataclasses import dataclass
 
 from kvbench.errors import BadInput
-from kvbench.tasks import confirm, fourth, heldout, longbench, ruler, text, third
+from kvbench.tasks import confirm, fifth, fourth, heldout, longbench, ruler, text, third
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ KINDS: dict[str, str] = {
     **confirm.KINDS,
     **third.KINDS,
     **fourth.KINDS,
+    **fifth.KINDS,
     **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
 }
 
