@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from safetensors import safe_open
 from transformers import DynamicCache
 
 from kvbench.cli import main
@@ -106,6 +107,12 @@ def test_datagen_train_report_and_run_end_to_end(tmp_path, tiny_model_dir):
     assert json.loads((data / MANIFEST_FILE).read_text()) == manifest
     result = runner.invoke(main, [*datagen, "--seed", "20000"])
     assert result.exit_code == 2 and "other settings" in result.output
+    # A store made before --reconstruction existed (no such key in its config) resumes without it.
+    older = {**manifest, "config": {k: v for k, v in manifest["config"].items() if k != "reconstruction"}}
+    (data / MANIFEST_FILE).write_text(json.dumps(older))
+    assert runner.invoke(main, datagen).exit_code == 0
+    result = runner.invoke(main, [*datagen, "--reconstruction"])
+    assert result.exit_code == 2 and "other settings" in result.output
 
     # DistillCache trains from the same store.
     policy = tmp_path / "policy"
@@ -122,6 +129,8 @@ def test_datagen_train_report_and_run_end_to_end(tmp_path, tiny_model_dir):
     assert load_card(agents)["heads"] == [0, 1, 2, 3]
     result = runner.invoke(main, [*train, "--utility", "reconstruction"])
     assert result.exit_code == 2 and "holds no reconstruction scores" in result.output
+    result = runner.invoke(main, ["kvp", "report", str(agents)])
+    assert "6 steps in" in result.output and ", utility future\n" in result.output
 
     result = runner.invoke(main, ["kvp", "report", str(agents), "--plot", str(tmp_path / "kvp.png")])
     assert result.exit_code == 0, result.output
@@ -142,11 +151,14 @@ def test_mixture_datagen_at_two_lengths_resumes_and_trains_both_archs(tmp_path, 
     runner = CliRunner()
     data = tmp_path / "data"
     datagen = ["kvp", "datagen", "--model", tiny_model_dir, "--out", str(data), "--mixture", "tiny"]
-    datagen += ["--gen-tokens", "2", "--val-fraction", "0.5"]
+    datagen += ["--gen-tokens", "2", "--val-fraction", "0.5", "--reconstruction"]
     result = runner.invoke(main, datagen)
     assert result.exit_code == 0, result.output
     manifest = json.loads((data / MANIFEST_FILE).read_text())
     assert manifest["mixture"] == "tiny" and manifest["config"]["parts"] == [vars(part) for part in parts]
+    assert manifest["config"]["reconstruction"] is True
+    with safe_open(data / manifest["shards"][0]["file"], framework="pt") as shard:
+        assert shard.get_tensor("reconstruction").shape == shard.get_tensor("utility").shape
     shards = manifest["shards"]
     # Sample-major: every part's sample 0 (validation), then every part's sample 1.
     assert [(s["task"], s["length"], s["split"]) for s in shards] == [
@@ -166,14 +178,16 @@ def test_mixture_datagen_at_two_lengths_resumes_and_trains_both_archs(tmp_path, 
     assert json.loads((data / MANIFEST_FILE).read_text())["shards"] == shards
     assert (data / shards[0]["file"]).read_bytes() == first
 
-    for arch in ("compact", "apple"):
+    for arch, utility in (("compact", "mixed"), ("apple", "reconstruction")):
         train = ["kvp", "train", "--data", str(data), "--out", str(tmp_path / arch), "--arch", arch]
+        train += ["--utility", utility]
         result = runner.invoke(
             main, [*train, "--steps", "3", "--tokens", "600", "--rankings", "4", "--hidden", "8"]
         )
         assert result.exit_code == 0, result.output
         result = runner.invoke(main, ["kvp", "report", str(tmp_path / arch)])
         assert result.output.startswith(f"{arch} agents (hidden 8) of {tiny_model_dir}, 3 steps")
+        assert f", utility {utility}\n" in result.output
     apple, _ = load_agents(tmp_path / "apple")
     assert apple.positions == max(s["prompt_tokens"] for s in shards if s["split"] == "train")
 

@@ -149,7 +149,8 @@ def train(
     help="Also score them on the validation prompts of these datagen folders (e.g. another mixture's).",
 )
 def report(agents, plot, data):
-    """Validation cost per head of the agents in AGENTS vs oracle, random, knorm and recency (1 = oracle).
+    """Validation cost per head of the agents in AGENTS vs oracle, random, knorm and recency (1 = oracle),
+    on the utility they were trained on.
 
     \b
     kvbench kvp report presses/kvp/smollm2-135m
@@ -167,7 +168,8 @@ def report(agents, plot, data):
     )
     click.echo(
         f"{card_arch(card)} agents (hidden {agent.get('hidden', '?')}) of {card['model']['name']}, "
-        f"{training.get('steps', '?')} steps in {training.get('seconds', '?')} s"
+        f"{training.get('steps', '?')} steps in {training.get('seconds', '?')} s, "
+        f"utility {training.get('utility', 'future')}"
     )
     table = validation_table(card)
     click.echo(table.to_string(index=False, float_format="{:.3f}".format))
