@@ -3,7 +3,8 @@
     uv run python benchmarks/score_by_answer_position.py results/reference-confirm \
         [--presses kvp,streaming_llm] [--ratios 0.75,0.9] [--bins 5]
 
-For every row of the chosen presses (their default arguments) and ratios, the sample is generated again
+For every row of the chosen presses (named as the leaderboard names them: `kvp` is kvp with its default
+arguments, `kvp(agents=DIR)` kvp with those agents) and ratios, the sample is generated again
 from the row's task, length and seed (samples are deterministic), and the answer's position is where its
 reference first appears in the context, as a fraction of the context's characters. Scores are averaged per
 press, ratio and position bin (0 = the context's start), with the number of samples in each. For generated
@@ -15,6 +16,7 @@ import itertools
 
 import pandas as pd
 
+from kvbench.leaderboard import config_label, split_press_labels
 from kvbench.models import load_tokenizer
 from kvbench.results import load_rows
 from kvbench.tasks import load_samples
@@ -55,10 +57,13 @@ def main() -> None:
     parser.add_argument("--bins", type=int, default=5)
     args = parser.parse_args()
     rows = load_rows(args.results).drop_duplicates(["config_id", "task", "sample_id"], keep="last")
+    labels = [
+        config_label(press, press_args) for press, press_args in zip(rows.press, rows.press_args, strict=True)
+    ]
+    rows = rows.assign(press=labels)
     rows = rows[
-        rows.press.isin(args.presses.split(","))
+        rows.press.isin(split_press_labels(args.presses))
         & rows.ratio.isin([float(r) for r in args.ratios.split(",")])
-        & (rows.press_args.map(len) == 0)
     ]
     with pd.option_context("display.width", 200, "display.max_columns", None):
         print(score_by_position(rows, args.bins))
