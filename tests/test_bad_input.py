@@ -347,6 +347,11 @@ CASES = [
     ([*TRAIN, "--data", "{tmp}/empty", "--steps", "0"], 2, "--steps"),
     ([*TRAIN, "--data", "{tmp}/empty", "--arch", "wide"], 2, "'wide' is not one of 'compact', 'apple'"),
     (["kvp", "report", "{tmp}/empty"], 2, "no KVP agents at {tmp}/empty (missing card.json)"),
+    (
+        ["kvp", "report", "{tmp}/empty", "--utility", "reconstruction"],
+        2,
+        "Invalid value for --utility: scores against another target need --data",
+    ),
     (["kvp", "report", "{tmp}/badcard"], 2, "badcard/card.json: not a KVP agents card"),
     (["kvp", "report", "{tmp}/listcard"], 2, "listcard/card.json: not a KVP agents card"),
     (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/empty"], 2, "no kvp data at {tmp}/empty"),

@@ -89,7 +89,7 @@ def test_agents_learn_the_utility_they_are_trained_on(tmp_path):
     agents, _ = load_agents(tmp_path / "agents")
     costs, _ = validation_cost_on(agents, card, tmp_path)
     assert costs["agents"] == pytest.approx(-sum(card["validation"]["agent"]) / 2, rel=1e-5)
-    future, _ = validation_cost_on(agents, {**card, "training": {"utility": "future"}}, tmp_path)
+    future, _ = validation_cost_on(agents, card, tmp_path, utility="future")
     assert future["agents"] > 1.5 * costs["agents"]
 
 

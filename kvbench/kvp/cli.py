@@ -148,21 +148,29 @@ def train(
     type=click.Path(file_okay=False, path_type=Path),
     help="Also score them on the validation prompts of these datagen folders (e.g. another mixture's).",
 )
-def report(agents, plot, data):
+@click.option(
+    "--utility",
+    type=click.Choice(UTILITIES),
+    help="With --data: the target to score them against [default: the one they were trained on].",
+)
+def report(agents, plot, data, utility):
     """Validation cost per head of the agents in AGENTS vs oracle, random, knorm and recency (1 = oracle),
     on the utility they were trained on.
 
     \b
     kvbench kvp report presses/kvp/smollm2-135m
     kvbench kvp report agents/broad --data data/ruler     # the same cost on another store's prompts
+    kvbench kvp report presses/kvp/smollm2-135m --data data/recon-ruler --utility reconstruction
     """
     from kvbench.kvp.checkpoint import card_arch, load_agents, load_card, plot_validation, validation_table
 
+    if utility and not data:
+        raise click.BadParameter("scores against another target need --data", param_hint="--utility")
     card = load_card(agents)
     if data:  # a bad data folder fails before anything is printed
         from kvbench.kvp.train import validation_cost_on
 
-        costs, prompts = validation_cost_on(load_agents(agents)[0], card, list(data))
+        costs, prompts = validation_cost_on(load_agents(agents)[0], card, list(data), utility)
     agent, training = (
         card.get(key) if isinstance(card.get(key), dict) else {} for key in ("agent", "training")
     )
@@ -176,12 +184,10 @@ def report(agents, plot, data):
     means = table.drop(columns=["layer", "kv_head"]).mean()
     click.echo("mean   " + "  ".join(f"{name} {value:.3f}" for name, value in means.items()))
     if data:
-        from kvbench.kvp.train import validation_cost_on
-
-        costs, prompts = validation_cost_on(load_agents(agents)[0], card, list(data))
         where = ", ".join(map(str, data))
+        target = utility or (card.get("training") or {}).get("utility", "future")
         click.echo(
-            f"on the {prompts} validation prompts of {where}: "
+            f"on the {prompts} validation prompts of {where} ({target} utility): "
             + "  ".join(f"{name} {cost:.3f}" for name, cost in costs.items())
         )
     if plot:

@@ -184,10 +184,13 @@ def validation_reward(agents: StackedAgents, val: list[tuple]) -> torch.Tensor:
     return torch.stack(rewards).mean(0)
 
 
-def validation_cost_on(agents: StackedAgents, card: dict, data_dirs: Path | list[Path]) -> tuple[dict, int]:
+def validation_cost_on(
+    agents: StackedAgents, card: dict, data_dirs: Path | list[Path], utility: str | None = None
+) -> tuple[dict, int]:
     """Mean normalised cost (1 = oracle) over the heads, of the agents and the reference rankings, on the
-    validation prompts of other data stores (e.g. another mixture's); and how many prompts that was."""
-    data = KVPData(data_dirs, card.get("training", {}).get("utility", "future"))
+    validation prompts of other data stores (e.g. another mixture's), against `utility` (default: the one
+    the agents were trained on); and how many prompts that was."""
+    data = KVPData(data_dirs, utility or card.get("training", {}).get("utility", "future"))
     made_for = ModelShape(**card["model"])
     if data.shape != made_for:
         raise TrainingFileError(f"the agents were made for {made_for}, the data for {data.shape}")
