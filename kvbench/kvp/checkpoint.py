@@ -78,6 +78,12 @@ def card_arch(card: dict) -> str:
     return agent.get("arch", "compact") if isinstance(agent, dict) else "compact"
 
 
+def card_utility(card: dict) -> str:
+    """The target a card's agents were trained on; cards written before there were several: future."""
+    training = card.get("training")
+    return training.get("utility", "future") if isinstance(training, dict) else "future"
+
+
 def load_agents(directory: Path, arch: str | None = None) -> tuple[StackedAgents, dict]:
     """The agents in `directory` and their card; `arch`, when given, is the architecture the caller expects
     (refused if the card records another)."""

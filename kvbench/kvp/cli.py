@@ -162,7 +162,14 @@ def report(agents, plot, data, utility):
     kvbench kvp report agents/broad --data data/ruler     # the same cost on another store's prompts
     kvbench kvp report presses/kvp/smollm2-135m --data data/recon-ruler --utility reconstruction
     """
-    from kvbench.kvp.checkpoint import card_arch, load_agents, load_card, plot_validation, validation_table
+    from kvbench.kvp.checkpoint import (
+        card_arch,
+        card_utility,
+        load_agents,
+        load_card,
+        plot_validation,
+        validation_table,
+    )
 
     if utility and not data:
         raise click.BadParameter("scores against another target need --data", param_hint="--utility")
@@ -177,7 +184,7 @@ def report(agents, plot, data, utility):
     click.echo(
         f"{card_arch(card)} agents (hidden {agent.get('hidden', '?')}) of {card['model']['name']}, "
         f"{training.get('steps', '?')} steps in {training.get('seconds', '?')} s, "
-        f"utility {training.get('utility', 'future')}"
+        f"utility {card_utility(card)}"
     )
     table = validation_table(card)
     click.echo(table.to_string(index=False, float_format="{:.3f}".format))
@@ -185,9 +192,8 @@ def report(agents, plot, data, utility):
     click.echo("mean   " + "  ".join(f"{name} {value:.3f}" for name, value in means.items()))
     if data:
         where = ", ".join(map(str, data))
-        target = utility or (card.get("training") or {}).get("utility", "future")
         click.echo(
-            f"on the {prompts} validation prompts of {where} ({target} utility): "
+            f"on the {prompts} validation prompts of {where} ({utility or card_utility(card)} utility): "
             + "  ".join(f"{name} {cost:.3f}" for name, cost in costs.items())
         )
     if plot:

@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from kvbench.errors import BadInput
 from kvbench.kvp.agent import StackedAgents, build_agents
-from kvbench.kvp.checkpoint import ModelShape, save_agents
+from kvbench.kvp.checkpoint import ModelShape, card_utility, save_agents
 from kvbench.kvp.reward import (
     normalised_cost,
     plackett_luce_log_prob,
@@ -55,10 +55,16 @@ class TrainConfig:
     seed: int = 0
 
 
-# What the ranking cost counts as a token's utility: the attention the question and the answer pay to it
-# (the paper's future attention), KVZip's reconstruction score (question-agnostic; needs datagen's
-# --reconstruction), or both, each scaled to sum 1 over the prompt's tokens, averaged.
-UTILITIES = ("future", "reconstruction", "mixed")
+# What the ranking cost counts as a token's utility, and the stored tensors it is made of: the attention the
+# question and the answer pay to it (the paper's future attention), KVZip's reconstruction score
+# (question-agnostic; needs datagen's --reconstruction), or both, each scaled to sum 1 over the prompt's
+# tokens, averaged.
+UTILITY_TENSORS = {
+    "future": ("utility",),
+    "reconstruction": ("reconstruction",),
+    "mixed": ("utility", "reconstruction"),
+}
+UTILITIES = tuple(UTILITY_TENSORS)
 
 
 class KVPData(TrainingData):
@@ -88,12 +94,9 @@ class KVPData(TrainingData):
 
     def load(self, shard: dict, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """keys, values (fp16, (heads, P, head_dim)) and utility (fp32, (heads, P)) of one prompt."""
-        names = {"future": ["utility"], "reconstruction": ["reconstruction"]}
-        names["mixed"] = names["future"] + names["reconstruction"]
+        names = ("keys", "values", *UTILITY_TENSORS[self.utility])
         with safe_open(Path(shard["directory"]) / shard["file"], framework="pt") as f:
-            keys, values, *targets = (
-                f.get_tensor(name).flatten(0, 1)[heads] for name in ("keys", "values", *names[self.utility])
-            )
+            keys, values, *targets = (f.get_tensor(name).flatten(0, 1)[heads] for name in names)
         if len(targets) == 1:
             return keys, values, targets[0]
         scaled = [
@@ -190,7 +193,7 @@ def validation_cost_on(
     """Mean normalised cost (1 = oracle) over the heads, of the agents and the reference rankings, on the
     validation prompts of other data stores (e.g. another mixture's), against `utility` (default: the one
     the agents were trained on); and how many prompts that was."""
-    data = KVPData(data_dirs, utility or card.get("training", {}).get("utility", "future"))
+    data = KVPData(data_dirs, utility or card_utility(card))
     made_for = ModelShape(**card["model"])
     if data.shape != made_for:
         raise TrainingFileError(f"the agents were made for {made_for}, the data for {data.shape}")

@@ -100,7 +100,7 @@ def mixture_name(ctx, param, value: str | None) -> str | None:
     "--reconstruction",
     is_flag=True,
     help="Also store KVZip's score (attention while the model repeats the context), the target of `kvbench "
-    "kvp train --utility reconstruction`; one more eager pass a prompt (about 2.4x datagen's time at 1k).",
+    "kvp train --utility reconstruction`; one more eager pass over the context a prompt.",
 )
 def datagen(
     out, model, device, mixture, tasks, length, samples, seed, gen_tokens, val_fraction, reconstruction
