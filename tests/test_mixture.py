@@ -18,6 +18,7 @@ from kvbench.tasks import (
     load_suite,
     ruler,
     score_sample,
+    sixth,
     suite_names,
     task_names,
     text,
@@ -32,6 +33,7 @@ GENERATED = {
     **third.GENERATORS,
     **fourth.GENERATORS,
     **fifth.GENERATORS,
+    **sixth.GENERATORS,
 }
 TASKS = list(GENERATED)
 # In the order they were written: each may share no kind or layout with training or an earlier one.
@@ -41,6 +43,7 @@ HELD_OUT_SUITES = [
     ("heldout-third", third),
     ("heldout-fourth", fourth),
     ("heldout-fifth", fifth),
+    ("heldout-sixth", sixth),
 ]
 
 
@@ -105,7 +108,7 @@ def test_inputs_fill_the_length_and_grow_with_it(task, tokenizer):
     assert sizes[2048] > 2.5 * sizes[512]
 
 
-@pytest.mark.parametrize("family", [text, heldout, confirm, third, fourth, fifth])
+@pytest.mark.parametrize("family", [text, heldout, confirm, third, fourth, fifth, sixth])
 def test_each_sample_draws_its_layout_from_its_family(family, tokenizer):
     layouts = {layout.name for layout in family.LAYOUTS}
     drawn = set()
@@ -128,7 +131,7 @@ def test_the_families_are_registered_and_listed():
     listed = CliRunner().invoke(main, ["tasks"]).output
     for task in TASKS:
         assert task in listed
-        assert family_of(task) in (text, heldout, confirm, third, fourth, fifth)
+        assert family_of(task) in (text, heldout, confirm, third, fourth, fifth, sixth)
     assert METRICS["string_match_all"] is ruler.string_match_all
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from kvbench.errors import DataFileError, UnknownTask
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, confirm, fifth, fourth, heldout, longbench, ruler, text, third
+from kvbench.tasks import agent, confirm, fifth, fourth, heldout, longbench, ruler, sixth, text, third
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = [
@@ -35,6 +35,7 @@ TASK_FAMILIES = {
     "third": third,
     "fourth": fourth,
     "fifth": fifth,
+    "sixth": sixth,
     "longbench": longbench,
 }
 METRICS = {
@@ -46,6 +47,7 @@ METRICS = {
     **third.METRICS,
     **fourth.METRICS,
     **fifth.METRICS,
+    **sixth.METRICS,
     **longbench.METRICS,
 }
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite

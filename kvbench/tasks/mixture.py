@@ -9,7 +9,7 @@ only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), w
 from dataclasses import dataclass
 
 from kvbench.errors import BadInput
-from kvbench.tasks import confirm, fifth, fourth, heldout, longbench, ruler, text, third
+from kvbench.tasks import confirm, fifth, fourth, heldout, longbench, ruler, sixth, text, third
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ KINDS: dict[str, str] = {
     **third.KINDS,
     **fourth.KINDS,
     **fifth.KINDS,
+    **sixth.KINDS,
     **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
 }
 
