@@ -1180,27 +1180,40 @@ class Collected:
     notes: list[str]  # said at the top of the report: mixed models, skipped lines
 
 
-def keep_latest_press_state(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tuple[pd.DataFrame, list[str]]:
     """Keep, for each model and press, the rows of the learned state (e.g. KVP agents) written last.
 
     Rows scored with older agents are other results; averaging them with the new ones would describe no
-    agents at all. The reader is told what was set aside.
+    agents at all. The reader is told what was set aside. With `every_state` they are kept instead, as a
+    press of their own named PRESS@STATE, so agents before and after a retrain compare paired.
     """
     if "press_state" not in rows:
         return rows, []
     state = rows["press_state"].fillna("unrecorded")
     latest = state.groupby([rows["model"], rows["press"]]).transform("last")
+    older = state != latest
+
+    def older_ones(press: str, count: int) -> str:
+        return (
+            f"reports the older ones as {press}@STATE"
+            if every_state
+            else f"sets aside {count} rows of older ones"
+        )
+
     notes = [
         f"{press} on {model}: rows of {group.nunique()} versions of its learned state; the report uses the "
-        f"latest ({latest[group.index[0]]}) and sets aside {int((group != latest[group.index]).sum())} rows "
-        "of older ones."
+        f"latest ({latest[group.index[0]]}) and {older_ones(press, int(older[group.index].sum()))}."
         for (model, press), group in state.groupby([rows["model"], rows["press"]])
         if group.nunique() > 1
     ]
-    return rows[state == latest].reset_index(drop=True), notes
+    if every_state:
+        rows = rows.copy()
+        rows.loc[older, "press"] = rows.loc[older, "press"] + "@" + state[older]
+        return rows, notes
+    return rows[~older].reset_index(drop=True), notes
 
 
-def collect(paths: list[Path], recursive: bool = False) -> Collected:
+def collect(paths: list[Path], recursive: bool = False, every_state: bool = False) -> Collected:
     files = result_files([Path(p) for p in paths], recursive)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1213,7 +1226,7 @@ def collect(paths: list[Path], recursive: bool = False) -> Collected:
     if rows.empty:
         raise NoResults(f"no result rows in {', '.join(str(file) for file in files)}")
     rows["press"] = [config_label(p, a) for p, a in zip(rows["press"], rows["press_args"], strict=True)]
-    rows, notes = keep_latest_press_state(rows)
+    rows, notes = keep_latest_press_state(rows, every_state)
     models = sorted(rows["model"].unique())
     if len(models) > 1:
         notes.append(
@@ -1247,14 +1260,16 @@ def render_report(
     recursive: bool = False,
     versus: str | None = None,
     presses: list[str] | None = None,
+    every_state: bool = False,
 ) -> Path:
     """Write README.md, index.html and the PNG plots of the results in `result_dirs` (one folder or a
     list; with `recursive`, the folders below them too) into `out`; the folder written. `versus`: a press,
     as the leaderboard names it, that every other press is compared to, paired by sample. `presses`: only
-    these presses (as the leaderboard names them) and the reference; None: every press of the results."""
+    these presses (as the leaderboard names them) and the reference; None: every press of the results.
+    `every_state`: rows of a learned press's older states as presses of their own (PRESS@STATE)."""
     if isinstance(result_dirs, (str, Path)):
         result_dirs = [result_dirs]
-    collected = collect(result_dirs, recursive)
+    collected = collect(result_dirs, recursive, every_state)
     if presses:
         collected = only_presses(collected, presses)
     boards = build_leaderboards(collected.rows, collected.runs, versus)
@@ -1302,15 +1317,27 @@ def render_report(
     help="Report only these presses, comma-separated as the leaderboard names them (and the no-compression "
     "reference), e.g. --presses kvp,streaming_llm,'kvp(agents=agents/old)'. Default: every press.",
 )
+@click.option(
+    "--every-state",
+    is_flag=True,
+    help="Keep the rows a learned press scored with older agents or policies as a press of their own, named "
+    "PRESS@STATE (the state digest its rows record), e.g. to compare agents before and after a retrain with "
+    "--versus kvp@58260c05679a. Default: only each press's latest state, the others set aside.",
+)
 def report(
-    result_dirs: tuple[Path, ...], out: Path, recursive: bool, versus: str | None, presses: str | None
+    result_dirs: tuple[Path, ...],
+    out: Path,
+    recursive: bool,
+    versus: str | None,
+    presses: str | None,
+    every_state: bool,
 ):
     """Leaderboards, per-task tables and plots from one or more results folders."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             chosen = split_press_labels(presses) if presses else None
-            out_dir = render_report(list(result_dirs), out, recursive, versus, chosen)
+            out_dir = render_report(list(result_dirs), out, recursive, versus, chosen, every_state)
         except NoResults as error:
             out_dir = error
     for caught_warning in caught:  # one line each, not Python's two-line warning format

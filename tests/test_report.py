@@ -314,6 +314,23 @@ def test_rows_of_older_learned_state_are_set_aside(tmp_path):
     assert "sets aside 2 rows" in readme
 
 
+def test_every_state_reports_older_agents_as_a_press_of_their_own(tmp_path):
+    rows = rows_of({("none", 0.0): {"t1": [100, 100]}, ("kvp", 0.5): {"t1": [0, 100]}})
+    rows = [row | {"press_state": "old-agents"} if row["press"] == "kvp" else row for row in rows]
+    retrained = {
+        "press_state": "new-agents",
+        "config_id": config_id("smollm2-135m", "kvp", 0.5, {}, "new-agents"),
+    }
+    rows += [make_row("kvp", 0.5, "t1", i, score) | retrained for i, score in enumerate([100, 100])]
+    results = write_results(tmp_path / "r", rows)
+    [board] = build_leaderboards(collect([results], every_state=True).rows, [], versus="kvp@old-agents")
+    assert board.average[0.5].to_dict() == {"kvp": 100.0, "kvp@old-agents": 50.0}
+    versus = board.versus.set_index(["press", "ratio"])
+    assert versus.at[("kvp", 0.5), "difference"] == pytest.approx(50.0)  # new minus old, paired by sample
+    readme = (render_report([results], tmp_path / "report", every_state=True) / "README.md").read_text()
+    assert "reports the older ones as kvp@STATE" in readme and "sets aside" not in readme
+
+
 FULL_BYTES = {"t1": 1000 * BYTES_PER_ENTRY, "t2": 2000 * BYTES_PER_ENTRY}  # the 16-bit cache, uncompressed
 
 
