@@ -481,7 +481,9 @@ def decode_time_reference(monkeypatch, model, tokenizer, sample, config: Config)
 def test_decode_time_compression_in_the_batch_answers_as_kvpress_decoding_press(
     monkeypatch, tokenizer, architecture, peaked_model
 ):
-    model = peaked_model(architecture)
+    # float64: in float32 the batch's rows and kvpress's single row round differently on some CPUs (an
+    # AMD EPYC flipped a near-tie in knorm's top-k at step 19); what is kept is under test, not rounding.
+    model = peaked_model(architecture).double()
     sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
     configs = [Config("none", 0.0)] + [
         Config(press, ratio, protocol="decode-time", protocol_args=(("interval", interval),))
