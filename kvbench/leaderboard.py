@@ -1192,17 +1192,14 @@ def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tu
     state = rows["press_state"].fillna("unrecorded")
     latest = state.groupby([rows["model"], rows["press"]]).transform("last")
     older = state != latest
-
-    def older_ones(press: str, count: int) -> str:
-        return (
-            f"reports the older ones as {press}@STATE"
-            if every_state
-            else f"sets aside {count} rows of older ones"
-        )
-
     notes = [
         f"{press} on {model}: rows of {group.nunique()} versions of its learned state; the report uses the "
-        f"latest ({latest[group.index[0]]}) and {older_ones(press, int(older[group.index].sum()))}."
+        f"latest ({latest[group.index[0]]}) and "
+        + (
+            f"reports the older ones as {press}@STATE."
+            if every_state
+            else f"sets aside {int(older[group.index].sum())} rows of older ones."
+        )
         for (model, press), group in state.groupby([rows["model"], rows["press"]])
         if group.nunique() > 1
     ]
