@@ -302,6 +302,11 @@ CASES = [
         2,
         "--presses 'nope' is not a press of these results",
     ),
+    (
+        ["report", "{tmp}/scored", *OUT, "--every-state", "--versus", "kvp@nope"],
+        2,
+        "--versus 'kvp@nope' is not a press of these results",
+    ),
     # kvp datagen, train, report
     ([*DATAGEN, "--length", "10"], 2, "10 is below the minimum of task 'niah_single_1'"),
     ([*DATAGEN, "--length", "20000"], 2, "20000 exceeds the 8192-token context"),
