@@ -17,9 +17,12 @@ import time
 import torch
 from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodingPress
 
-from kvbench.engine import Config, budget_entries, evaluate_sample, tokenize_sample
+from kvbench.config import Config
+from kvbench.engine import budget_entries, evaluate_sample
 from kvbench.models import load_model
+from kvbench.presses import config_press
 from kvbench.tasks import load_samples
+from kvbench.tasks.prompt import tokenize_sample
 
 PRESSES = ("knorm", "tova", "streaming_llm", "keydiff")
 RATIOS = (0.5, 0.75, 0.9)
@@ -30,10 +33,10 @@ def pipeline_answers(model, tokenizer, sample, configs: list[Config], interval: 
     context_length = tokenize_sample(tokenizer, sample).context_ids.shape[1]
     answers = []
     for config in configs:
-        press = config.build_press()
+        press = config_press(config)
         if press is not None:
             decoding = DecodingPress(
-                base_press=Config(config.press, 0.0).build_press(),
+                base_press=config_press(Config(config.press, 0.0)),
                 compression_interval=interval,
                 target_size=budget_entries(config, context_length),
             )

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvbench.config import Config
 from kvbench.models import load_model
-from kvbench.planning import Config
 from kvbench.ray_sweep import RayExecutor
 from kvbench.results import ResultsStore
 from kvbench.runner import Plan, run_plan

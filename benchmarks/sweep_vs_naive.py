@@ -14,9 +14,10 @@ import torch
 from kvpress import KVPressTextGenerationPipeline
 
 from kvbench.adapter import attention_implementation
-from kvbench.engine import Config, evaluate_sample
+from kvbench.config import Config
+from kvbench.engine import evaluate_sample
 from kvbench.models import load_model
-from kvbench.presses import needs_eager
+from kvbench.presses import config_press, needs_eager
 from kvbench.tasks import load_samples
 
 PRESSES = ("knorm", "snapkv", "tova", "h2o", "streaming_llm", "expected_attention", "random", "keydiff")
@@ -34,7 +35,7 @@ def naive_answers(model, tokenizer, sample, configs: list[Config]) -> list[str]:
                 sample.context,
                 question=sample.question,
                 answer_prefix=sample.answer_prefix,
-                press=config.build_press(),
+                press=config_press(config),
                 max_new_tokens=sample.max_new_tokens,
             )
         answers.append(output["answer"])

@@ -30,10 +30,10 @@ from kvbench.errors import (
 )
 
 if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
+    from kvbench.config import Config
     from kvbench.engine import evaluate_sample
     from kvbench.leaderboard import render_report as report
     from kvbench.models import load_model
-    from kvbench.planning import Config
     from kvbench.presses import PressSpec, build_press, list_presses
     from kvbench.results import ResultsStore, Row
     from kvbench.results import load_rows as load_results

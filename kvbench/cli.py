@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
+from kvbench.config import PROTOCOL_ARGS
 from kvbench.errors import BadInput, KvbenchError, KvbenchWarning
 from kvbench.models import EMBEDDED, first_line
-from kvbench.planning import PROTOCOL_ARGS
 
 # Commands whose modules are heavy to import (plots, lm-eval, training) load only when called; their one-line
 # help is here so that `kvbench --help` lists them without importing torch.

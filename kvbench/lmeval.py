@@ -42,14 +42,24 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, moves_positions
-from kvbench.engine import Config, Prompt, Run, cache_entries, kv_counts, run_alone, run_shared
+from kvbench.config import Config
+from kvbench.engine import Run, cache_entries, kv_counts, run_alone, run_shared
 from kvbench.errors import BadInput, TaskUnavailable, UnknownTask
 from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, load_tokenizer, model_name
 from kvbench.planning import check_learned_state
-from kvbench.presses import check_press_runnable, needs_eager, parse_press_args, press_state, seed_press
+from kvbench.presses import (
+    check_press_runnable,
+    config_press,
+    needs_eager,
+    parse_press_args,
+    press_state,
+    seed_press,
+)
+from kvbench.provenance import git_commit, package_versions
 from kvbench.resources import lm_eval_tasks_dir
 from kvbench.results import ResultsStore, Row, check_writable, config_id
 from kvbench.tasks import ruler
+from kvbench.tasks.prompt import Prompt
 
 QUESTION_FIELD = "kvbench_question"  # doc field: the question text, where the uncompressed part starts
 TASKS_DIR = lm_eval_tasks_dir()
@@ -120,7 +130,7 @@ class KVBenchLM(HFLM):
     def new_run(self) -> Run:
         """A fresh press per request, as `kvbench run` builds one per sample (stateful presses start over)."""
         config = Config(self.press_name, self.compression_ratio, tuple(sorted(self.press_args.items())))
-        return Run(config, seed_press(config.build_press(), f"lm-eval/{config!r}"), self.eager)
+        return Run(config, seed_press(config_press(config), f"lm-eval/{config!r}"), self.eager)
 
     @property
     def run_config(self) -> dict:
@@ -458,7 +468,6 @@ def store_rows(rows: list[Row], store: ResultsStore) -> int:
 
 
 def run_record(lm: KVBenchLM, rows: list[Row], *, limit, length, started: str) -> dict:
-    from kvbench.runner import git_commit, package_versions
 
     config = lm.run_config
     tasks = sorted({row.task for row in rows})

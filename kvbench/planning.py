@@ -10,37 +10,15 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kvbench import tasks
+from kvbench.config import DEFAULT_PROTOCOL, PROTOCOL_ARGS, Config
+from kvbench.engine import check_protocol
 from kvbench.errors import BadInput, KvbenchWarning, UnknownTask
-from kvbench.presses import PRESSES, build_press, check_press_runnable, press_state
+from kvbench.presses import PRESSES, build_press, check_press_runnable, config_press, press_state
 
-DEFAULT_PROTOCOL = "query-agnostic"
-# Each protocol's own argument and its default.
-PROTOCOL_ARGS = {"query-agnostic": None, "decode-time": ("interval", 16), "streaming": ("chunk", 256)}
 DEFAULT_SUITE = "ruler-smoke"
 DEFAULT_LENGTH = 1024  # RULER tasks named without a suite or a length
-
-
-@dataclass(frozen=True)
-class Config:
-    """One point of a sweep. `press_args` and `protocol_args` are sorted tuples of (key, value) so configs
-    are hashable; `press_state` is the digest of the learned state the press loads (`presses.press_state`);
-    `memory` is the budget asked for (fraction of the 16-bit full cache) when the config was given one."""
-
-    press: str
-    ratio: float
-    press_args: tuple[tuple[str, Any], ...] = ()
-    press_state: str | None = None
-    memory: float | None = None
-    protocol: str = "query-agnostic"
-    protocol_args: tuple[tuple[str, int], ...] = ()
-
-    def build_press(self):
-        if self.press == "none":
-            return None
-        return build_press(self.press, self.ratio, memory=self.memory, **dict(self.press_args))
 
 
 def parse_ratio(value: float | str) -> float:
@@ -167,7 +145,7 @@ def drop_unreachable_budgets(configs: list[Config]) -> list[Config]:
     for config in configs:
         if config.press in PRESSES and PRESSES[config.press].codec:
             try:
-                config.build_press()
+                config_press(config)
             except BadInput as error:
                 message = f"skipped {config.press} at memory {config.memory}: {error}"
                 warnings.warn(message, KvbenchWarning, stacklevel=3)
@@ -179,8 +157,6 @@ def drop_unreachable_budgets(configs: list[Config]) -> list[Config]:
 def check_configs(configs: list[Config]) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, or does not fit its protocol;
     the presses, built (None for `none`)."""
-    from kvbench.engine import check_protocol
-
     for config in configs:
         check_press_runnable(config.press)
         check_protocol(config)

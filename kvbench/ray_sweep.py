@@ -44,14 +44,14 @@ class SweepWorker:
         import torch
 
         from kvbench.models import load_model
-        from kvbench.presses import press_state
+        from kvbench.presses import config_press, press_state
 
         torch.set_num_threads(threads)
         self.plan = plan
         self.model, self.tokenizer = load_model(plan.model, device=plan.device, dtype=plan.dtype)
         # Rows are keyed by the learned state the main process planned with: this worker must load the same.
         for config in plan.configs:
-            press = config.build_press()
+            press = config_press(config)
             if press is not None and config.press_state is not None:
                 press.post_init_from_model(self.model)
                 if press_state(press) != config.press_state:

@@ -36,6 +36,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from kvbench.config import DEFAULT_PROTOCOL
 from kvbench.errors import BadInput, KvbenchWarning, ResultsWriteError
 
 ROWS_FILE = "rows.jsonl"
@@ -45,7 +46,6 @@ CLAIMS_DIR = "claims"
 SAMPLE_FIELDS = ("config_id", "task", "length", "seed", "sample_id")  # which config on which sample
 KEY_FIELDS = (*SAMPLE_FIELDS, "content_hash")  # ... on which content
 REQUIRED_FIELDS = ("config_id", "model", "press", "ratio", "task", "sample_id")
-DEFAULT_PROTOCOL = "query-agnostic"
 
 
 def config_id(

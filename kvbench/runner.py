@@ -9,15 +9,11 @@ any store, so that a scheduler can spread units over workers and write their row
 units on Ray actors).
 """
 
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Protocol
 
@@ -25,10 +21,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvbench import models
+from kvbench.config import DEFAULT_PROTOCOL, Config
 from kvbench.errors import BadInput
 from kvbench.planning import (
-    DEFAULT_PROTOCOL,
-    Config,
     check_configs,
     check_learned_state,
     configs_for_run,
@@ -37,12 +32,11 @@ from kvbench.planning import (
     plan_tasks,
     task_lengths,
 )
-from kvbench.resources import checkout_root
+from kvbench.provenance import git_commit, hardware, package_versions
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
 from kvbench.tasks import Sample, check_data, load_samples, score_sample
 
 CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
-PACKAGES = ("kvbench", "torch", "transformers", "kvpress", "datasets", "lm-eval", "accelerate", "flash-attn")
 
 
 @dataclass
@@ -360,45 +354,6 @@ def run_plan(
     frame = frame[[key in wanted for key in zip(*(frame[name] for name in SAMPLE_FIELDS), strict=True)]]
     store.write_run(run_record(plan, frame, started), path=record_path)
     return frame.reset_index(drop=True)
-
-
-def package_versions() -> dict:
-    versions = {"python": platform.python_version()}
-    for package in PACKAGES:
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            pass
-    return versions
-
-
-def hardware(device: str) -> dict:
-    """What the rows' timings ran on: CPU cores and, on CUDA, the GPU's name."""
-    found = {"machine": platform.machine(), "cpus": os.cpu_count()}
-    if device.startswith("cuda"):
-        import torch
-
-        found["gpu"] = torch.cuda.get_device_name(device)
-    return found
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (-dirty with uncommitted changes); None for an installed wheel."""
-    root = checkout_root()
-    if root is None:
-        return None
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit + ("-dirty" if dirty else "")
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:

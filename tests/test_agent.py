@@ -3,9 +3,9 @@ import re
 
 import pytest
 
-from kvbench.engine import REGIONS, tokenize_sample
 from kvbench.tasks import METRICS, agent, family_of, load_samples, load_suite, ruler, score_sample
 from kvbench.tasks.base import Sample
+from kvbench.tasks.prompt import REGIONS, tokenize_sample
 
 TASKS = list(agent.TASKS)
 

@@ -323,9 +323,10 @@ def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch
     from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodingPress
     from test_engine import decoded_token_ids, engine_token_ids, word_soup_sample
 
-    from kvbench.engine import Config, tokenize_sample
+    from kvbench.config import Config
     from kvbench.models import load_tokenizer
     from kvbench.presses.distillcache import DistillCachePress
+    from kvbench.tasks.prompt import tokenize_sample
 
     tokenizer = load_tokenizer()
     model = tiny_model("llama", len(tokenizer), initializer_range=0.1, attn_implementation="sdpa")

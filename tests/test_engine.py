@@ -10,15 +10,17 @@ from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, Pr
 from transformers import DynamicCache
 
 from kvbench import adapter, decoder, engine
+from kvbench.config import Config
 from kvbench.decoder import BatchedDecoder
 from kvbench.distillcache.checkpoint import save_policy
 from kvbench.distillcache.policy import DistillCachePolicy
-from kvbench.engine import Config, evaluate_sample, tokenize_sample
+from kvbench.engine import evaluate_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import embedded_folder, load_model, load_tokenizer
-from kvbench.presses import PRESSES, needs_eager
+from kvbench.presses import PRESSES, config_press, needs_eager
 from kvbench.tasks.base import Sample
+from kvbench.tasks.prompt import REGIONS, tokenize_sample
 
 MAX_NEW_TOKENS = 10
 RATIOS = (0.25, 0.5, 0.75)
@@ -111,7 +113,7 @@ def registry_configs(model, tmp_path) -> list[Config]:
         args = (("agents", save_random_kvp_agents(model, tmp_path / "kvp")),) if name == "kvp" else ()
         if name == "distillcache":
             args = (("weights", save_random_distillcache_policy(model, tmp_path / "distillcache")),)
-        shareable = adapter.is_shareable(Config(name, 0.5, args).build_press())
+        shareable = adapter.is_shareable(config_press(Config(name, 0.5, args)))
         # Codecs store every entry in fewer bits: the highest ratios ask for less memory than 2 bits take.
         ratios = RATIOS if shareable else (0.5,)
         configs += [Config(name, r, args) for r in ratios if not (PRESSES[name].codec and r > 0.5)]
@@ -141,7 +143,7 @@ def pipeline_token_ids(monkeypatch, model, tokenizer, sample: Sample, config: Co
             sample.context,
             question=sample.question,
             answer_prefix=sample.answer_prefix,
-            press=config.build_press(),
+            press=config_press(config),
             max_new_tokens=sample.max_new_tokens,
         )
     monkeypatch.undo()
@@ -165,7 +167,7 @@ def test_every_registry_press_answers_as_the_kvpress_pipeline(
     model = peaked_model(architecture)
     sample = word_soup_sample(260)
     configs = registry_configs(model, tmp_path)
-    shared = {c.press for c in configs if adapter.is_shareable(c.build_press())}
+    shared = {c.press for c in configs if adapter.is_shareable(config_press(c))}
     assert MUST_SHARE <= shared
 
     # Chunks of 7 configs: several prefills, batches mixing presses and ratios, caches of different lengths.
@@ -186,10 +188,10 @@ def stepwise_reference(model, tokenizer, sample: Sample, config: Config) -> tupl
     With one query at a time no mask is needed, so per-layer cache lengths work on CPU, where kvpress's
     pipeline fails (it builds the question's mask from the first layer's length).
     """
-    prompt = engine.tokenize_sample(tokenizer, sample)
+    prompt = tokenize_sample(tokenizer, sample)
     cache = DynamicCache()
     with torch.no_grad():
-        with config.build_press()(model):
+        with config_press(config)(model):
             model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=cache)
         lengths = {layer.keys.shape[2] for layer in cache.layers}
         position = prompt.context_ids.shape[1]
@@ -233,7 +235,7 @@ def test_presses_that_cannot_share_run_alone_and_still_match(monkeypatch, tokeni
         Config("none", 0.0),
         Config("adakv", 0.75, adakv),
     ]
-    assert [adapter.is_shareable(c.build_press()) for c in configs] == [False, True, True, False]
+    assert [adapter.is_shareable(config_press(c)) for c in configs] == [False, True, True, False]
     engine._logged_fallbacks.clear()
     with caplog.at_level(logging.INFO, logger="kvbench.engine"):
         engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
@@ -374,7 +376,7 @@ def test_kv_accounting_counts_entries_and_bytes_kept(tokenizer, peaked_model):
     model = peaked_model("llama")
     sample = word_soup_sample(80)
     none, knorm = evaluate_sample(model, tokenizer, sample, [Config("none", 0.0), Config("knorm", 0.3)])
-    n = engine.tokenize_sample(tokenizer, sample).context_ids.shape[1]
+    n = tokenize_sample(tokenizer, sample).context_ids.shape[1]
     layers, kv_heads, head_dim = 2, 2, 16
     assert none["context_tokens"] == knorm["context_tokens"] == n
     assert none["kv_total"] == knorm["kv_total"] == none["kv_kept"] == layers * kv_heads * n
@@ -432,20 +434,20 @@ def test_chat_turns_are_rendered_with_the_template_and_each_token_has_its_region
     assert prompt.regions.shape == (prompt.context_ids.shape[1],)
     # Each message's content is tokenized within its own region.
     for message in messages:
-        region = engine.REGIONS.index(message.get("region", message["role"]))
+        region = REGIONS.index(message.get("region", message["role"]))
         ids = tokenizer.encode(message["content"], add_special_tokens=False)
         context = prompt.context_ids[0].tolist()
         start = next(i for i in range(len(context)) if context[i : i + len(ids)] == ids)
         assert set(prompt.regions[start : start + len(ids)].tolist()) == {region}, message
-    assert prompt.regions[-1] == engine.REGIONS.index("scratchpad")  # the last turn runs to the question
+    assert prompt.regions[-1] == REGIONS.index("scratchpad")  # the last turn runs to the question
 
 
 def test_a_plain_context_is_user_after_the_templates_system_prompt(tokenizer):
     sample = word_soup_sample(40)
     prompt = tokenize_sample(tokenizer, sample)
     regions = prompt.regions.tolist()
-    assert regions[0] == engine.REGIONS.index("system")
-    assert regions[-1] == engine.REGIONS.index("user")
+    assert regions[0] == REGIONS.index("system")
+    assert regions[-1] == REGIONS.index("user")
     assert regions == sorted(regions)  # one system span, then the user's
 
 
@@ -455,11 +457,11 @@ DECODE_STEPS = 24
 def decode_time_reference(monkeypatch, model, tokenizer, sample, config: Config) -> list[int]:
     """kvpress's pipeline with the equivalent PrefillDecodingPress: the press at the ratio on the prefill,
     and a DecodingPress of the same press back to the prefill's size every `interval` steps."""
-    prefill = config.build_press()
+    prefill = config_press(config)
     target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * (1 - config.ratio))
     interval = dict(config.protocol_args)["interval"]
     decoding = DecodingPress(
-        base_press=Config(config.press, 0.0).build_press(), compression_interval=interval, target_size=target
+        base_press=config_press(Config(config.press, 0.0)), compression_interval=interval, target_size=target
     )
     pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     calls = decoded_token_ids(monkeypatch, tokenizer)
@@ -521,7 +523,7 @@ def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, to
     n = prompt.context_ids.shape[1]
     answers = []
     for config, result in zip(configs[:2], results, strict=False):
-        press, cache = config.build_press(), DynamicCache()
+        press, cache = config_press(config), DynamicCache()
         decoding = adapter.decoding_press(press, 8, engine.budget_entries(config, n))
         with torch.no_grad():
             with press(model):
@@ -543,7 +545,7 @@ def streaming_reference(model, tokenizer, sample, config: Config) -> tuple[list[
     n = prompt.context_ids.shape[1]
     chunk = dict(config.protocol_args)["chunk"]
     cache = DynamicCache()
-    base = config.build_press()
+    base = config_press(config)
     base.post_init_from_model(model)
     press = adapter.decoding_press(base, 1, engine.budget_entries(config, n), buffer_size=1)
     with torch.no_grad():

@@ -14,7 +14,8 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
 from kvbench import lmeval, tasks
-from kvbench.engine import Config, evaluate_sample
+from kvbench.config import Config
+from kvbench.engine import evaluate_sample
 from kvbench.lmeval import QUESTION_FIELD, TASKS_DIR, KVBenchLM, lm_eval_command
 from kvbench.tasks import ruler
 

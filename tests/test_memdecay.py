@@ -10,12 +10,12 @@ import torch
 from kvpress import DecodingPress
 from transformers import DynamicCache
 
-from kvbench.engine import REGIONS, tokenize_sample
 from kvbench.models import load_model, load_tokenizer, model_name
 from kvbench.presses import build_press, memdecay
 from kvbench.presses.memdecay import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
 from kvbench.presses.memdecay_calibration import LifetimeStats, fit_calibration, measure, write_calibration
 from kvbench.tasks.base import Sample
+from kvbench.tasks.prompt import REGIONS, tokenize_sample
 
 SYSTEM, USER, ASSISTANT, TOOL, SCRATCHPAD = range(5)
 CALIBRATION = {
@@ -410,7 +410,8 @@ def test_embedded_tokenizer_regions_cover_the_calibration_sample():
 )
 def test_engine_runs_the_press_under_every_protocol_within_budget(tiny, tmp_path, protocol):
     """The engine gives the press the sample's regions and compresses with it under each protocol."""
-    from kvbench.engine import Config, evaluate_sample
+    from kvbench.config import Config
+    from kvbench.engine import evaluate_sample
 
     model, tokenizer = tiny
     calibration = write_test_calibration(tmp_path, model_name(model))
@@ -424,7 +425,8 @@ def test_engine_runs_the_press_under_every_protocol_within_budget(tiny, tmp_path
 def test_decode_time_tells_the_question_apart_from_the_generation(tiny, tmp_path):
     """Under decode-time compression kvpress buffers the question with the decoded tokens; the press still
     sees the question as "user" and the answer prefix as "assistant", from the engine's region ids."""
-    from kvbench.engine import Config, evaluate_sample
+    from kvbench.config import Config
+    from kvbench.engine import evaluate_sample
 
     model, tokenizer = tiny
     calibration = write_test_calibration(tmp_path, model_name(model))

@@ -11,9 +11,10 @@ import kvpress
 import pytest
 import torch
 
+from kvbench.config import Config
 from kvbench.distillcache.checkpoint import save_policy
 from kvbench.distillcache.policy import DistillCachePolicy
-from kvbench.engine import Config, evaluate_sample
+from kvbench.engine import evaluate_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import load_model

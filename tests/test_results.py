@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import kvbench.runner as runner
-from kvbench.engine import Config
+from kvbench.config import Config
 from kvbench.models import load_model
 from kvbench.results import ResultsStore, Row, config_id, load_rows, load_runs
 
@@ -236,7 +236,7 @@ import sys, time
 from pathlib import Path
 from types import SimpleNamespace
 import kvbench.runner as runner
-from kvbench.planning import Config
+from kvbench.config import Config
 from kvbench.results import ResultsStore
 from kvbench.tasks import Sample
 

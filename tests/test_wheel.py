@@ -55,7 +55,7 @@ def run_installed(site: Path, cwd: Path, code: str) -> str:
 
 INSTALLED = """
 import kvbench
-from kvbench import resources, tasks, training
+from kvbench import provenance, resources, tasks, training
 from kvbench.cli import main
 from kvbench.kvp.checkpoint import METHOD, default_agents_dir, train_command_hint
 
@@ -65,7 +65,7 @@ for path in (kvbench.__file__, tasks.SUITES_DIR, resources.lm_eval_tasks_dir()):
 for method in ("kvp", "distillcache", "memdecay"):  # what each press reads by default
     print("path", resources.learned_state_dir(method, "smollm2-135m"))
 print("suites", *tasks.suite_names())
-print("commit", training.git_commit())
+print("commit", provenance.git_commit())
 print("hint", train_command_hint("my-model"))
 main(["tasks"], standalone_mode=False)  # the `kvbench tasks` command
 """

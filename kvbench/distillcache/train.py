@@ -32,7 +32,8 @@ from kvbench.distillcache.policy import (
     keep_order_log_prob,
 )
 from kvbench.kvp.reward import sample_rankings
-from kvbench.training import TrainingData, TrainingFileError, git_commit, model_shape
+from kvbench.provenance import git_commit
+from kvbench.training import TrainingData, TrainingFileError, model_shape
 
 REFERENCES = ("knorm", "snapkv", "random")
 TENSORS = (

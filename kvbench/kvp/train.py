@@ -31,7 +31,8 @@ from kvbench.kvp.reward import (
     ranking_by_score,
     sample_rankings,
 )
-from kvbench.training import TrainingData, TrainingFileError, git_commit
+from kvbench.provenance import git_commit
+from kvbench.training import TrainingData, TrainingFileError
 
 REFERENCES = ("oracle", "random", "knorm", "recency")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from kvbench.config import Config
 from kvbench.errors import BadInput, KvbenchError, UnknownPress
 
 DEFAULT_INNER = "snapkv"
@@ -332,6 +333,13 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
         raise BadInput(f"bad press argument for {name!r}: {error}") from None
     except ValueError as error:  # the press's own check of its arguments (a value, a budget it cannot reach)
         raise BadInput(str(error)) from None
+
+
+def config_press(config: Config):
+    """The press of a config, as `build_press` makes it; None for `none`."""
+    if config.press == "none":
+        return None
+    return build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
 
 
 def press_state(press) -> str | None:

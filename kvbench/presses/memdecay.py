@@ -21,8 +21,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from kvbench import models, resources
-from kvbench.engine import REGIONS
 from kvbench.errors import MemDecayError
+from kvbench.tasks.prompt import REGIONS
 
 CALIBRATION_FILE = "calibration.json"
 # Query rows whose attention is held at once: bounds memory on long prefills; the smaller, the more of the

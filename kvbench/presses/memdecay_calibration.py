@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from kvbench import models
-from kvbench.engine import REGIONS, tokenize_sample
 from kvbench.errors import BadInput
 from kvbench.presses.memdecay import CALIBRATION_FILE
+from kvbench.tasks.prompt import REGIONS, tokenize_sample
 
 CARD_FILE = "card.json"
 PLOT_FILE = "attention_vs_age.png"
@@ -45,7 +45,7 @@ DEFAULT_THRESHOLD = 1.0
 
 
 def sample_tokens(tokenizer, sample) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sample as the benchmark feeds it (engine.tokenize_sample): its turns, then the question in a last
+    """The sample as the benchmark feeds it (`tokenize_sample`): its turns, then the question in a last
     user turn and the answer prefix; token ids and the region id of each ("user" for the question,
     "assistant" for the answer prefix)."""
     if not sample.messages:

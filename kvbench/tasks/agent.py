@@ -38,6 +38,7 @@ from pathlib import Path
 from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler
 from kvbench.tasks.base import Sample
+from kvbench.tasks.prompt import tokenize_sample
 
 TASKS = {
     "agent_system_fact": "agent trace: a fact of the system prompt (account id, region, deadline, code name)",
@@ -472,8 +473,6 @@ def transcript(messages: list[dict]) -> str:
 def count_tokens(tokenizer, draft: Draft) -> int:
     """Tokens of the whole input as the engine builds it: the turns rendered with the chat template, the
     question in a last user turn, the answer prefix."""
-    from kvbench.engine import tokenize_sample  # the engine imports the tasks package
-
     prompt = tokenize_sample(tokenizer, as_sample("", draft, 0))
     return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
 

@@ -9,7 +9,7 @@ material: in the same user turn, in a system turn, after the material, and so on
 layout from its family's pool, so one generator is seen under several wrappers.
 
 As in RULER (kvbench.tasks.ruler), the input is the largest that fits: the input as the engine builds it
-(chat template, question, answer prefix; `engine.tokenize_sample`) + max_new_tokens <= length, found by
+(chat template, question, answer prefix; `tasks.prompt.tokenize_sample`) + max_new_tokens <= length, found by
 search on the number of units. Generators pick what is asked first, from the sample's own
 `random.Random`, and then grow the material around it, so a longer input only adds units and the answer
 stays at about the same relative depth. The sources depend on the Python version (`pydoc_data.topics`, the
@@ -27,6 +27,7 @@ from pathlib import Path
 from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks import agent, ruler
 from kvbench.tasks.base import Sample
+from kvbench.tasks.prompt import tokenize_sample
 
 # ---- Sources ----
 
@@ -222,8 +223,6 @@ def as_sample(task: str, draft: Draft, layout: Layout, max_new_tokens: int, leng
 
 def input_tokens(tokenizer, sample: Sample) -> int:
     """Tokens of the input as the engine builds it (context turns, question, answer prefix)."""
-    from kvbench.engine import tokenize_sample  # the engine imports the tasks package
-
     prompt = tokenize_sample(tokenizer, sample)
     return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench import models, resources
+from kvbench import models
 from kvbench.errors import TrainingFileError
 
 MANIFEST_FILE = "manifest.json"
@@ -213,19 +213,3 @@ def load_weights(path: Path, hint: str) -> dict:
         return load_file(path)
     except Exception as error:  # safetensors raises its own error types for truncated or foreign files
         raise corrupt(path, error, hint) from None
-
-
-def git_commit() -> str | None:
-    """The checkout's commit; None for an installed wheel (its version is in the record's versions)."""
-    import subprocess
-
-    root = resources.checkout_root()
-    if root is None:
-        return None
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        )
-        return result.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None

@@ -42,10 +42,10 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from kvbench.distillcache.policy import token_features
-from kvbench.engine import tokenize_sample
 from kvbench.errors import BadInput, DataFileError
 from kvbench.tasks import Sample, load_samples
 from kvbench.tasks.mixture import Part
+from kvbench.tasks.prompt import tokenize_sample
 from kvbench.training import (
     MANIFEST_FILE,
     SHARED,

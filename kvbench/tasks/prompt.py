@@ -1,0 +1,107 @@
+"""The prompt format: how a sample becomes the token ids that are prefilled (the context) and fed on top of
+the compressed cache (question + answer prefix), split as kvpress's pipeline `preprocess` splits it, with
+each context token's region (system, user, assistant, tool, scratchpad) for region-aware presses.
+
+It lives in the tasks layer because task generators size their samples with it (a sample must fit its
+length once rendered) and the engine, datagen and MemDecay's calibration all feed prompts made here.
+"""
+
+import bisect
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.tasks.base import Sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Prompt:
+    context_ids: torch.Tensor  # (1, n): prefilled and compressed
+    question_ids: torch.Tensor  # (1, q): question + answer prefix, fed on top of the compressed cache
+    regions: torch.Tensor | None = None  # (n,): index in REGIONS of each context token
+    # (q,): the question's region ids: "user" up to the assistant header, "assistant" for the answer prefix
+    question_regions: torch.Tensor | None = None
+
+    def all_regions(self) -> torch.Tensor | None:
+        """Region ids of context + question, positions 0..n+q-1: what a region-aware press is told."""
+        if self.regions is None or self.question_regions is None:
+            return self.regions
+        return torch.cat([self.regions, self.question_regions])
+
+
+# Region of each context token, from the chat template's spans (region-aware presses such as MemDecay).
+REGIONS = ("system", "user", "assistant", "tool", "scratchpad")
+
+
+def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
+    """Split the prompt as the kvpress pipeline's `preprocess` does, and give each context token its region.
+
+    A sample that turns the chat template off (LongBench's trec, triviaqa, ...) is the task's raw prompt,
+    tokenized as the task's official code does: the tokenizer's own special tokens, nothing appended. A
+    sample made of chat turns (`messages`) is rendered with the template, the question in a last user turn.
+    """
+    messages = sample.messages or [{"role": "user", "content": sample.context}]
+    special_tokens = False
+    if not sample.chat_template:
+        context, special_tokens, question_suffix = sample.context, True, ""
+    elif tokenizer.chat_template is not None:
+        # The text after the context (end of turn, assistant header) goes with the question.
+        separator = "#" * (max(len(message["content"]) for message in messages) + 10)
+        turns = [{"role": message["role"], "content": message["content"]} for message in messages]
+        if sample.messages:
+            turns.append({"role": "user", "content": separator})
+        else:
+            turns[-1]["content"] += separator
+        templated = tokenizer.apply_chat_template(
+            turns, add_generation_prompt=True, tokenize=False, enable_thinking=False
+        )
+        context, question_suffix = templated.split(separator)
+    else:  # a base model: the pipeline's fallback
+        context = (tokenizer.bos_token or "") + "\n\n".join(message["content"] for message in messages)
+        question_suffix = "\n"
+    question = sample.question + question_suffix + sample.answer_prefix
+    encoded = tokenizer(context, add_special_tokens=special_tokens, return_offsets_mapping=True)
+    context_ids = torch.tensor([encoded["input_ids"]])
+    regions = token_regions(context, messages, [start for start, _ in encoded["offset_mapping"]])
+    encoded = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)
+    question_ids = torch.tensor([encoded["input_ids"]])
+    # The assistant header belongs to the user's turn (as in token_regions); the answer prefix is the
+    # assistant's own words.
+    prefix_start = len(question) - len(sample.answer_prefix)
+    user, assistant = REGIONS.index("user"), REGIONS.index("assistant")
+    question_regions = torch.tensor(
+        [
+            assistant if start >= prefix_start and sample.answer_prefix else user
+            for start, _ in encoded["offset_mapping"]
+        ],
+        dtype=torch.long,
+    )
+    max_length = min(tokenizer.model_max_length, int(1e10))
+    if context_ids.shape[1] > max_length:
+        logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
+        context_ids, regions = context_ids[:, :max_length], regions[:max_length]
+    return Prompt(context_ids, question_ids, regions, question_regions)
+
+
+def token_regions(context: str, messages: list[dict], token_starts: list[int]) -> torch.Tensor:
+    """The region id of each token: that of the message whose span holds the token's first character.
+
+    A message's span runs from its content to the next message's content, so the template's header of a
+    turn belongs to the previous one; text before the first message (a default system prompt) is "system".
+    """
+    starts, regions, cursor = [], [], 0
+    for message in messages:
+        found = context.find(message["content"], cursor)
+        if found < 0:  # not rendered verbatim (a template that rewrites turns): the region runs on
+            continue
+        starts.append(found)
+        regions.append(REGIONS.index(message.get("region", message["role"])))
+        cursor = found + len(message["content"])
+    ids = [
+        regions[index] if (index := bisect.bisect_right(starts, start) - 1) >= 0 else 0
+        for start in token_starts
+    ]
+    return torch.tensor(ids, dtype=torch.long)
