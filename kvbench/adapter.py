@@ -10,6 +10,7 @@ would see a single sequence.
 
 import contextlib
 import functools
+import hashlib
 import time
 from collections import defaultdict
 from dataclasses import fields
@@ -43,7 +44,6 @@ from transformers.masking_utils import AttentionMaskInterface, create_causal_mas
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench.errors import BadInput
-from kvbench.presses.kvp import KVPPress
 
 __all__ = ["DynamicCache"]
 
@@ -192,16 +192,16 @@ RATIO_FREE_SCORERS = (
     ExpectedAttentionPress,
     ObservedAttentionPress,
     KeyDiffPress,
-    KVPPress,
     RandomPress,
-)
+)  # and presses of ours that say so with a class attribute `ratio_free_scores = True` (KVP's)
 
 
 @contextlib.contextmanager
 def scores_shared(press: ScorerPress, layer_scores: dict):
     """Within one layer's hook, let configs of the same scorer and arguments at different ratios compute
     the scores once: kvpress's own `compress` still does the rest (top-k, gather), so results stay exact."""
-    if type(press) not in RATIO_FREE_SCORERS or getattr(press, "seed", 0) is None:
+    ratio_free = type(press) in RATIO_FREE_SCORERS or getattr(type(press), "ratio_free_scores", False)
+    if not ratio_free or getattr(press, "seed", 0) is None:
         yield
         return
     arguments = [(f.name, getattr(press, f.name)) for f in fields(press) if f.compare]
@@ -539,3 +539,39 @@ def compress_rows(rows: list[tuple[int, BasePress, bool]], masks: torch.Tensor):
         return output
 
     return hook
+
+
+def seed_press(press, key: str):
+    """Give `press` (and every press it wraps) randomness of its own, drawn from a seed of `key` (the engine
+    passes the sample and the config), the layer and how many times that layer has been compressed.
+
+    Some presses draw from torch's global random state (leverage's and compactor's Gaussian sketches, cur
+    with random leverage, random without a seed). Inside a shared prefill the configs compress layer by
+    layer in turn, so such a press's draws would depend on which other configs share the sweep, and would
+    change on resume. Each `compress` call instead runs under `torch.random.fork_rng` seeded from (key,
+    layer, call): the same draws alone, in any sweep and on resume, and the global state is left as it was.
+    Wrapping the instance's `compress` (not the classes, not the engine) keeps kvpress's presses stock and
+    covers every press in the registry, whatever it does inside. Returns `press`."""
+    if press is None or "compress" in vars(press):
+        return press
+    compress, calls = press.compress, {}
+
+    def seeded_compress(module, *args, **kwargs):
+        layer = getattr(module, "layer_idx", None)
+        calls[layer] = calls.get(layer, 0) + 1
+        digest = hashlib.sha256(f"{key}/{layer}/{calls[layer]}".encode()).digest()
+        cuda = {tensor.device for tensor in args if torch.is_tensor(tensor) and tensor.device.type == "cuda"}
+        seed = int.from_bytes(digest[:8], "little")
+        with torch.random.fork_rng(devices=list(cuda)):
+            # Only the generators in play: torch.manual_seed also queues a lazy seeding of every
+            # uninitialised accelerator, each with a formatted traceback (~9 ms a call on CPU).
+            torch.default_generator.manual_seed(seed)
+            for device in cuda:
+                torch.cuda.default_generators[device.index].manual_seed(seed)
+            return compress(module, *args, **kwargs)
+
+    press.compress = seeded_compress
+    for inner in vars(press).values():
+        if isinstance(inner, BasePress):
+            seed_press(inner, key)
+    return press

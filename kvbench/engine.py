@@ -36,14 +36,16 @@ from kvbench.adapter import (
     decoding_press,
     empty_batch,
     is_shareable,
+    language_model,
     masked_entries,
     moves_positions,
     pad_caches,
+    seed_press,
 )
 from kvbench.config import PROTOCOLS, Config
 from kvbench.decoder import BatchedDecoder
 from kvbench.errors import BadInput
-from kvbench.presses import PRESSES, config_press, needs_eager, seed_press
+from kvbench.presses import PRESSES, config_press, needs_eager
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import Prompt, tokenize_sample
 
@@ -169,7 +171,7 @@ def run_shared(model, prompt: Prompt, runs: list[Run], max_new_tokens: int) -> N
         prepare_press(run.press, model, prompt)
     start = clock(model)
     with compress_for_each(model, runs):
-        model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=DynamicCache())
+        language_model(model)(input_ids=prompt.context_ids.to(model.device), past_key_values=DynamicCache())
     forward_s = clock(model) - start - sum(run.compress_s for run in runs)
     context_length = prompt.context_ids.shape[1]
     for run in runs:
@@ -242,7 +244,7 @@ def run_alone(model, prompt: Prompt, run: Run, max_new_tokens: int) -> None:
     try:
         start = clock(model)
         with press(model) if compresses_prefill(press) else contextlib.nullcontext():
-            model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=cache)
+            language_model(model)(input_ids=prompt.context_ids.to(model.device), past_key_values=cache)
         run.result["prefill_s"] = clock(model) - start
         run.result.update(kv_counts(model, prompt, cache_entries(cache, masked_entries(model)), run.press))
         if moves_positions(press):

@@ -41,7 +41,14 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from kvbench.adapter import clear_head_masks, is_shareable, masked_entries, moves_positions
+from kvbench.adapter import (
+    clear_head_masks,
+    is_shareable,
+    language_model,
+    masked_entries,
+    moves_positions,
+    seed_press,
+)
 from kvbench.config import Config
 from kvbench.engine import Run, cache_entries, kv_counts, run_alone, run_shared
 from kvbench.errors import BadInput, TaskUnavailable, UnknownTask
@@ -53,7 +60,6 @@ from kvbench.presses import (
     needs_eager,
     parse_press_args,
     press_state,
-    seed_press,
 )
 from kvbench.provenance import git_commit, package_versions
 from kvbench.resources import lm_eval_tasks_dir
@@ -278,7 +284,7 @@ class CompressedContext:
         start = time.perf_counter()
         if prefix.shape[1]:
             with torch.no_grad(), press(model) if press is not None else contextlib.nullcontext():
-                model.model(input_ids=prefix, past_key_values=self.cache)
+                language_model(model)(input_ids=prefix, past_key_values=self.cache)
         self.measurements = {
             "prefill_s": time.perf_counter() - start,
             **kv_counts(model, Prompt(prefix, None), cache_entries(self.cache, masked_entries(model)), press),

@@ -11,6 +11,7 @@ import kvpress
 import pytest
 import torch
 
+from kvbench.adapter import seed_press
 from kvbench.config import Config
 from kvbench.distillcache.checkpoint import save_policy
 from kvbench.distillcache.policy import DistillCachePolicy
@@ -18,7 +19,7 @@ from kvbench.engine import evaluate_sample
 from kvbench.kvp.agent import KVPAgents
 from kvbench.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import load_model
-from kvbench.presses import PRESSES, build_press, seed_press
+from kvbench.presses import PRESSES, build_press
 from kvbench.tasks import Sample
 
 # Configs that draw from torch's global random state unless seeded: they sit in every sweep below.

@@ -5,7 +5,6 @@ KV entries removed. Wrappers (adakv, chunkkv, ...) wrap the scorer named by `inn
 """
 
 import dataclasses
-import hashlib
 import importlib
 import types
 import typing
@@ -66,14 +65,6 @@ def wrapper(path: str) -> Factory:
         return press_class(path)(build_press(inner, ratio), **args)
 
     return build
-
-    (
-        PressSpec(
-            "distillcache",
-            "DistillCache: learned KL-rewarded eviction policy (presses/distillcache/<model>/)",
-            scorer("kvbench.presses.distillcache:DistillCachePress"),
-        ),
-    )
 
 
 @builds("RandomPress")
@@ -353,45 +344,6 @@ def press_state(press) -> str | None:
     digests += [press_state(inner) for inner in vars(press).values() if isinstance(inner, kvpress.BasePress)]
     digests = [digest for digest in digests if digest]
     return "+".join(digests) or None
-
-
-def seed_press(press, key: str):
-    """Give `press` (and every press it wraps) randomness of its own, drawn from a seed of `key` (the engine
-    passes the sample and the config), the layer and how many times that layer has been compressed.
-
-    Some presses draw from torch's global random state (leverage's and compactor's Gaussian sketches, cur
-    with random leverage, random without a seed). Inside a shared prefill the configs compress layer by
-    layer in turn, so such a press's draws would depend on which other configs share the sweep, and would
-    change on resume. Each `compress` call instead runs under `torch.random.fork_rng` seeded from (key,
-    layer, call): the same draws alone, in any sweep and on resume, and the global state is left as it was.
-    Wrapping the instance's `compress` (not the classes, not the engine) keeps kvpress's presses stock and
-    covers every press in the registry, whatever it does inside. Returns `press`."""
-    import kvpress
-    import torch
-
-    if press is None or "compress" in vars(press):
-        return press
-    compress, calls = press.compress, {}
-
-    def seeded_compress(module, *args, **kwargs):
-        layer = getattr(module, "layer_idx", None)
-        calls[layer] = calls.get(layer, 0) + 1
-        digest = hashlib.sha256(f"{key}/{layer}/{calls[layer]}".encode()).digest()
-        cuda = {tensor.device for tensor in args if torch.is_tensor(tensor) and tensor.device.type == "cuda"}
-        seed = int.from_bytes(digest[:8], "little")
-        with torch.random.fork_rng(devices=list(cuda)):
-            # Only the generators in play: torch.manual_seed also queues a lazy seeding of every
-            # uninitialised accelerator, each with a formatted traceback (~9 ms a call on CPU).
-            torch.default_generator.manual_seed(seed)
-            for device in cuda:
-                torch.cuda.default_generators[device.index].manual_seed(seed)
-            return compress(module, *args, **kwargs)
-
-    press.compress = seeded_compress
-    for inner in vars(press).values():
-        if isinstance(inner, kvpress.BasePress):
-            seed_press(inner, key)
-    return press
 
 
 def needs_eager(name: str, press_args: dict | None = None) -> bool:

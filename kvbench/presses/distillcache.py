@@ -24,6 +24,7 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
+from kvbench.adapter import language_model
 from kvbench.distillcache.checkpoint import METHOD, default_weights_dir, load_policy, train_command_hint
 from kvbench.distillcache.policy import DistillCachePolicy, token_features
 from kvbench.training import check_made_for, model_shape, read_card
@@ -63,7 +64,7 @@ class DistillCachePress(ScorerPress):
         card_file = directory / "card.json"
         modified = card_file.stat().st_mtime_ns if card_file.is_file() else 0
         self.policy, _, self.state_digest = cached_policy(directory.resolve(), shape, modified, model.device)
-        self.rotary, self.num_layers = model.model.rotary_emb, shape.num_layers  # ty: ignore[invalid-assignment]
+        self.rotary, self.num_layers = language_model(model).rotary_emb, shape.num_layers
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         if "position_ids" in kwargs and kwargs["position_ids"] is not None:

@@ -11,6 +11,7 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from kvpress import ScorerPress
@@ -58,6 +59,9 @@ class KVPPress(ScorerPress):
         more than it gains, so it stays off.
     """
 
+    # The agents' scores do not depend on the ratio: configs at several ratios share them in one prefill
+    # (adapter.scores_shared).
+    ratio_free_scores: ClassVar[bool] = True
     compression_ratio: float = 0.0
     agents: str | None = None
     arch: str | None = None

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from kvbench import models
+from kvbench.adapter import attention_hooks, attention_implementation, language_model
 from kvbench.errors import BadInput
 from kvbench.presses.memdecay import CALIBRATION_FILE
 from kvbench.tasks.prompt import REGIONS, tokenize_sample
@@ -152,21 +153,11 @@ def measure(model, tokenizer, samples, threshold: float = DEFAULT_THRESHOLD, log
         stats.add(weights.view(-1, groups, *weights.shape[1:]).mean(dim=1), regions)
         return output[0], None  # drop the weights: only one layer's are held at a time
 
-    layers = (
-        model.model.language_model.layers if hasattr(model.model, "language_model") else model.model.layers
-    )
-    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in layers]
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
+    with attention_hooks(model, hook), attention_implementation(model, "eager"):
         for number, (ids, regions) in enumerate(encoded, 1):
             stats.add_tokens(regions)
-            model.model(input_ids=ids.unsqueeze(0).to(model.device), output_attentions=True)
+            language_model(model)(input_ids=ids.unsqueeze(0).to(model.device), output_attentions=True)
             log(f"sample {number}/{len(encoded)}: {len(ids)} tokens")
-    finally:
-        model.set_attn_implementation(previous)
-        for handle in handles:
-            handle.remove()
     return stats
 
 

@@ -32,7 +32,6 @@ settings continues where the last one stopped. Stores made before this one by ei
 """
 
 import json
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import DynamicCache
 
+from kvbench.adapter import attention_hooks, attention_implementation, language_model
 from kvbench.distillcache.policy import token_features
 from kvbench.errors import BadInput, DataFileError
 from kvbench.tasks import Sample, load_samples
@@ -89,28 +89,6 @@ class PlannedShard:
     sample: Sample
 
 
-@contextmanager
-def attention_hooks(model, hook):
-    """`hook` as a forward hook (with kwargs) on every attention layer, for the duration of the block."""
-    hooks = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    try:
-        yield
-    finally:
-        for handle in hooks:
-            handle.remove()
-
-
-@contextmanager
-def eager_attention(model):
-    """The model runs eager attention, the only implementation that returns attention weights."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
-
-
 RECONSTRUCTION_REQUEST = "\n\nRepeat the previous context exactly."  # KVZip's (its first chunk's)
 
 
@@ -146,7 +124,7 @@ def capture_prompt(
     cache cropped back to the context.
     """
     length = len(context_ids)
-    num_layers = len(model.model.layers)
+    num_layers = len(language_model(model).layers)
     num_kv_heads = model.config.num_key_value_heads
     cache = DynamicCache()
     features = [torch.empty(0)] * num_layers
@@ -160,7 +138,7 @@ def capture_prompt(
             kwargs["hidden_states"],
             layer.keys,
             layer.values,
-            model.model.rotary_emb,
+            language_model(model).rotary_emb,
             length - 1,
             num_layers,
         )[0]
@@ -181,7 +159,7 @@ def capture_prompt(
     stops = set(stops if isinstance(stops, list) else [stops])
     input_ids = torch.tensor([question_ids], device=model.device)
     continuation, log_probs = [], []
-    with attention_hooks(model, add_utility), eager_attention(model):
+    with attention_hooks(model, add_utility), attention_implementation(model, "eager"):
         while True:
             logits = model(input_ids=input_ids, past_key_values=cache, logits_to_keep=1).logits[0, -1]
             log_probs.append(logits.float().log_softmax(-1).half().cpu())
@@ -210,14 +188,14 @@ def reconstruction_score(model, cache: DynamicCache, repeat_ids: list[int]) -> t
     `repeat_ids` (fed after the context) pays to the token, over the KV group's query heads too."""
     length = cache.get_seq_length()
     num_kv_heads = model.config.num_key_value_heads
-    scores = [torch.empty(0)] * len(model.model.layers)
+    scores = [torch.empty(0)] * len(language_model(model).layers)
 
     def keep_max(module, args, kwargs, output):
         weights = output[1][0, :, :, :length]  # (query heads, repeat queries, context)
         grouped = weights.reshape(num_kv_heads, -1, *weights.shape[1:])
         scores[module.layer_idx] = grouped.amax(dim=(1, 2)).float().cpu()
 
-    with attention_hooks(model, keep_max), eager_attention(model):
+    with attention_hooks(model, keep_max), attention_implementation(model, "eager"):
         model(
             input_ids=torch.tensor([repeat_ids], device=model.device), past_key_values=cache, logits_to_keep=1
         )
