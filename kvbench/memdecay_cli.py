@@ -1,10 +1,8 @@
 """`kvbench memdecay`: calibrate the MemDecay press of a model from measured attention lifetimes."""
 
-from pathlib import Path
-
 import click
 
-from kvbench.models import EMBEDDED
+from kvbench.training.cli import device_option, model_option, out_option
 
 CALIBRATION_SEED = 10_000  # evaluation draws its samples with seeds 0..999: calibration never sees them
 DEFAULT_SUITE = "agent-trace"  # chat turns with every region: system, user, assistant, tool, scratchpad
@@ -20,9 +18,9 @@ def memdecay():
 
 
 @memdecay.command()
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
-@click.option("--model", default=EMBEDDED, show_default=True, help="Embedded alias, hub id or local folder.")
-@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
+@out_option("Output folder.")
+@model_option()
+@device_option
 @click.option(
     "--suite",
     default=None,

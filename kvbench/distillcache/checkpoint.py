@@ -7,21 +7,17 @@ config and time, the data summary, the validation KL next to the reference press
 import hashlib
 from pathlib import Path
 
-from safetensors.torch import save_file
-
-from kvbench import resources
 from kvbench.distillcache.policy import FEATURES, WINDOW, DistillCachePolicy
 from kvbench.training import (
-    CARD_FILE,
     ModelShape,
     TrainingFileError,
     check_fits,
-    folder_name,
     load_weights,
     read_card,
-    write_atomically,
-    write_json,
+    save_learned_state,
+    shipped_state_dir,
 )
+from kvbench.training import train_command_hint as training_hint
 
 METHOD = "distillcache"
 WEIGHTS_FILE = "policy.safetensors"
@@ -29,26 +25,17 @@ WEIGHTS_FILE = "policy.safetensors"
 
 def default_weights_dir(name: str) -> Path:
     """Where the shipped policy of model `name` lives: presses/distillcache/<name>/ (kvbench.resources)."""
-    return resources.learned_state_dir("distillcache", folder_name(name))
+    return shipped_state_dir(METHOD, name)
 
 
 def train_command_hint(name: str) -> str:
-    data = f"data/distillcache/{folder_name(name)}"
-    return (
-        f"kvbench distillcache datagen --model {name} --out {data} && "
-        f"kvbench distillcache train --data {data} "
-        f"{resources.out_option(default_weights_dir(name), 'weights')}"
-    )
+    return training_hint(METHOD, name, "weights")
 
 
 def save_policy(directory: Path, policy: DistillCachePolicy, card: dict) -> None:
-    """Write weights then card, each atomically (tmp file + rename)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.detach().cpu().contiguous() for name, tensor in policy.state_dict().items()}
-    write_atomically(directory / WEIGHTS_FILE, lambda path: save_file(state, path))
+    """Weights and card in the learned presses' one format."""
     policy_card = {"arch": policy.arch, "hidden": policy.hidden, "features": list(FEATURES), "window": WINDOW}
-    write_json(directory / CARD_FILE, {"method": METHOD, **card, "policy": policy_card})
+    save_learned_state(directory, WEIGHTS_FILE, policy, {"method": METHOD, **card, "policy": policy_card})
 
 
 def load_policy(directory: Path, shape: ModelShape | None = None) -> tuple[DistillCachePolicy, dict, str]:

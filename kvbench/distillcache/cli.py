@@ -10,8 +10,7 @@ import click
 
 from kvbench.distillcache.policy import ARCHS, INITS
 from kvbench.distillcache.train import TrainConfig
-from kvbench.models import EMBEDDED
-from kvbench.training.cli import datagen
+from kvbench.training.cli import data_option, datagen, device_option, model_option, out_option
 
 DEFAULTS = TrainConfig()
 
@@ -41,16 +40,10 @@ distillcache.add_command(datagen)
 
 
 @distillcache.command()
-@click.option(
-    "--data",
-    required=True,
-    multiple=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Datagen folder; repeat to train on several (one model's), e.g. one per mixture part.",
-)
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Policy folder.")
-@click.option("--model", default=EMBEDDED, show_default=True, help="The model the data was made with.")
-@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
+@data_option
+@out_option("Policy folder.")
+@model_option("The model the data was made with.")
+@device_option
 @click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--samples",

@@ -6,13 +6,11 @@ feature and training config, a summary of the data and the validation reward per
 """
 
 import json
-import os
 from pathlib import Path
 
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from kvbench import resources
 from kvbench.errors import KVPAgentsError
 from kvbench.kvp.agent import ARCHS, StackedAgents
 from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
@@ -20,9 +18,11 @@ from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are par
     ModelShape,
     TrainingFileError,
     check_fits,
-    folder_name,
     model_shape,
+    save_learned_state,
+    shipped_state_dir,
 )
+from kvbench.training import train_command_hint as training_hint
 
 WEIGHTS_FILE = "agents.safetensors"
 METHOD = "kvp"
@@ -30,32 +30,17 @@ METHOD = "kvp"
 
 def default_agents_dir(name: str) -> Path:
     """Where the shipped agents of model `name` live: presses/kvp/<name>/ (kvbench.resources)."""
-    return resources.learned_state_dir("kvp", folder_name(name))
+    return shipped_state_dir(METHOD, name)
 
 
 def train_command_hint(name: str) -> str:
-    data = f"data/kvp/{folder_name(name)}"
-    return (
-        f"kvbench kvp datagen --model {name} --out {data} && "
-        f"kvbench kvp train --data {data} {resources.out_option(default_agents_dir(name), 'agents')}"
-    )
+    return training_hint(METHOD, name, "agents")
 
 
 def save_agents(directory: Path, agents: StackedAgents, card: dict) -> None:
-    """Write weights and card atomically (tmp file + rename), weights first."""
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.detach().cpu().contiguous() for name, tensor in agents.state_dict().items()}
-    card = {
-        "method": METHOD,
-        **card,
-        "agent": agents.describe(),
-    }
-    tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file(state, tmp, metadata={"arch": agents.arch})  # the weights say what they are, card or not
-    os.replace(tmp, directory / WEIGHTS_FILE)
-    tmp = directory / (CARD_FILE + ".tmp")
-    tmp.write_text(json.dumps(card, indent=1) + "\n")
-    os.replace(tmp, directory / CARD_FILE)
+    """Weights and card in the learned presses' one format; the weights say what they are, card or not."""
+    card = {"method": METHOD, **card, "agent": agents.describe()}
+    save_learned_state(directory, WEIGHTS_FILE, agents, card, metadata={"arch": agents.arch})
 
 
 def load_card(directory: Path) -> dict:

@@ -7,7 +7,7 @@ import click
 from kvbench.kvp.agent import ARCHS
 from kvbench.kvp.reward import BUDGET_WEIGHTS
 from kvbench.kvp.train import UTILITIES, TrainConfig
-from kvbench.training.cli import datagen
+from kvbench.training.cli import data_option, datagen, out_option
 
 DEFAULTS = TrainConfig()
 
@@ -36,14 +36,8 @@ kvp.add_command(datagen)
 
 
 @kvp.command()
-@click.option(
-    "--data",
-    required=True,
-    multiple=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Datagen folder; repeat to train on several (one model's), e.g. one per mixture part.",
-)
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Agents folder.")
+@data_option
+@out_option("Agents folder.")
 @click.option("--layers", callback=int_list, help="Comma-separated layers to train (default: all).")
 @click.option("--heads", callback=int_list, help="Comma-separated KV heads of each layer (default: all).")
 @click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))

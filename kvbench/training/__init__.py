@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench import models
+from kvbench import models, resources
 from kvbench.errors import TrainingFileError
 
 MANIFEST_FILE = "manifest.json"
@@ -43,6 +43,33 @@ def model_shape(model) -> ModelShape:
 def folder_name(name: str) -> str:
     """A model name as one folder name (hub ids hold a slash)."""
     return name.replace("/", "--")
+
+
+def shipped_state_dir(method: str, name: str) -> Path:
+    """Where the shipped learned state of `method` for model `name` lives: presses/<method>/<name>/."""
+    return resources.learned_state_dir(method, folder_name(name))
+
+
+def train_command_hint(method: str, name: str, press_arg: str) -> str:
+    """The commands that make `method`'s state for model `name`, for error messages."""
+    data = f"data/{method}/{folder_name(name)}"
+    return (
+        f"kvbench {method} datagen --model {name} --out {data} && kvbench {method} train --data {data} "
+        f"{resources.out_option(shipped_state_dir(method, name), press_arg)}"
+    )
+
+
+def save_learned_state(directory: Path, weights_file: str, module, card: dict, metadata: dict | None = None):
+    """The one checkpoint format of the learned presses: `weights_file` (safetensors of the module's state)
+    then card.json, each written atomically, weights first, so a card never names weights that are not
+    there."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()}
+    write_atomically(directory / weights_file, lambda path: save_file(state, path, metadata=metadata))
+    write_json(directory / CARD_FILE, card)
 
 
 def write_atomically(path: Path, write) -> None:

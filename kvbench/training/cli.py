@@ -12,6 +12,25 @@ DEFAULT_LENGTH, DEFAULT_SAMPLES = 1024, 12  # with RULER_TRAINING_TASKS: the "ru
 EVALUATION_SEEDS = 1000  # evaluation draws its samples with seeds 0..999
 
 
+# The option block every learned press's commands share (datagen, train, calibrate).
+def out_option(what: str):
+    return click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help=what)
+
+
+def model_option(help: str = "Embedded alias, hub id or local folder."):
+    return click.option("--model", default=EMBEDDED, show_default=True, help=help)
+
+
+device_option = click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
+data_option = click.option(
+    "--data",
+    required=True,
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Datagen folder; repeat to train on several (one model's), e.g. one per mixture part.",
+)
+
+
 def seedless_reason(task: str) -> str | None:
     """Why a task's samples are known not to change with the seed (None if not known): such a task would
     train on evaluation's samples. Datagen also checks every task by drawing a sample at two seeds."""
@@ -58,9 +77,9 @@ def mixture_name(ctx, param, value: str | None) -> str | None:
 
 
 @click.command()
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Data folder.")
-@click.option("--model", default=EMBEDDED, show_default=True, help="Embedded alias, hub id or local folder.")
-@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
+@out_option("Data folder.")
+@model_option()
+@device_option
 @click.option(
     "--mixture",
     callback=mixture_name,
