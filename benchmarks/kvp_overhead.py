@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from kvbench.kvp.agent import ARCHS, build_agents
-from kvbench.kvp.checkpoint import (
+from kvbench.learned.kvp.agent import ARCHS, build_agents
+from kvbench.learned.kvp.checkpoint import (
     card_arch,
     default_agents_dir,
     load_agents,
@@ -34,10 +34,10 @@ from kvbench.kvp.checkpoint import (
     model_shape,
     save_agents,
 )
-from kvbench.kvp.train import KVPData, TrainConfig, train, validation_reward
+from kvbench.learned.kvp.press import KVPPress
+from kvbench.learned.kvp.train import KVPData, TrainConfig, train, validation_reward
 from kvbench.models import load_model
 from kvbench.presses import build_press
-from kvbench.presses.kvp import KVPPress
 
 
 def timed(function, *args) -> tuple[float, float]:

@@ -25,15 +25,15 @@ LAZY_COMMANDS = {
         "Leaderboards, per-task tables and plots from one or more results folders.",
     ),
     "kvp": (
-        "kvbench.kvp.cli:kvp",
+        "kvbench.learned.kvp.command:kvp",
         "Make KVP eviction agents for a model: datagen, then train; report shows how good they are.",
     ),
     "distillcache": (
-        "kvbench.distillcache.cli:distillcache",
+        "kvbench.learned.distillcache.command:distillcache",
         "Make a DistillCache eviction policy for a model: datagen, then train; report shows how good it is.",
     ),
     "memdecay": (
-        "kvbench.memdecay_cli:memdecay",
+        "kvbench.learned.memdecay.command:memdecay",
         "MemDecay's per-region half-lives and base priorities, measured on a model (see `calibrate`).",
     ),
     "lm-eval": (

@@ -17,7 +17,6 @@ LAYERS = [
     ("kvbench.*.command", 6),
     ("kvbench.*.*.command", 6),
     ("kvbench.lm_eval_cli", 6),
-    ("kvbench.memdecay_cli", 6),
     # 5: from what a user asks to rows and reports
     ("kvbench.planning", 5),
     ("kvbench.runner", 5),
@@ -34,12 +33,6 @@ LAYERS = [
     ("kvbench.presses.*", 3),
     ("kvbench.learned", 3),
     ("kvbench.learned.*", 3),
-    ("kvbench.kvp", 3),
-    ("kvbench.kvp.*", 3),
-    ("kvbench.distillcache", 3),
-    ("kvbench.distillcache.*", 3),
-    ("kvbench.training", 3),
-    ("kvbench.training.*", 3),
     # 2: what is evaluated: tasks and the prompt format
     ("kvbench.tasks", 2),
     ("kvbench.tasks.*", 2),

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from kvbench import models, results
 from kvbench.cli import main
 from kvbench.errors import ResultsWriteError
-from kvbench.kvp.agent import KVPAgents
-from kvbench.kvp.checkpoint import save_agents
+from kvbench.learned.kvp.agent import KVPAgents
+from kvbench.learned.kvp.checkpoint import save_agents
 from kvbench.planning import parse_ratio
 from kvbench.results import ResultsStore, Row, load_rows
 from kvbench.tasks import longbench

@@ -10,14 +10,14 @@ from safetensors.torch import save_file
 from transformers import DynamicCache
 
 from kvbench.cli import main
-from kvbench.distillcache import train as training
-from kvbench.distillcache.checkpoint import WEIGHTS_FILE, load_policy, save_policy
-from kvbench.distillcache.policy import ARCHS, DistillCachePolicy, keep_order_log_prob, token_features
-from kvbench.distillcache.train import DistillData, TrainConfig, compressed_log_probs, kl_rewards
-from kvbench.kvp.reward import sample_rankings
+from kvbench.learned.common import MANIFEST_FILE, SHARED, TrainingFileError, model_shape
+from kvbench.learned.common.datagen import capture_prompt
+from kvbench.learned.common.ranking import sample_rankings
+from kvbench.learned.distillcache import train as training
+from kvbench.learned.distillcache.checkpoint import WEIGHTS_FILE, load_policy, save_policy
+from kvbench.learned.distillcache.policy import ARCHS, DistillCachePolicy, keep_order_log_prob, token_features
+from kvbench.learned.distillcache.train import DistillData, TrainConfig, compressed_log_probs, kl_rewards
 from kvbench.presses import build_press, press_state
-from kvbench.training import MANIFEST_FILE, SHARED, TrainingFileError, model_shape
-from kvbench.training.datagen import capture_prompt
 
 
 def random_policy(model, directory, **card_changes) -> DistillCachePolicy:
@@ -324,8 +324,8 @@ def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch
     from test_engine import decoded_token_ids, engine_token_ids, word_soup_sample
 
     from kvbench.config import Config
+    from kvbench.learned.distillcache.press import DistillCachePress
     from kvbench.models import load_tokenizer
-    from kvbench.presses.distillcache import DistillCachePress
     from kvbench.tasks.prompt import tokenize_sample
 
     tokenizer = load_tokenizer()

@@ -12,11 +12,11 @@ from transformers import DynamicCache
 from kvbench import adapter, decoder, engine
 from kvbench.config import Config
 from kvbench.decoder import BatchedDecoder
-from kvbench.distillcache.checkpoint import save_policy
-from kvbench.distillcache.policy import DistillCachePolicy
 from kvbench.engine import evaluate_sample
-from kvbench.kvp.agent import KVPAgents
-from kvbench.kvp.checkpoint import model_shape, save_agents
+from kvbench.learned.distillcache.checkpoint import save_policy
+from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.kvp.agent import KVPAgents
+from kvbench.learned.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import embedded_folder, load_model, load_tokenizer
 from kvbench.presses import PRESSES, config_press, needs_eager
 from kvbench.tasks.base import Sample

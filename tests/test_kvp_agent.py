@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from kvbench.kvp.agent import ARCHS, AppleAgents, KVPAgents, build_agents
-from kvbench.kvp.checkpoint import KVPAgentsError, load_agents, save_agents
-from kvbench.presses.kvp import KVPPress
+from kvbench.learned.kvp.agent import ARCHS, AppleAgents, KVPAgents, build_agents
+from kvbench.learned.kvp.checkpoint import KVPAgentsError, load_agents, save_agents
+from kvbench.learned.kvp.press import KVPPress
 
 SHAPE = {"name": "tiny", "num_layers": 2, "num_kv_heads": 2, "head_dim": 8}
 

@@ -5,10 +5,10 @@ import torch
 from kvpress import AdaKVPress
 from transformers import DynamicCache
 
-from kvbench.kvp.agent import KVPAgents
-from kvbench.kvp.checkpoint import KVPAgentsError, model_shape, save_agents
+from kvbench.learned.kvp.agent import KVPAgents
+from kvbench.learned.kvp.checkpoint import KVPAgentsError, model_shape, save_agents
+from kvbench.learned.kvp.press import KVPPress
 from kvbench.presses import build_press, press_state
-from kvbench.presses.kvp import KVPPress
 
 
 def random_agents(model, directory, **card_changes) -> KVPAgents:

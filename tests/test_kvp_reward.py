@@ -3,14 +3,13 @@ import itertools
 import pytest
 import torch
 
-from kvbench.kvp.reward import (
+from kvbench.learned.common.ranking import plackett_luce_log_prob, sample_rankings
+from kvbench.learned.kvp.reward import (
     normalised_cost,
     oracle_cost,
-    plackett_luce_log_prob,
     random_normalised_cost,
     ranking_by_score,
     ranking_cost,
-    sample_rankings,
 )
 
 

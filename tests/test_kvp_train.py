@@ -6,9 +6,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kvbench.kvp.agent import AppleAgents, KVPAgents, position_features
-from kvbench.kvp.checkpoint import ModelShape, load_agents
-from kvbench.kvp.train import (
+from kvbench.learned.common import MANIFEST_FILE, TrainingFileError
+from kvbench.learned.kvp.agent import AppleAgents, KVPAgents, position_features
+from kvbench.learned.kvp.checkpoint import ModelShape, load_agents
+from kvbench.learned.kvp.train import (
     KVPData,
     TrainConfig,
     feature_statistics,
@@ -17,7 +18,6 @@ from kvbench.kvp.train import (
     train,
     validation_cost_on,
 )
-from kvbench.training import MANIFEST_FILE, TrainingFileError
 
 SHAPE = {"name": "synthetic", "num_layers": 2, "num_kv_heads": 1, "head_dim": 8}
 

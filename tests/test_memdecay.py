@@ -10,10 +10,11 @@ import torch
 from kvpress import DecodingPress
 from transformers import DynamicCache
 
+from kvbench.learned.memdecay import press as memdecay
+from kvbench.learned.memdecay.calibration import LifetimeStats, fit_calibration, measure, write_calibration
+from kvbench.learned.memdecay.press import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
 from kvbench.models import load_model, load_tokenizer, model_name
-from kvbench.presses import build_press, memdecay
-from kvbench.presses.memdecay import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
-from kvbench.presses.memdecay_calibration import LifetimeStats, fit_calibration, measure, write_calibration
+from kvbench.presses import build_press
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import REGIONS, tokenize_sample
 
@@ -394,7 +395,7 @@ def test_calibrate_command_refuses_samples_without_chat_turns(tiny_model_dir, tm
 
 def test_embedded_tokenizer_regions_cover_the_calibration_sample():
     """The calibration reads samples as the engine renders them: every turn's region shows up."""
-    from kvbench.presses.memdecay_calibration import sample_tokens
+    from kvbench.learned.memdecay.calibration import sample_tokens
 
     ids, regions = sample_tokens(load_tokenizer(), chat_sample(0))
     assert len(ids) == len(regions)

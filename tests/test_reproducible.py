@@ -13,11 +13,11 @@ import torch
 
 from kvbench.adapter import seed_press
 from kvbench.config import Config
-from kvbench.distillcache.checkpoint import save_policy
-from kvbench.distillcache.policy import DistillCachePolicy
 from kvbench.engine import evaluate_sample
-from kvbench.kvp.agent import KVPAgents
-from kvbench.kvp.checkpoint import model_shape, save_agents
+from kvbench.learned.distillcache.checkpoint import save_policy
+from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.kvp.agent import KVPAgents
+from kvbench.learned.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import load_model
 from kvbench.presses import PRESSES, build_press
 from kvbench.tasks import Sample

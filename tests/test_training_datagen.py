@@ -7,12 +7,17 @@ from safetensors import safe_open
 from transformers import DynamicCache
 
 from kvbench.cli import main
-from kvbench.kvp.checkpoint import load_agents, load_card
+from kvbench.learned.common import MANIFEST_FILE, datagen
+from kvbench.learned.common.datagen import (
+    DatagenConfig,
+    capture_prompt,
+    plan_shards,
+    reconstruction_prompt_ids,
+)
+from kvbench.learned.kvp.checkpoint import load_agents, load_card
+from kvbench.learned.kvp.press import KVPPress
 from kvbench.models import load_model
-from kvbench.presses.kvp import KVPPress
 from kvbench.tasks.mixture import MIXTURES, Part
-from kvbench.training import MANIFEST_FILE, datagen
-from kvbench.training.datagen import DatagenConfig, capture_prompt, plan_shards, reconstruction_prompt_ids
 
 
 def test_the_capture_is_one_teacher_forced_eager_pass_over_the_whole_prompt(tiny_model):

@@ -55,9 +55,10 @@ def run_installed(site: Path, cwd: Path, code: str) -> str:
 
 INSTALLED = """
 import kvbench
-from kvbench import provenance, resources, tasks, training
+from kvbench import provenance, resources, tasks
+from kvbench.learned import common as training
 from kvbench.cli import main
-from kvbench.kvp.checkpoint import METHOD, default_agents_dir, train_command_hint
+from kvbench.learned.kvp.checkpoint import METHOD, default_agents_dir, train_command_hint
 
 training.read_card(default_agents_dir("smollm2-135m"), METHOD, "hint")  # the shipped agents' card parses
 for path in (kvbench.__file__, tasks.SUITES_DIR, resources.lm_eval_tasks_dir()):

@@ -120,17 +120,17 @@ SPECS = [
     PressSpec(
         "kvp",
         "KVP: learned per-head eviction agents (presses/kvp/<model>/)",
-        scorer("kvbench.presses.kvp:KVPPress"),
+        scorer("kvbench.learned.kvp.press:KVPPress"),
     ),
     PressSpec(
         "distillcache",
         "DistillCache: learned KL-rewarded eviction policy (presses/distillcache/<model>/)",
-        scorer("kvbench.presses.distillcache:DistillCachePress"),
+        scorer("kvbench.learned.distillcache.press:DistillCachePress"),
     ),
     PressSpec(
         "memdecay",
         "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
-        scorer("kvbench.presses.memdecay:MemDecayPress"),
+        scorer("kvbench.learned.memdecay.press:MemDecayPress"),
     ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),

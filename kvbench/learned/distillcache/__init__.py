@@ -2,9 +2,9 @@
 
 policy.py computes each cache entry's features and scores them with a small MLP shared by every head, and
 samples keep-sets (Gumbel-top-k); its training data is the learned presses' shared store
-(kvbench.training.datagen: per training prompt of the mixture, the features, keys and values of the context
+(learned.common.datagen: per training prompt of the mixture, the features, keys and values of the context
 and the uncompressed model's next-token distributions over a teacher-forced continuation, among others);
 train.py runs the frozen model on caches compressed by sampled keep-sets and reinforces the keep-sets whose
 next-token distributions stay closest (KL) to the uncompressed ones; checkpoint.py reads and writes the
-policy; kvbench/presses/distillcache.py is the press.
+policy; kvbench/learned/distillcache/press.py is the press.
 """

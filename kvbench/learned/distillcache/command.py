@@ -1,6 +1,6 @@
 """`kvbench distillcache`: make a DistillCache policy for a model (datagen, then train) and report on it.
 
-Same shape as `kvbench kvp`, and the same data: both `datagen` commands are one (kvbench.training.cli) and
+Same shape as `kvbench kvp`, and the same data: both `datagen` commands are one (learned.common.command) and
 write the shared store, so one datagen run serves both presses.
 """
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from kvbench.distillcache.policy import ARCHS, INITS
-from kvbench.distillcache.train import TrainConfig
-from kvbench.training.cli import data_option, datagen, device_option, model_option, out_option
+from kvbench.learned.common.command import data_option, datagen, device_option, model_option, out_option
+from kvbench.learned.distillcache.policy import ARCHS, INITS
+from kvbench.learned.distillcache.train import TrainConfig
 
 DEFAULTS = TrainConfig()
 
@@ -89,8 +89,8 @@ def train(
     """Train the policy on datagen output with the model frozen; save the best (by validation) to --out."""
     import sys
 
-    from kvbench.distillcache.train import DistillData
-    from kvbench.distillcache.train import train as train_policy
+    from kvbench.learned.distillcache.train import DistillData
+    from kvbench.learned.distillcache.train import train as train_policy
     from kvbench.models import load_model
 
     DistillData(list(data))  # refuse a bad data store before loading the model
@@ -113,8 +113,8 @@ def train(
 @click.argument("policy", type=click.Path(file_okay=False, path_type=Path))
 def report(policy):
     """Validation KL of the policy in POLICY vs knorm, snapkv and random, per ratio (lower is better)."""
-    from kvbench.distillcache.checkpoint import METHOD, train_command_hint
-    from kvbench.training import read_card
+    from kvbench.learned.common import read_card
+    from kvbench.learned.distillcache.checkpoint import METHOD, train_command_hint
 
     card = read_card(policy, METHOD, train_command_hint("MODEL"))
     table = card["validation"]["kl"]

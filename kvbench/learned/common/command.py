@@ -1,5 +1,5 @@
 """`kvbench kvp datagen` and `kvbench distillcache datagen`: one command in both groups, writing the shared
-data store (kvbench.training.datagen) that either press's `train` reads."""
+data store (kvbench.learned.common.datagen) that either press's `train` reads."""
 
 from pathlib import Path
 
@@ -130,10 +130,10 @@ def datagen(
 
     Resumable: rerun the same command to continue a stopped run.
     """
+    from kvbench.learned.common.datagen import DatagenConfig, existing_manifest, generate_data, plan_shards
     from kvbench.models import check_device, context_limit, load_model, load_tokenizer, resolve
     from kvbench.results import check_writable
     from kvbench.tasks.mixture import Part
-    from kvbench.training.datagen import DatagenConfig, existing_manifest, generate_data, plan_shards
 
     if mixture is not None:
         options = {"--tasks": tasks, "--length": length, "--samples": samples}

@@ -162,7 +162,7 @@ def keep_count(length: int, ratio: float) -> int:
 def keep_order_log_prob(scores: torch.Tensor, rankings: torch.Tensor, keep: int) -> torch.Tensor:
     """Plackett-Luce log-probability of drawing the first `keep` entries of each ranking in that order.
 
-    Rankings come from kvbench.kvp.reward.sample_rankings (Gumbel-perturbed argsort: the top `keep` of a
+    Rankings come from learned.common.ranking.sample_rankings (Gumbel-perturbed argsort: the top `keep` of a
     ranking is a Gumbel-top-k keep-set); the rest of the ranking holds the entries still unpicked at each
     draw, which the denominators need.
 

@@ -22,17 +22,16 @@ import torch
 from safetensors import safe_open
 
 from kvbench.errors import BadInput
-from kvbench.kvp.agent import StackedAgents, build_agents
-from kvbench.kvp.checkpoint import ModelShape, card_utility, save_agents
-from kvbench.kvp.reward import (
+from kvbench.learned.common import TrainingData, TrainingFileError
+from kvbench.learned.common.ranking import plackett_luce_log_prob, sample_rankings
+from kvbench.learned.kvp.agent import StackedAgents, build_agents
+from kvbench.learned.kvp.checkpoint import ModelShape, card_utility, save_agents
+from kvbench.learned.kvp.reward import (
     normalised_cost,
-    plackett_luce_log_prob,
     random_normalised_cost,
     ranking_by_score,
-    sample_rankings,
 )
 from kvbench.provenance import git_commit
-from kvbench.training import TrainingData, TrainingFileError
 
 REFERENCES = ("oracle", "random", "knorm", "recency")
 
@@ -49,8 +48,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     ema: float = 0.99
     eval_every: int = 100
-    arch: str = "compact"  # a name in kvbench.kvp.agent.ARCHS
-    budget_weights: str = "uniform"  # a name in kvbench.kvp.reward.BUDGET_WEIGHTS (the training reward only)
+    arch: str = "compact"  # a name in kvbench.learned.kvp.agent.ARCHS
+    budget_weights: str = "uniform"  # a name in reward.BUDGET_WEIGHTS (the training reward only)
     utility: str = "future"  # a name in UTILITIES: the target of the reward and of validation
     hidden: int | None = None  # the scorer's width; None: the architecture's default (compact 64, apple 256)
     seed: int = 0
@@ -69,8 +68,8 @@ UTILITIES = tuple(UTILITY_TENSORS)
 
 
 class KVPData(TrainingData):
-    """KVP's view of one or more data stores (kvbench.training.TrainingData): shared stores
-    (kvbench.training.datagen) or ones made by KVP's own datagen before them (keys, values and utility
+    """KVP's view of one or more data stores (kvbench.learned.common.TrainingData): shared stores
+    (kvbench.learned.common.datagen) or ones made by KVP's own datagen before them (keys, values and utility
     only). `utility` names the target (UTILITIES); a store without the reconstruction score is refused.
     """
 

@@ -7,8 +7,7 @@ config and time, the data summary, the validation KL next to the reference press
 import hashlib
 from pathlib import Path
 
-from kvbench.distillcache.policy import FEATURES, WINDOW, DistillCachePolicy
-from kvbench.training import (
+from kvbench.learned.common import (
     ModelShape,
     TrainingFileError,
     check_fits,
@@ -17,7 +16,8 @@ from kvbench.training import (
     save_learned_state,
     shipped_state_dir,
 )
-from kvbench.training import train_command_hint as training_hint
+from kvbench.learned.common import train_command_hint as training_hint
+from kvbench.learned.distillcache.policy import FEATURES, WINDOW, DistillCachePolicy
 
 METHOD = "distillcache"
 WEIGHTS_FILE = "policy.safetensors"

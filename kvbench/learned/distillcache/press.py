@@ -10,7 +10,7 @@ prefill.
 What the paper (arXiv 2608.08878; its text was not found, only its abstract's claims) fixes: a small policy
 network over attention statistics, value norms, attention entropy and position, trained with REINFORCE on
 per-step rewards r_t = -KL(p_full,t || p_evict,t). What we chose where it is silent (see
-kvbench/distillcache/ and the card): the exact features (policy.py), an MLP 7 -> 32 -> 1 shared by every
+learned/distillcache/ and the card): the exact features (policy.py), an MLP 7 -> 32 -> 1 shared by every
 head, Gumbel-top-k keep-sets with their Plackett-Luce log-probability, a leave-one-out baseline, a first-pick
 entropy bonus, EMA weights, prefill-time scoring with no forced sinks or window (the policy sees relative
 position and may learn them).
@@ -25,9 +25,14 @@ from kvpress import ScorerPress
 from torch import nn
 
 from kvbench.adapter import language_model
-from kvbench.distillcache.checkpoint import METHOD, default_weights_dir, load_policy, train_command_hint
-from kvbench.distillcache.policy import DistillCachePolicy, token_features
-from kvbench.training import check_made_for, model_shape, read_card
+from kvbench.learned.common import check_made_for, model_shape, read_card
+from kvbench.learned.distillcache.checkpoint import (
+    METHOD,
+    default_weights_dir,
+    load_policy,
+    train_command_hint,
+)
+from kvbench.learned.distillcache.policy import DistillCachePolicy, token_features
 
 
 @functools.lru_cache(maxsize=4)

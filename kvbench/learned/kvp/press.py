@@ -19,8 +19,9 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 
 from kvbench.errors import BadInput
-from kvbench.kvp.agent import ARCHS, StackedAgents
-from kvbench.kvp.checkpoint import (
+from kvbench.learned.common import check_made_for
+from kvbench.learned.kvp.agent import ARCHS, StackedAgents
+from kvbench.learned.kvp.checkpoint import (
     CARD_FILE,
     WEIGHTS_FILE,
     KVPAgentsError,
@@ -33,7 +34,6 @@ from kvbench.kvp.checkpoint import (
     model_shape,
     train_command_hint,
 )
-from kvbench.training import check_made_for
 
 
 @functools.lru_cache(maxsize=4)

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import click
 
-from kvbench.kvp.agent import ARCHS
-from kvbench.kvp.reward import BUDGET_WEIGHTS
-from kvbench.kvp.train import UTILITIES, TrainConfig
-from kvbench.training.cli import data_option, datagen, out_option
+from kvbench.learned.common.command import data_option, datagen, out_option
+from kvbench.learned.kvp.agent import ARCHS
+from kvbench.learned.kvp.reward import BUDGET_WEIGHTS
+from kvbench.learned.kvp.train import UTILITIES, TrainConfig
 
 DEFAULTS = TrainConfig()
 
@@ -110,8 +110,8 @@ def train(
     seed,
 ):
     """Train one agent per (layer, KV head) on datagen output and save the best (by validation) to --out."""
-    from kvbench.kvp.train import KVPData
-    from kvbench.kvp.train import train as train_agents
+    from kvbench.learned.kvp.train import KVPData
+    from kvbench.learned.kvp.train import train as train_agents
     from kvbench.results import check_writable
 
     KVPData(list(data), utility)  # a missing or corrupt manifest, or a missing target, fails before any work
@@ -156,7 +156,7 @@ def report(agents, plot, data, utility):
     kvbench kvp report agents/broad --data data/ruler     # the same cost on another store's prompts
     kvbench kvp report presses/kvp/smollm2-135m --data data/recon-ruler --utility reconstruction
     """
-    from kvbench.kvp.checkpoint import (
+    from kvbench.learned.kvp.checkpoint import (
         card_arch,
         card_utility,
         load_agents,
@@ -169,7 +169,7 @@ def report(agents, plot, data, utility):
         raise click.BadParameter("scores against another target need --data", param_hint="--utility")
     card = load_card(agents)
     if data:  # a bad data folder fails before anything is printed
-        from kvbench.kvp.train import validation_cost_on
+        from kvbench.learned.kvp.train import validation_cost_on
 
         costs, prompts = validation_cost_on(load_agents(agents)[0], card, list(data), utility)
     agent, training = (

@@ -2,7 +2,7 @@
 manifest, the checkpoint card, atomic writes, and one-line errors that name the file and the command that
 makes the right one.
 
-KVP (kvbench/kvp/) and DistillCache (kvbench/distillcache/) both build on it: a data store is a folder of
+KVP (learned/kvp/) and DistillCache (learned/distillcache/) both build on it: a data store is a folder of
 shards plus `manifest.json` (the method that made it, the model's shape, the datagen config, the shards),
 written by datagen.py for both ("shared"); a checkpoint is a folder with a safetensors file of weights plus
 `card.json` (the method, the model's shape, the training config, the data summary, validation).

@@ -41,12 +41,8 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from kvbench.adapter import attention_hooks, attention_implementation, language_model
-from kvbench.distillcache.policy import token_features
 from kvbench.errors import BadInput, DataFileError
-from kvbench.tasks import Sample, load_samples
-from kvbench.tasks.mixture import Part
-from kvbench.tasks.prompt import tokenize_sample
-from kvbench.training import (
+from kvbench.learned.common import (
     MANIFEST_FILE,
     SHARED,
     folder_name,
@@ -55,6 +51,10 @@ from kvbench.training import (
     write_atomically,
     write_json,
 )
+from kvbench.learned.distillcache.policy import token_features
+from kvbench.tasks import Sample, load_samples
+from kvbench.tasks.mixture import Part
+from kvbench.tasks.prompt import tokenize_sample
 
 EVALUATION_SEED = 0  # evaluation's default seed: a task whose samples there equal ours cannot train
 

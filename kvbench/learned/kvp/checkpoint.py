@@ -12,8 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kvbench.errors import KVPAgentsError
-from kvbench.kvp.agent import ARCHS, StackedAgents
-from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
+from kvbench.learned.common import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
     CARD_FILE,
     ModelShape,
     TrainingFileError,
@@ -22,7 +21,8 @@ from kvbench.training import (  # noqa: F401 (ModelShape and model_shape are par
     save_learned_state,
     shipped_state_dir,
 )
-from kvbench.training import train_command_hint as training_hint
+from kvbench.learned.common import train_command_hint as training_hint
+from kvbench.learned.kvp.agent import ARCHS, StackedAgents
 
 WEIGHTS_FILE = "agents.safetensors"
 METHOD = "kvp"

@@ -35,7 +35,7 @@ import torch
 from kvbench import models
 from kvbench.adapter import attention_hooks, attention_implementation, language_model
 from kvbench.errors import BadInput
-from kvbench.presses.memdecay import CALIBRATION_FILE
+from kvbench.learned.memdecay.press import CALIBRATION_FILE
 from kvbench.tasks.prompt import REGIONS, tokenize_sample
 
 CARD_FILE = "card.json"

@@ -23,17 +23,17 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import DynamicCache
 
-from kvbench.distillcache.checkpoint import METHOD, save_policy
-from kvbench.distillcache.policy import (
+from kvbench.learned.common import TrainingData, TrainingFileError, model_shape
+from kvbench.learned.common.ranking import sample_rankings
+from kvbench.learned.distillcache.checkpoint import METHOD, save_policy
+from kvbench.learned.distillcache.policy import (
     WINDOW,
     DistillCachePolicy,
     first_pick_entropy,
     keep_count,
     keep_order_log_prob,
 )
-from kvbench.kvp.reward import sample_rankings
 from kvbench.provenance import git_commit
-from kvbench.training import TrainingData, TrainingFileError, model_shape
 
 REFERENCES = ("knorm", "snapkv", "random")
 TENSORS = (
@@ -59,14 +59,14 @@ class TrainConfig:
     eval_every: int = 25
     eval_ratios: list[float] = field(default_factory=lambda: [0.5, 0.75, 0.9])
     hidden: int = 32
-    arch: str = "shared"  # or "per-head" (kvbench.distillcache.policy)
+    arch: str = "shared"  # or "per-head" (kvbench.learned.distillcache.policy)
     init: str = "uniform"  # or "knorm": start from knorm's ranking (DistillCachePolicy.start_as_knorm)
     seed: int = 0
 
 
 class DistillData(TrainingData):
-    """DistillCache's view of one or more data stores (kvbench.training.TrainingData): shared stores
-    (kvbench.training.datagen) or ones made by DistillCache's own datagen before them (RULER prompts only)."""
+    """DistillCache's view of one or more data stores (kvbench.learned.common.TrainingData): shared stores
+    (learned.common.datagen) or ones made by DistillCache's own datagen before them (RULER prompts only)."""
 
     method, label = METHOD, "DistillCache"
 

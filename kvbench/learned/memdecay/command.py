@@ -2,7 +2,7 @@
 
 import click
 
-from kvbench.training.cli import device_option, model_option, out_option
+from kvbench.learned.common.command import device_option, model_option, out_option
 
 CALIBRATION_SEED = 10_000  # evaluation draws its samples with seeds 0..999: calibration never sees them
 DEFAULT_SUITE = "agent-trace"  # chat turns with every region: system, user, assistant, tool, scratchpad
@@ -48,9 +48,9 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
     """Measure how long each region's tokens stay attended, fit half-lives and base priorities, write
     calibration.json (read by the memdecay press), card.json and attention_vs_age.png to --out."""
     from kvbench import tasks
+    from kvbench.learned.memdecay.calibration import measure, write_calibration
     from kvbench.models import load_model
     from kvbench.planning import DEFAULT_LENGTH, plan_tasks
-    from kvbench.presses.memdecay_calibration import measure, write_calibration
 
     suite = suite or (None if task_list else DEFAULT_SUITE)
     plan = plan_tasks(suite, task_list, length, samples)
