@@ -3,7 +3,7 @@ the learned presses' files (presses/<method>/<model>/: KVP agents, DistillCache 
 calibrations).
 
 In the source tree they are top-level folders, so that a checkout's commands read and write them where the
-README says (`kvbench kvp train ... --out presses/kvp/smollm2-135m` ships new agents). The wheel carries
+docs say (`kvbench kvp train ... --out presses/kvp/smollm2-135m` ships new agents). The wheel carries
 the same folders as package data under kvbench/_shipped/ (pyproject's wheel `sources`), read here with
 importlib.resources; whatever file those folders hold when the wheel is built goes in, with no list to keep.
 A checkout, or an editable install of it, has no kvbench/_shipped/ and reads the folders beside the package.

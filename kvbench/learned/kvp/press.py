@@ -55,8 +55,8 @@ class KVPPress(ScorerPress):
         scores (as H2O's press splits its budget), the rest ranked by the agents; 0 (the paper's press) by
         default. A fraction of the budget, not a token count, so it means the same at every ratio and
         length; taken from the ratio set at each compression, so decode-time and streaming compressions
-        (kvpress's DecodingPress sets the ratio per call) get it too. Measured in TRAINING.md: it costs
-        more than it gains, so it stays off.
+        (kvpress's DecodingPress sets the ratio per call) get it too. Measured in
+        docs/studies/recent-window.md: it costs more than it gains, so it stays off.
     """
 
     # The agents' scores do not depend on the ratio: configs at several ratios share them in one prefill
