@@ -420,6 +420,9 @@ def results_files(paths, recursive: bool = True) -> list[Path]:
     unless asked. A folder's file is its rows.jsonl.gz if it has one (`read_rows` reads both)."""
     files = []
     for path in map(Path, paths):
+        if path.name in (ROWS_FILE, ROWS_GZ):  # stands for the folder's rows, even before a rows.jsonl exists
+            files += rows_files(path.parent)[:1]
+            continue
         if path.is_file():
             files.append(path)
             continue

@@ -15,6 +15,7 @@ from kvbench.results import (
     SAMPLE_FIELDS,
     ResultsStore,
     compress_rows,
+    load_rows,
     load_runs,
     read_rows,
     results_files,
@@ -63,6 +64,7 @@ def test_a_resumed_reference_folder_appends_plain_rows_beside_its_gzip(tmp_path)
     new = dataclasses.replace(first, sample_id="new-sample", score=7.0)
     with ResultsStore(folder) as store:
         assert all(store.has(row) for row in old)  # the compressed rows count as done
+        assert len(load_rows([store.rows_path])) == len(old)  # what a run that computed nothing returns
         assert store.claim([*old, rescored, new]) == [rescored, new]
         assert store.append(rescored) and store.append(new) and not store.append(first)
     (folder / "rows.jsonl").open("a").write('{"torn": ')  # a writer killed mid-line
