@@ -53,3 +53,10 @@ uv run kvbench report results/reference-agent-streaming --out reports/reference-
 uv run kvbench report results/reference-4k --out reports/reference-4k
 # README "On a GPU (measured on an NVIDIA H200)"
 uv run kvbench report results/reference-cuda --out reports/reference-cuda
+
+# The plots as committed: palette PNGs, a third of matplotlib's size, alike to the eye (apt-get install pngquant).
+if command -v pngquant >/dev/null; then
+    pngquant --force --ext .png --quality 80-100 --speed 1 --strip --skip-if-larger reports/reference*/*.png
+else
+    echo "pngquant not found: the plots stay full size (about 15.6 MB instead of 5.2 MB)" >&2
+fi
