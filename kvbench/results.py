@@ -1,5 +1,10 @@
 """Results store: a folder with `rows.jsonl` (one JSON `Row` per (config, sample)) and `runs/*.json`.
 
+A folder may also hold `rows.jsonl.gz` (the committed reference folders: `python -m kvbench.results compress
+FOLDER` folds a folder's rows into it). A folder's rows are those of its `rows.jsonl.gz`, then those of its
+`rows.jsonl`; the compressed file is read, never written, by the store: a resumed sweep appends to a plain
+`rows.jsonl` beside it.
+
 Rows are only ever appended, one `write` per line on an O_APPEND file, then fsync'd, so a run killed at any
 point (even kill -9) leaves at most one torn last line, which the next writer cuts. A rerun computes only
 the keys that are missing.
@@ -20,6 +25,7 @@ it. A writer holds a lock on `claims/<writer>.lock` while it lives, so the claim
 recognised as stale (its lock is free) and dropped. Run records are written whole (tmp + rename).
 """
 
+import gzip
 import hashlib
 import json
 import os
@@ -40,6 +46,7 @@ from kvbench.config import DEFAULT_PROTOCOL
 from kvbench.errors import BadInput, KvbenchWarning, ResultsWriteError
 
 ROWS_FILE = "rows.jsonl"
+ROWS_GZ = "rows.jsonl.gz"  # compressed rows, read-only (see the module's docstring)
 RUNS_DIR = "runs"
 LOCK_FILE = "rows.jsonl.lock"
 CLAIMS_DIR = "claims"
@@ -167,6 +174,10 @@ class ResultsStore:
         self.done: set[tuple] = set()  # keys of every row in the file
         self.fresh: set[tuple] = set()  # keys of rows written since this store opened (what --force keeps)
         self.legacy: dict[tuple, tuple] = {}  # sample_key -> references, of rows without a content hash
+        for row in read_file(self.folder / ROWS_GZ):
+            self.done.add(row.key)
+            if row.content_hash is None:
+                self.legacy[row.sample_key] = tuple(row.references)
         if self.rows_path.exists():
             with self.locked():
                 self.cut_torn_tail()
@@ -381,25 +392,44 @@ def parse_rows(lines: Iterable[str], path: Path) -> list[Row]:
     return rows
 
 
-def read_rows(path: Path) -> list[Row]:
-    """The rows of one rows.jsonl; bad lines are skipped with one warning per file (how many, the first)."""
+def rows_files(folder: Path) -> list[Path]:
+    """A folder's rows files, in the order their rows were written: rows.jsonl.gz, then rows.jsonl."""
+    return [path for path in (Path(folder) / ROWS_GZ, Path(folder) / ROWS_FILE) if path.is_file()]
+
+
+def read_file(path: Path) -> list[Row]:
+    """The rows of one file (gzip'd if its name ends in .gz); none if it is not there."""
     if not Path(path).is_file():
         return []
-    with open(path, encoding="utf-8", errors="replace") as file:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as file:
         return parse_rows(file, Path(path))
 
 
+def read_rows(path: Path) -> list[Row]:
+    """The rows of one rows file; bad lines are skipped with one warning per file (how many, the first). A
+    folder's rows.jsonl or rows.jsonl.gz stands for both of them (see `rows_files`)."""
+    path = Path(path)
+    files = rows_files(path.parent) if path.name in (ROWS_FILE, ROWS_GZ) else [path]
+    return [row for file in files for row in read_file(file)]
+
+
 def results_files(paths, recursive: bool = True) -> list[Path]:
-    """Every rows.jsonl in the given folders (or the files themselves), and with `recursive` in every folder
-    below them too: a report on `results/` must not pull in `results/reference/` unless asked."""
+    """One rows file per results folder among the given folders (or the files themselves), and with
+    `recursive` per folder below them too: a report on `results/` must not pull in `results/reference/`
+    unless asked. A folder's file is its rows.jsonl.gz if it has one (`read_rows` reads both)."""
     files = []
     for path in map(Path, paths):
+        if path.name in (ROWS_FILE, ROWS_GZ):  # stands for the folder's rows, even before a rows.jsonl exists
+            files += rows_files(path.parent)[:1]
+            continue
         if path.is_file():
             files.append(path)
-        elif recursive:
-            files.extend(sorted(path.rglob(ROWS_FILE)))
-        elif (path / ROWS_FILE).is_file():
-            files.append(path / ROWS_FILE)
+            continue
+        folders = [path]
+        if recursive:
+            folders = sorted({file.parent for name in (ROWS_FILE, ROWS_GZ) for file in path.rglob(name)})
+        files += [rows_files(folder)[0] for folder in folders if rows_files(folder)]
     return files
 
 
@@ -437,3 +467,36 @@ def load_runs(paths) -> list[dict]:
             except (ValueError, UnicodeDecodeError):
                 warnings.warn(f"{run}: skipped a corrupt run record", stacklevel=2)
     return records
+
+
+def compress_rows(folder: Path) -> Path:
+    """Fold a folder's rows (rows.jsonl.gz, then rows.jsonl) into one rows.jsonl.gz, byte for byte, and
+    remove its rows.jsonl: gzip level 9 with mtime 0 and no name, so the same rows give the same bytes."""
+    folder = Path(folder)
+    if not rows_files(folder):
+        raise BadInput(f"{folder} holds no rows.jsonl to compress")
+    with FileLock(str(folder / LOCK_FILE)):
+        data = b""
+        for path in rows_files(folder):
+            text = gzip.decompress(path.read_bytes()) if path.name == ROWS_GZ else path.read_bytes()
+            data += text[: text.rfind(b"\n") + 1]  # whole lines only: a torn last line is dropped
+        target, tmp = folder / ROWS_GZ, folder / (ROWS_GZ + ".tmp")
+        with open(tmp, "wb") as raw, gzip.GzipFile("", "wb", 9, raw, mtime=0) as file:
+            file.write(data)
+        tmp.rename(target)
+        (folder / ROWS_FILE).unlink(missing_ok=True)
+    return target
+
+
+if __name__ == "__main__":  # python -m kvbench.results compress FOLDER...
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m kvbench.results")
+    parser.add_argument("command", choices=["compress"])
+    parser.add_argument("folders", nargs="+", type=Path)
+    for folder in parser.parse_args().folders:
+        before = len(load_rows(folder))
+        path = compress_rows(folder)
+        if len(load_rows(folder)) != before:
+            raise SystemExit(f"{folder}: {before} rows before compressing, {len(load_rows(folder))} after")
+        print(f"{path}: {before} rows, {path.stat().st_size} bytes")

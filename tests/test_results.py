@@ -1,6 +1,7 @@
 """Results store: append-only rows, torn tails cut, corrupt lines skipped, resumable plans."""
 
 import dataclasses
+import gzip
 import json
 import shutil
 import signal
@@ -203,12 +204,12 @@ def test_rows_without_a_content_hash_resume_when_their_references_match(tmp_path
 
 
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED = sorted((REPO / "results").glob("reference*/rows.jsonl"))
+COMMITTED = sorted((REPO / "results").glob("reference*/rows.jsonl.gz"))
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[path.parent.name for path in COMMITTED])
 def test_committed_rows_load_as_rows_and_write_back_unchanged(path):
-    lines = path.read_text().splitlines()
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
     for line in lines:
         data = json.loads(line)
         parsed = Row.from_dict(data)
@@ -221,7 +222,7 @@ def test_committed_rows_load_as_rows_and_write_back_unchanged(path):
 
 def test_a_committed_folder_resumes_without_recomputing(tmp_path, embedded_tokenizer):
     """The reference sweep's first RULER sample, planned today, is found done in the committed rows."""
-    shutil.copy(REPO / "results" / "reference" / "rows.jsonl", tmp_path / "rows.jsonl")
+    shutil.copy(REPO / "results" / "reference" / "rows.jsonl.gz", tmp_path / "rows.jsonl.gz")
     configs = [Config("none", 0.0), Config("knorm", 0.5), Config("tova", 0.9)]
     plan = runner.Plan(configs, ["niah_single_1"], 1024, 1)
     [unit] = runner.plan_units(plan, runner.plan_samples(plan, embedded_tokenizer))

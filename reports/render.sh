@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Regenerates every committed report (reports/reference*/: README.md, index.html, plots) from the committed
+# rows (results/reference*/rows.jsonl.gz), with the commands README.md and TRAINING.md quote. Run from the
+# repository root: bash reports/render.sh. index.html is not committed (.gitignore); README.md and the PNGs
+# are. Each line is one report, commented with the study (README.md / TRAINING.md section) that quotes it.
+#
+# Checked on the compressed rows: reference-4k, reference-cuda and reference-recent-window render again.
+# Fourteen reports (reference-heldout, -confirm, -third, -fourth, -fifth, -recent-window, -after-choice,
+# -after-choice-more, -after-choice-fifth, -high-ratio-agents, -heldout-agents, -reconstruction-agents,
+# -reconstruction-agents-seen, -mixed-agents) were rendered before their folders got rows of the shipped
+# agents (kvp state e4a3abdbc3db; TRAINING.md, "which default rows were swept again"): rendered again, their
+# `kvp` is the shipped agents and the agents they reported drop out (kept, as kvp@58260c05679a, with
+# --every-state, which reproduces the committed numbers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# README "Reference leaderboard (embedded model, RULER at 1k tokens)"
+uv run kvbench report results/reference --out reports/reference --versus kvp
+# README "Out of distribution: the held-out suite"
+uv run kvbench report results/reference-heldout --out reports/reference-heldout --versus kvp
+# README "A second held-out suite, to confirm"
+uv run kvbench report results/reference-confirm --out reports/reference-confirm --versus kvp
+# README "A recent window for KVP: tried, and it loses"; TRAINING "A recent window for KVP"
+uv run kvbench report results/reference-heldout results/reference-confirm results/reference-recent-window --out reports/reference-recent-window --versus kvp
+# README "A third held-out suite"
+uv run kvbench report results/reference-third --out reports/reference-third --versus kvp
+# README "A fourth held-out suite, and agents trained for high ratios"
+uv run kvbench report results/reference-fourth --out reports/reference-fourth --versus kvp
+uv run kvbench report results/reference-confirm results/reference-third results/reference-fourth --out reports/reference-after-choice --versus kvp --presses kvp,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
+# TRAINING "Agents trained for high ratios, and the fourth suite that judges them"
+uv run kvbench report results/reference-heldout results/reference-confirm results/reference-third results/reference-high-ratio-agents --out reports/reference-high-ratio-agents --versus kvp
+# README "Beyond those seven heuristics: kvpress's other presses, and where KVZip wins"
+uv run kvbench report results/reference-{confirm,third,fourth} results/reference-{confirm,third,fourth}-more --out reports/reference-after-choice-more --versus kvp --presses kvp,compactor,leverage,cap,kvzip,lagkv,non_causal_attention,keydiff,pyramidkv,cur,streaming_llm,knorm
+# README "A fifth held-out suite, and agents trained on KVZip's target"; TRAINING "Agents trained on reconstruction attention"
+uv run kvbench report results/reference-fifth results/reference-fifth-more --out reports/reference-fifth --versus kvp
+uv run kvbench report results/reference results/reference-reconstruction-agents --out reports/reference-reconstruction-agents --versus kvp
+uv run kvbench report results/reference-heldout results/reference-confirm results/reference-reconstruction-agents-seen --out reports/reference-reconstruction-agents-seen --versus kvp --presses "kvp,kvp(agents=agents/ruler-reconstruction),streaming_llm,knorm"
+uv run kvbench report results/reference-{confirm,third,fourth,fifth} --out reports/reference-after-choice-fifth --versus kvp --presses kvp,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
+# README "A sixth held-out suite, and the agents shipped now"; TRAINING "The mixed-target agents, and the sixth suite"
+uv run kvbench report results/reference-sixth --out reports/reference-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,tova,streaming_llm,knorm,snapkv,h2o,expected_attention,distillcache
+uv run kvbench report results/reference-{confirm,third,fourth,fifth,sixth} --out reports/reference-after-choice-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
+uv run kvbench report results/reference-{confirm,third,fourth,sixth} --out reports/reference-after-choice-sixth-without-fifth --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
+uv run kvbench report results/reference-heldout --out reports/reference-heldout-mixed-agents --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
+uv run kvbench report results/reference results/reference-mixed-agents --out reports/reference-mixed-agents --versus kvp
+# TRAINING "Ablation" (held-out suite: each training set minus the shipped agents)
+uv run kvbench report results/reference-heldout results/reference-heldout-agents --out reports/reference-heldout-agents --versus kvp
+# README "Memory leaderboard (embedded model, RULER at 1k tokens, by bytes)"
+uv run kvbench report results/reference-memory --out reports/reference-memory --versus kvp
+# README "Agent traces under the streaming protocol"
+uv run kvbench report results/reference-agent-ratio --out reports/reference-agent-ratio --versus kvp --every-state
+uv run kvbench report results/reference-agent-streaming --out reports/reference-agent-streaming --versus kvp --every-state --presses kvp,kvp@58260c05679a,distillcache,snapkv,streaming_llm,tova,memdecay,h2o,qevict,knorm
+# README "At 4k tokens: beyond what the embedded model can do"
+uv run kvbench report results/reference-4k --out reports/reference-4k
+# README "On a GPU (measured on an NVIDIA H200)"
+uv run kvbench report results/reference-cuda --out reports/reference-cuda
+
+# The plots as committed: palette PNGs, a third of matplotlib's size, alike to the eye (apt-get install pngquant).
+if command -v pngquant >/dev/null; then
+    pngquant --force --ext .png --quality 80-100 --speed 1 --strip --skip-if-larger reports/reference*/*.png \
+        || echo "pngquant left some plots as they were (exit 98: not smaller, 99: quality)" >&2
+else
+    echo "pngquant not found: the plots stay full size (about 15.6 MB instead of 5.2 MB)" >&2
+fi
