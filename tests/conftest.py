@@ -1,9 +1,11 @@
 """Shared fixtures: the embedded tokenizer and model, and the one tiny random-init model the tests build on
 (in memory through `tiny_model`, saved as a local folder through `tiny_model_dir`)."""
 
+import contextlib
+
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench.models import load_model, load_tokenizer
 
@@ -34,6 +36,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run several times faster on one thread than on cores shared with other work."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def prefill_into_cache(model, press, ids):
+    """The context prefilled into a new cache, under `press` (None: uncompressed)."""
+    cache = DynamicCache()
+    with press(model) if press is not None else contextlib.nullcontext():
+        model.model(input_ids=ids, past_key_values=cache)
+    return cache
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import prefill_into_cache
 from kvpress import AdaKVPress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
@@ -130,12 +131,7 @@ def test_andpro_changes_what_the_next_token_sees(tiny_model_dir):
     ids = torch.randint(3, 1000, (1, 120))
     logits = []
     for press in (None, build_press("andpro", 0.75)):
-        cache = DynamicCache()
-        if press is None:
-            model.model(input_ids=ids, past_key_values=cache)
-        else:
-            with press(model):
-                model.model(input_ids=ids, past_key_values=cache)
+        cache = prefill_into_cache(model, press, ids)
         logits.append(model(input_ids=ids[:, -1:], past_key_values=cache).logits)
     for layer in model.model.layers:
         layer.self_attn.masked_key_indices = None

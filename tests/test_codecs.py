@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import DynamicCache
+from conftest import prefill_into_cache
 from transformers.models.llama.modeling_llama import rotate_half
 
 from kvbench.models import load_model
@@ -374,13 +374,7 @@ def test_qevict_rejects_a_budget_below_the_sinks_and_local_zone_in_one_line():
 
 @torch.no_grad()
 def prefill(model, press, ids):
-    cache = DynamicCache()
-    if press is None:
-        model.model(input_ids=ids, past_key_values=cache)
-    else:
-        with press(model):
-            model.model(input_ids=ids, past_key_values=cache)
-    return cache
+    return prefill_into_cache(model, press, ids)
 
 
 def full_bytes(cache):

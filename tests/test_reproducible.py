@@ -33,12 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 OFFLINE = sorted(name for name, spec in PRESSES.items() if "hub" not in spec.needs)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
