@@ -55,7 +55,7 @@ ROWS = (2, 7)  # how many rows a tool output has (the needle's row comes on top)
 MIN_LENGTH = 1024
 
 SERVICES = ["billing", "auth", "checkout", "search", "inventory", "notifications", "reporting", "scheduler"]
-REGIONS = [
+CLOUD_REGIONS = [  # where the session's service is deployed (a fact of the system prompt)
     "us-east-1", "us-east-2", "us-west-1", "us-west-2", "eu-west-1", "eu-west-2", "eu-west-3", "eu-north-1",
     "eu-central-1", "eu-south-1", "ap-south-1", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1",
     "ap-southeast-2", "ca-central-1", "sa-east-1", "me-south-1", "af-south-1",
@@ -116,7 +116,9 @@ class Needle:
 
 
 @dataclass
-class Draft:
+class Trace:
+    """One agent trace before it becomes a Sample: the turns, the value asked, the turn that holds it."""
+
     messages: list[dict]
     needle: Needle
     turn: int  # index in messages of the turn that holds the answer
@@ -137,7 +139,7 @@ def words() -> tuple[list[str], list[str]]:
 
 
 @functools.cache
-def prose_sentences() -> list[str]:
+def snippet_sentences() -> list[str]:
     """Sentences of the stdlib's reference prose (ruler's essay), 40-120 characters, for search snippets."""
     sentences = ruler.essay_sentences(len(ruler.essay_words()))
     return [s for s in sentences if 40 <= len(s) <= 120 and re.fullmatch(r"[A-Z][^*`=|>]*[.]", s)]
@@ -194,7 +196,7 @@ def search_row(rng: random.Random) -> str:
         f"{adjective(rng).capitalize()} {noun(rng)} {noun(rng)}",
         f"KB-{rng.randint(10000, 99999)}",
     )
-    return f"{article}: {title} - {rng.choice(prose_sentences())}"
+    return f"{article}: {title} - {rng.choice(snippet_sentences())}"
 
 
 def config_row(rng: random.Random, key: str | None = None, value: str | None = None) -> str:
@@ -323,7 +325,7 @@ class Setting:
 def fact_values(rng: random.Random) -> dict[str, str]:
     return {
         "account": f"ACC-{rng.randint(1000000, 9999999)}",
-        "region": rng.choice(REGIONS),
+        "region": rng.choice(CLOUD_REGIONS),
         "deadline": f"{rng.randint(1, 28)} {rng.choice(MONTHS)}",
         "code_name": f"{adjective(rng)}-{noun(rng)}",
     }
@@ -433,7 +435,7 @@ def min_rows(sample_seed: str) -> int:
     return sum(random.Random(f"{sample_seed}/rows/{k}").randint(*ROWS) for k in range(MIN_ROUNDS - 1)) + 1
 
 
-def trace(task: str, sample_seed: str, rows: int) -> Draft:
+def trace(task: str, sample_seed: str, rows: int) -> Trace:
     """The sample's conversation with `rows` tool-output rows in all."""
     the = setting(task, random.Random(f"{sample_seed}/setting"))
     reserved = list(the.facts.values())
@@ -455,7 +457,7 @@ def trace(task: str, sample_seed: str, rows: int) -> Draft:
         if k == target:
             turn = len(messages) + next(i for i, t in enumerate(turns) if the.needle.line in t["content"])
         messages += turns
-    return Draft(messages, the.needle, turn)
+    return Trace(messages, the.needle, turn)
 
 
 # ---- Samples ----
@@ -470,14 +472,14 @@ def transcript(messages: list[dict]) -> str:
     return "\n\n".join(f"[{m.get('region', m['role'])}]\n{m['content']}" for m in messages)
 
 
-def count_tokens(tokenizer, draft: Draft) -> int:
+def count_tokens(tokenizer, draft: Trace) -> int:
     """Tokens of the whole input as the engine builds it: the turns rendered with the chat template, the
     question in a last user turn, the answer prefix."""
     prompt = tokenize_sample(tokenizer, as_sample("", draft, 0))
     return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
 
 
-def as_sample(task: str, draft: Draft, length: int, sample_id: str = "") -> Sample:
+def as_sample(task: str, draft: Trace, length: int, sample_id: str = "") -> Sample:
     return Sample(
         task=task,
         id=sample_id,
