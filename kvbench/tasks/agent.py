@@ -38,7 +38,8 @@ from pathlib import Path
 from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler
 from kvbench.tasks.base import Sample
-from kvbench.tasks.prompt import tokenize_sample
+from kvbench.tasks.prompt import tokenize_sample, transcript
+from kvbench.tasks.words import adjective, free_of, noun
 
 TASKS = {
     "agent_system_fact": "agent trace: a fact of the system prompt (account id, region, deadline, code name)",
@@ -128,29 +129,10 @@ class Trace:
 
 
 @functools.cache
-def words() -> tuple[list[str], list[str]]:
-    """(adjectives, nouns) from wonderwords: plain lowercase words of 3-9 letters, easy to read and quote."""
-    adjectives, nouns, _ = ruler.word_lists()
-
-    def plain(pool: list[str]) -> list[str]:
-        return [w for w in pool if re.fullmatch(r"[a-z]{3,9}", w)]
-
-    return plain(adjectives), plain(nouns)
-
-
-@functools.cache
 def snippet_sentences() -> list[str]:
     """Sentences of the stdlib's reference prose (ruler's essay), 40-120 characters, for search snippets."""
     sentences = ruler.essay_sentences(len(ruler.essay_words()))
     return [s for s in sentences if 40 <= len(s) <= 120 and re.fullmatch(r"[A-Z][^*`=|>]*[.]", s)]
-
-
-def adjective(rng: random.Random) -> str:
-    return rng.choice(words()[0])
-
-
-def noun(rng: random.Random) -> str:
-    return rng.choice(words()[1])
 
 
 def timestamp(rng: random.Random) -> str:
@@ -362,19 +344,6 @@ def needle_round(task: str, depth: float, rounds: int) -> int | None:
     return min(int(depth * rounds), rounds - 1)
 
 
-def free_of(reserved: list[str], draw: Callable[[], str]) -> str:
-    """A line from `draw` that holds none of the reserved strings (case-insensitive, as the metric reads).
-
-    Reserved strings are random values and compound keys (digits, hyphenated or underscored word pairs),
-    which no template's fixed text contains, so a few draws suffice.
-    """
-    for _ in range(1000):
-        line = draw()
-        if not any(r.lower() in line.lower() for r in reserved):
-            return line
-    raise RuntimeError(f"cannot draw a line without {reserved}: a template holds one of them")
-
-
 def system_prompt(the: Setting, rng: random.Random) -> str:
     names = list(FACTS)
     rng.shuffle(names)
@@ -465,11 +434,6 @@ def trace(task: str, sample_seed: str, rows: int) -> Trace:
 
 def min_length(task: str) -> int:
     return MIN_LENGTH
-
-
-def transcript(messages: list[dict]) -> str:
-    """The plain text shown for a sample (the engine renders `messages` with the chat template)."""
-    return "\n\n".join(f"[{m.get('region', m['role'])}]\n{m['content']}" for m in messages)
 
 
 def count_tokens(tokenizer, draft: Trace) -> int:
