@@ -1,6 +1,6 @@
-"""What the generated-offline families (kvbench.tasks.text and the held-out heldout, confirm, third, fourth,
-fifth and sixth) share: text sources that ship with Python and its packages, instruction layouts, and the
-sample builder that fills a length (the word pools are kvbench.tasks.words).
+"""What the generated-offline families (kvbench.tasks.text and the held-out suites of kvbench.tasks.heldout)
+share: text sources that ship with Python and its packages, instruction layouts, and the sample builder
+that fills a length (the word pools are kvbench.tasks.words).
 
 A task is a `Generator`: from a sample seed and a number of units (records, paragraphs, lines, e-mails...)
 it drafts the material, the instruction, the question, the answer prefix and the one reference, which

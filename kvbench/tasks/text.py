@@ -19,7 +19,7 @@ The answer prefix repeats the key's text as it stands in the material (`{"owner"
 R-60418 is") the embedded 135M model answered none of 5 JSON and none of 5 CSV samples. Scores: RULER's
 `string_match_all` on the one reference. Layouts (the instruction wrappers; each sample draws one): the
 instruction before the material in the user turn, the instruction in a system turn, or the material first
-and the instruction with the question. The held-out families use none of them (kvbench.tasks.heldout).
+and the instruction with the question. The held-out suites (kvbench.tasks.heldout) use none of them.
 """
 
 import functools

@@ -1,5 +1,5 @@
 """A second held-out family, the confirmation suite (`tasks/heldout-confirm.yaml`): task kinds and layouts
-that no training mixture and no task of the first held-out suite (kvbench.tasks.heldout) holds,
+that no training mixture and no task of the first held-out suite (mail_story_patch_meeting_html) holds,
 written after the shipped KVP agents were chosen, to check on fresh kinds what the first held-out suite
 showed. No agent, recipe or setting may be chosen on it (TRAINING.md); it confirms or refutes.
 
