@@ -39,7 +39,7 @@ from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import tokenize_sample, transcript
-from kvbench.tasks.words import adjective, free_of, noun
+from kvbench.tasks.words import adjective, adjective_noun, free_of, noun, two_nouns
 
 TASKS = {
     "agent_system_fact": "agent trace: a fact of the system prompt (account id, region, deadline, code name)",
@@ -182,7 +182,7 @@ def search_row(rng: random.Random) -> str:
 
 
 def config_row(rng: random.Random, key: str | None = None, value: str | None = None) -> str:
-    key = key or f"{noun(rng)}_{noun(rng)}"
+    key = key or two_nouns(rng)
     if value is None:
         value = rng.choice([str(rng.randint(2, 50000)), rng.choice(["true", "false"]), f'"{adjective(rng)}"'])
     return f"{key}: {value}"
@@ -220,7 +220,7 @@ TOOLS = {
 
 def log_needle(rng: random.Random) -> Needle:
     """An error line: no other log line reports an error code, so the line is unique in its shape."""
-    job, code = f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}"
+    job, code = adjective_noun(rng, "-"), f"E{rng.randint(1000, 9999)}"
     return Needle(
         "read_logs",
         job,
@@ -233,7 +233,7 @@ def log_needle(rng: random.Random) -> Needle:
 
 def config_needle(rng: random.Random) -> Needle:
     """A setting among other settings: its key is unique, its value a 6-digit number."""
-    key, value = f"{noun(rng)}_{noun(rng)}", str(rng.randint(100000, 999999))
+    key, value = two_nouns(rng), str(rng.randint(100000, 999999))
     return Needle(
         "read_file",
         key,
@@ -270,7 +270,7 @@ def note_line(label: str, value: str) -> str:
 
 
 def scratchpad_needle(rng: random.Random) -> Needle:
-    label, value = f"{adjective(rng)}-{noun(rng)}", str(rng.randint(1000000, 9999999))
+    label, value = adjective_noun(rng, "-"), str(rng.randint(1000000, 9999999))
     return Needle(
         "scratchpad",
         label,
@@ -285,7 +285,7 @@ def thought(rng: random.Random, next_tool: str, problem: str) -> list[Callable[[
     """Draws of the lines of a scratchpad turn: an observation, sometimes a note, a plan."""
     lines = [lambda: rng.choice(THOUGHTS).format(problem=problem, noun=noun(rng))]
     if rng.random() < 0.5:
-        lines.append(lambda: note_line(f"{adjective(rng)}-{noun(rng)}", str(rng.randint(1000000, 9999999))))
+        lines.append(lambda: note_line(adjective_noun(rng, "-"), str(rng.randint(1000000, 9999999))))
     lines.append(lambda: rng.choice(PLANS).format(tool=next_tool, service=rng.choice(SERVICES)))
     return lines
 
@@ -309,7 +309,7 @@ def fact_values(rng: random.Random) -> dict[str, str]:
         "account": f"ACC-{rng.randint(1000000, 9999999)}",
         "region": rng.choice(CLOUD_REGIONS),
         "deadline": f"{rng.randint(1, 28)} {rng.choice(MONTHS)}",
-        "code_name": f"{adjective(rng)}-{noun(rng)}",
+        "code_name": adjective_noun(rng, "-"),
     }
 
 

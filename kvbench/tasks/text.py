@@ -116,7 +116,7 @@ def json_records(seed: str, units: int) -> Draft:
     opening."""
     rng = random.Random(f"{seed}/needle")
     owner, depth, field = (
-        f"{words.adjective(rng)} {words.noun(rng)}",
+        words.adjective_noun(rng),
         rng.random(),
         rng.choice(["account", "balance"]),
     )
@@ -127,7 +127,7 @@ def json_records(seed: str, units: int) -> Draft:
         return json.dumps({"owner": owner, **{name: fields[name] for name in order}})
 
     def other(rng: random.Random) -> str:
-        return record(f"{words.adjective(rng)} {words.noun(rng)}", account_fields(rng))
+        return record(words.adjective_noun(rng), account_fields(rng))
 
     lines = generated.with_needle(seed, units, record(owner, needle), depth, [owner, needle[field]], other)
     opening = json.dumps({"owner": owner, field: ""})[:-2]  # {"owner": "x y", "balance": "
@@ -152,7 +152,7 @@ def csv_fields(rng: random.Random) -> dict[str, str]:
 def csv_table(seed: str, units: int) -> Draft:
     """As json_records: rows keyed by their product (a word pair), the asked column right after it."""
     rng = random.Random(f"{seed}/needle")
-    product, depth = f"{words.adjective(rng)} {words.noun(rng)}", rng.random()
+    product, depth = words.adjective_noun(rng), rng.random()
     column = rng.choice(["sku", "unit_price"])
     needle = csv_fields(rng)
     order = [column, *(name for name in needle if name != column)]
@@ -161,7 +161,7 @@ def csv_table(seed: str, units: int) -> Draft:
         return ",".join([product, *(fields[name] for name in order)])
 
     def other(rng: random.Random) -> str:
-        return row(f"{words.adjective(rng)} {words.noun(rng)}", csv_fields(rng))
+        return row(words.adjective_noun(rng), csv_fields(rng))
 
     lines = generated.with_needle(seed, units, row(product, needle), depth, [product, needle[column]], other)
     return Draft(
@@ -175,7 +175,7 @@ def csv_table(seed: str, units: int) -> Draft:
 
 def log_line(rng: random.Random, request: str | None = None, ms: int | None = None) -> str:
     """A logfmt line: time, level, request name, duration, then the request."""
-    request = request or f"{words.adjective(rng)}-{words.noun(rng)}"
+    request = request or words.adjective_noun(rng, "-")
     ms = ms if ms is not None else rng.randint(3, 4999)
     path = f"/v1/{words.noun(rng)}s/{rng.randint(1, 9999)}"
     status = rng.choice([200, 200, 200, 201, 204, 304, 404, 500])
@@ -188,7 +188,7 @@ def log_line(rng: random.Random, request: str | None = None, ms: int | None = No
 
 def log_lines(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    request, ms, depth = f"{words.adjective(rng)}-{words.noun(rng)}", rng.randint(3, 4999), rng.random()
+    request, ms, depth = words.adjective_noun(rng, "-"), rng.randint(3, 4999), rng.random()
     reserved = [request, f"={ms}ms"]
     lines = generated.with_needle(seed, units, log_line(rng, request, ms), depth, reserved, log_line)
     return Draft(

@@ -33,6 +33,16 @@ def noun(rng: random.Random) -> str:
     return rng.choice(word_pools()[1])
 
 
+def adjective_noun(rng: random.Random, sep: str = " ") -> str:
+    """ "steady lantern": names of things, keys, jobs (with sep "-")."""
+    return f"{adjective(rng)}{sep}{noun(rng)}"
+
+
+def two_nouns(rng: random.Random, sep: str = "_") -> str:
+    """ "lantern_harbor": setting keys, identifiers, host names (with sep "-")."""
+    return f"{noun(rng)}{sep}{noun(rng)}"
+
+
 # People's names for authors, senders and characters.
 FIRST_NAMES = (
     "Ada", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Keiko", "Lars",

@@ -90,25 +90,21 @@ def calendar_location(seed: str, units: int) -> Draft:
 TYPES = ("INTEGER", "TEXT", "VARCHAR(64)", "BOOLEAN", "TIMESTAMP", "REAL")
 
 
-def identifier(rng: random.Random) -> str:
-    return f"{words.noun(rng)}_{words.noun(rng)}"
-
-
 def create_table(rng: random.Random, table: str | None = None, default: tuple[str, str] | None = None) -> str:
     columns = ["  id INTEGER PRIMARY KEY"]
     columns += [
-        f"  {identifier(rng)} {rng.choice(TYPES)}{rng.choice(['', ' NOT NULL'])}"
+        f"  {words.two_nouns(rng)} {rng.choice(TYPES)}{rng.choice(['', ' NOT NULL'])}"
         for _ in range(rng.randint(2, 5))
     ]
     if default:
         column, value = default
         columns.insert(rng.randint(1, len(columns)), f"  {column} VARCHAR(64) DEFAULT '{value}'")
-    return f"CREATE TABLE {table or identifier(rng)} (\n" + ",\n".join(columns) + "\n);"
+    return f"CREATE TABLE {table or words.two_nouns(rng)} (\n" + ",\n".join(columns) + "\n);"
 
 
 def schema_default(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    table, column, depth = identifier(rng), identifier(rng), rng.random()
+    table, column, depth = words.two_nouns(rng), words.two_nouns(rng), rng.random()
     value = f"{words.adjective(rng)}-{words.digits(rng, 4)}"
     tables = generated.with_needle(
         seed, units, create_table(rng, table, (column, value)), depth, [table, column, value], create_table

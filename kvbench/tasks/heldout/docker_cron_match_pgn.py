@@ -107,7 +107,7 @@ CRON_ARGUMENTS = ("--quiet", "> /dev/null 2>&1", "--since 7d", "--all", "--dry-r
 def script(rng: random.Random) -> str:
     """A script on the crontab's PATH, called by its name alone. With /usr/local/bin/NAME the model scored 60
     uncompressed: after the path every job shares it went on with `cron`, `sh` or another job's script."""
-    return f"{words.adjective(rng)}-{words.noun(rng)}"
+    return words.adjective_noun(rng, "-")
 
 
 def cron_job(rng: random.Random, command: str | None = None) -> str:

@@ -82,12 +82,8 @@ def commit_issue(seed: str, units: int) -> Draft:
 # ---- YAML config: the secret of the one service that has one ----
 
 
-def service_name(rng: random.Random) -> str:
-    return f"{words.adjective(rng)}-{words.noun(rng)}"
-
-
 def service(rng: random.Random, name: str | None = None, secret: str | None = None) -> str:
-    name = name or service_name(rng)
+    name = name or words.adjective_noun(rng, "-")
     lines = [f"  {name}:"]
     if secret:  # right under the name, so the answer prefix can name the service
         lines.append(f"    secret: {secret}")
@@ -101,7 +97,7 @@ def service(rng: random.Random, name: str | None = None, secret: str | None = No
 
 def config_secret(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    name, depth = service_name(rng), rng.random()
+    name, depth = words.adjective_noun(rng, "-"), rng.random()
     secret = f"{words.noun(rng)}-key-{words.digits(rng, 4)}"
     services = generated.with_needle(seed, units, service(rng, name, secret), depth, [name, secret], service)
     return Draft(
@@ -154,19 +150,15 @@ def contract_interest(seed: str, units: int) -> Draft:
 PARTS_OF_SPEECH = ("noun", "verb", "adjective")
 
 
-def glossary_term(rng: random.Random) -> str:
-    return f"{words.adjective(rng)} {words.noun(rng)}"
-
-
 def glossary_entry(rng: random.Random, term: str | None = None, former: str | None = None) -> str:
     note = f'formerly "{former}"' if former else rng.choice(PARTS_OF_SPEECH)
-    return f"**{term or glossary_term(rng)}** ({note}): {rng.choice(generated.prose_sentences())}"
+    return f"**{term or words.adjective_noun(rng)}** ({note}): {rng.choice(generated.prose_sentences())}"
 
 
 def glossary_former(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    term, depth = glossary_term(rng), rng.random()
-    former = f"{words.noun(rng)} {words.noun(rng)}"  # a made-up name the model cannot guess
+    term, depth = words.adjective_noun(rng), rng.random()
+    former = words.two_nouns(rng, " ")  # a made-up name the model cannot guess
     entries = generated.with_needle(
         seed, units, glossary_entry(rng, term, former), depth, [term, former, "formerly"], glossary_entry
     )

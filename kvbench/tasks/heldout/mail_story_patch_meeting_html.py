@@ -119,14 +119,14 @@ EVENTS = (
 )
 
 
-def thing(rng: random.Random) -> str:
-    return f"{words.adjective(rng)} {words.noun(rng)}"
-
-
 def event(rng: random.Random, names: list[str]) -> str:
     name, other = rng.sample(names, 2)
     return rng.choice(EVENTS).format(
-        name=name, other=other, thing=thing(rng), place=rng.choice(PLACES), noun=words.noun(rng)
+        name=name,
+        other=other,
+        thing=words.adjective_noun(rng),
+        place=rng.choice(PLACES),
+        noun=words.noun(rng),
     )
 
 
@@ -134,7 +134,7 @@ def story_place(seed: str, units: int) -> Draft:
     """One sentence hides something; the others carry, clean and talk about other things, in other places."""
     rng = random.Random(f"{seed}/needle")
     names = rng.sample(words.FIRST_NAMES, 5)
-    name, hidden, place, depth = names[0], thing(rng), rng.choice(PLACES), rng.random()
+    name, hidden, place, depth = names[0], words.adjective_noun(rng), rng.choice(PLACES), rng.random()
     sentences = generated.with_needle(
         seed,
         units,
@@ -156,15 +156,11 @@ def story_place(seed: str, units: int) -> Draft:
 # ---- Patch: the new value of a changed setting ----
 
 
-def setting_key(rng: random.Random) -> str:
-    return f"{words.noun(rng)}_{words.noun(rng)}"
-
-
 def hunk(rng: random.Random, key: str, old: str, new: str) -> str:
     path = f"services/{words.noun(rng)}/settings.ini"
     line = rng.randint(3, 400)
-    before = [f" {setting_key(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
-    after = [f" {setting_key(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
+    before = [f" {words.two_nouns(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
+    after = [f" {words.two_nouns(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
     size = len(before) + len(after) + 1
     return "\n".join(
         [
@@ -182,13 +178,13 @@ def hunk(rng: random.Random, key: str, old: str, new: str) -> str:
 
 def patch_value(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    key, old, new = setting_key(rng), str(rng.randint(10, 99999)), str(rng.randint(10, 99999))
+    key, old, new = words.two_nouns(rng), str(rng.randint(10, 99999)), str(rng.randint(10, 99999))
     depth = rng.random()
     reserved = [key, f"= {new}"]
 
     def other(rng: random.Random) -> str:
         old, new = (str(rng.randint(10, 99999)) for _ in range(2))
-        return hunk(rng, setting_key(rng), old, new)
+        return hunk(rng, words.two_nouns(rng), old, new)
 
     hunks = generated.with_needle(seed, units, hunk(rng, key, old, new), depth, reserved, other)
     return Draft(

@@ -70,7 +70,7 @@ def zone_mail(seed: str, units: int) -> Draft:
     """The mail host is a full name in another domain: named relative to the origin, like every other record,
     it scored 88 uncompressed (the model wrote an address after "IN MX 10"), 92 as a full name."""
     rng = random.Random(f"{seed}/needle")
-    host, depth = f"{words.noun(rng)}-{words.noun(rng)}", rng.random()
+    host, depth = words.two_nouns(rng, "-"), rng.random()
     groups = generated.with_needle(
         seed, units, f"; mail\n@ 3600 IN MX 10 {host}.example.net.", depth, [host, "MX"], zone_group
     )
@@ -115,7 +115,7 @@ def fill(template: str, rng: random.Random) -> str:
 
 
 def frame(rng: random.Random, code: str | None = None) -> str:
-    module, function = words.noun(rng), f"{words.adjective(rng)}_{words.noun(rng)}"
+    module, function = words.noun(rng), words.adjective_noun(rng, "_")
     code = code or fill(rng.choice(CODE_LINES), rng)
     return f'  File "/srv/app/{module}.py", line {rng.randint(12, 900)}, in {function}\n    {code}'
 
@@ -141,7 +141,7 @@ def traceback_key(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     # An environment variable's name: with a lowercase key like the code's names around it (84 uncompressed)
     # the model answered with names of its own.
-    key, depth = f"{words.noun(rng)}_{words.noun(rng)}".upper(), rng.random()
+    key, depth = words.two_nouns(rng).upper(), rng.random()
     parts = generated.with_needle(seed, units, exception(rng, key), depth, [key, "KeyError"], exception)
     body = parts[0]
     for k, part in enumerate(parts[1:], 1):
@@ -176,7 +176,7 @@ LINES = (
 
 
 def place_name(rng: random.Random) -> str:
-    return f"{words.adjective(rng)} {words.noun(rng)}".upper()
+    return words.adjective_noun(rng).upper()
 
 
 def scene(rng: random.Random, number: str | None = None) -> str:
@@ -241,7 +241,7 @@ def shell_step(rng: random.Random, prompt: str, host: str | None = None) -> str:
 
 def shell_ssh(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    host, depth = f"{words.noun(rng)}-{words.noun(rng)}", rng.random()
+    host, depth = words.two_nouns(rng, "-"), rng.random()
     folder = words.free_of(["ssh"], lambda: words.noun(rng))  # every step shows it
     prompt = f"{rng.choice(words.FIRST_NAMES).lower()}@laptop:~/{folder}$ "
     steps = generated.with_needle(
