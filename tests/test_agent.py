@@ -5,7 +5,7 @@ import pytest
 
 from kvbench.tasks import METRICS, agent, family_of, load_samples, load_suite, ruler, score_sample
 from kvbench.tasks.base import Sample
-from kvbench.tasks.prompt import REGIONS, tokenize_sample
+from kvbench.tasks.prompt import REGIONS, tokenize_sample, transcript
 
 TASKS = list(agent.TASKS)
 
@@ -111,7 +111,7 @@ def test_turns_are_a_well_formed_agent_trace(task, tokenizer):
             else:
                 assert m["role"] == "tool" and "tool" in json.loads(messages[i - 1]["content"])
         assert messages[-1]["role"] == "tool"
-        assert sample.context == agent.transcript(messages)
+        assert sample.context == transcript(messages)
     assert scratchpads > 0
 
 

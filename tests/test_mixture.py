@@ -8,43 +8,24 @@ from click.testing import CliRunner
 from kvbench.cli import main
 from kvbench.tasks import (
     METRICS,
-    confirm,
     family_of,
-    fifth,
-    fourth,
     generated,
     heldout,
     load_samples,
     load_suite,
     ruler,
     score_sample,
-    sixth,
     suite_names,
     task_names,
     text,
-    third,
 )
 from kvbench.tasks.mixture import KINDS, MIXTURES, UnknownMixture, mixture, mixture_kinds
 
-GENERATED = {
-    **text.GENERATORS,
-    **heldout.GENERATORS,
-    **confirm.GENERATORS,
-    **third.GENERATORS,
-    **fourth.GENERATORS,
-    **fifth.GENERATORS,
-    **sixth.GENERATORS,
-}
-TASKS = list(GENERATED)
 # In the order they were written: each may share no kind or layout with training or an earlier one.
-HELD_OUT_SUITES = [
-    ("heldout", heldout),
-    ("heldout-confirm", confirm),
-    ("heldout-third", third),
-    ("heldout-fourth", fourth),
-    ("heldout-fifth", fifth),
-    ("heldout-sixth", sixth),
-]
+HELD_OUT_SUITES = [(suite.name, suite.module) for suite in heldout.SUITES]
+HELD_OUT_FAMILIES = [suite.module for suite in heldout.SUITES]
+GENERATED = {name: g for family in [text, *HELD_OUT_FAMILIES] for name, g in family.GENERATORS.items()}
+TASKS = list(GENERATED)
 
 
 @pytest.fixture
@@ -108,7 +89,7 @@ def test_inputs_fill_the_length_and_grow_with_it(task, tokenizer):
     assert sizes[2048] > 2.5 * sizes[512]
 
 
-@pytest.mark.parametrize("family", [text, heldout, confirm, third, fourth, fifth, sixth])
+@pytest.mark.parametrize("family", [text, *HELD_OUT_FAMILIES])
 def test_each_sample_draws_its_layout_from_its_family(family, tokenizer):
     layouts = {layout.name for layout in family.LAYOUTS}
     drawn = set()
@@ -131,7 +112,7 @@ def test_the_families_are_registered_and_listed():
     listed = CliRunner().invoke(main, ["tasks"]).output
     for task in TASKS:
         assert task in listed
-        assert family_of(task) in (text, heldout, confirm, third, fourth, fifth, sixth)
+        assert family_of(task) in (text, *HELD_OUT_FAMILIES)
     assert METRICS["string_match_all"] is ruler.string_match_all
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from kvbench.errors import DataFileError, UnknownTask
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, confirm, fifth, fourth, heldout, longbench, ruler, sixth, text, third
+from kvbench.tasks import agent, heldout, longbench, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 
 __all__ = [
@@ -30,26 +30,10 @@ TASK_FAMILIES = {
     "ruler": ruler,
     "agent": agent,
     "text": text,
-    "heldout": heldout,
-    "confirm": confirm,
-    "third": third,
-    "fourth": fourth,
-    "fifth": fifth,
-    "sixth": sixth,
+    **{suite.name: suite.module for suite in heldout.SUITES},  # each held-out suite is its own family
     "longbench": longbench,
 }
-METRICS = {
-    **ruler.METRICS,
-    **agent.METRICS,
-    **text.METRICS,
-    **heldout.METRICS,
-    **confirm.METRICS,
-    **third.METRICS,
-    **fourth.METRICS,
-    **fifth.METRICS,
-    **sixth.METRICS,
-    **longbench.METRICS,
-}
+METRICS = {name: metric for module in TASK_FAMILIES.values() for name, metric in module.METRICS.items()}
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite
 
 

@@ -38,7 +38,8 @@ from pathlib import Path
 from kvbench.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler
 from kvbench.tasks.base import Sample
-from kvbench.tasks.prompt import tokenize_sample
+from kvbench.tasks.prompt import tokenize_sample, transcript
+from kvbench.tasks.words import adjective, adjective_noun, free_of, noun, two_nouns
 
 TASKS = {
     "agent_system_fact": "agent trace: a fact of the system prompt (account id, region, deadline, code name)",
@@ -55,7 +56,7 @@ ROWS = (2, 7)  # how many rows a tool output has (the needle's row comes on top)
 MIN_LENGTH = 1024
 
 SERVICES = ["billing", "auth", "checkout", "search", "inventory", "notifications", "reporting", "scheduler"]
-REGIONS = [
+CLOUD_REGIONS = [  # where the session's service is deployed (a fact of the system prompt)
     "us-east-1", "us-east-2", "us-west-1", "us-west-2", "eu-west-1", "eu-west-2", "eu-west-3", "eu-north-1",
     "eu-central-1", "eu-south-1", "ap-south-1", "ap-northeast-1", "ap-northeast-2", "ap-southeast-1",
     "ap-southeast-2", "ca-central-1", "sa-east-1", "me-south-1", "af-south-1",
@@ -116,7 +117,9 @@ class Needle:
 
 
 @dataclass
-class Draft:
+class Trace:
+    """One agent trace before it becomes a Sample: the turns, the value asked, the turn that holds it."""
+
     messages: list[dict]
     needle: Needle
     turn: int  # index in messages of the turn that holds the answer
@@ -126,29 +129,10 @@ class Draft:
 
 
 @functools.cache
-def words() -> tuple[list[str], list[str]]:
-    """(adjectives, nouns) from wonderwords: plain lowercase words of 3-9 letters, easy to read and quote."""
-    adjectives, nouns, _ = ruler.word_lists()
-
-    def plain(pool: list[str]) -> list[str]:
-        return [w for w in pool if re.fullmatch(r"[a-z]{3,9}", w)]
-
-    return plain(adjectives), plain(nouns)
-
-
-@functools.cache
-def prose_sentences() -> list[str]:
+def snippet_sentences() -> list[str]:
     """Sentences of the stdlib's reference prose (ruler's essay), 40-120 characters, for search snippets."""
     sentences = ruler.essay_sentences(len(ruler.essay_words()))
     return [s for s in sentences if 40 <= len(s) <= 120 and re.fullmatch(r"[A-Z][^*`=|>]*[.]", s)]
-
-
-def adjective(rng: random.Random) -> str:
-    return rng.choice(words()[0])
-
-
-def noun(rng: random.Random) -> str:
-    return rng.choice(words()[1])
 
 
 def timestamp(rng: random.Random) -> str:
@@ -194,11 +178,11 @@ def search_row(rng: random.Random) -> str:
         f"{adjective(rng).capitalize()} {noun(rng)} {noun(rng)}",
         f"KB-{rng.randint(10000, 99999)}",
     )
-    return f"{article}: {title} - {rng.choice(prose_sentences())}"
+    return f"{article}: {title} - {rng.choice(snippet_sentences())}"
 
 
 def config_row(rng: random.Random, key: str | None = None, value: str | None = None) -> str:
-    key = key or f"{noun(rng)}_{noun(rng)}"
+    key = key or two_nouns(rng)
     if value is None:
         value = rng.choice([str(rng.randint(2, 50000)), rng.choice(["true", "false"]), f'"{adjective(rng)}"'])
     return f"{key}: {value}"
@@ -236,7 +220,7 @@ TOOLS = {
 
 def log_needle(rng: random.Random) -> Needle:
     """An error line: no other log line reports an error code, so the line is unique in its shape."""
-    job, code = f"{adjective(rng)}-{noun(rng)}", f"E{rng.randint(1000, 9999)}"
+    job, code = adjective_noun(rng, "-"), f"E{rng.randint(1000, 9999)}"
     return Needle(
         "read_logs",
         job,
@@ -249,7 +233,7 @@ def log_needle(rng: random.Random) -> Needle:
 
 def config_needle(rng: random.Random) -> Needle:
     """A setting among other settings: its key is unique, its value a 6-digit number."""
-    key, value = f"{noun(rng)}_{noun(rng)}", str(rng.randint(100000, 999999))
+    key, value = two_nouns(rng), str(rng.randint(100000, 999999))
     return Needle(
         "read_file",
         key,
@@ -286,7 +270,7 @@ def note_line(label: str, value: str) -> str:
 
 
 def scratchpad_needle(rng: random.Random) -> Needle:
-    label, value = f"{adjective(rng)}-{noun(rng)}", str(rng.randint(1000000, 9999999))
+    label, value = adjective_noun(rng, "-"), str(rng.randint(1000000, 9999999))
     return Needle(
         "scratchpad",
         label,
@@ -301,7 +285,7 @@ def thought(rng: random.Random, next_tool: str, problem: str) -> list[Callable[[
     """Draws of the lines of a scratchpad turn: an observation, sometimes a note, a plan."""
     lines = [lambda: rng.choice(THOUGHTS).format(problem=problem, noun=noun(rng))]
     if rng.random() < 0.5:
-        lines.append(lambda: note_line(f"{adjective(rng)}-{noun(rng)}", str(rng.randint(1000000, 9999999))))
+        lines.append(lambda: note_line(adjective_noun(rng, "-"), str(rng.randint(1000000, 9999999))))
     lines.append(lambda: rng.choice(PLANS).format(tool=next_tool, service=rng.choice(SERVICES)))
     return lines
 
@@ -323,9 +307,9 @@ class Setting:
 def fact_values(rng: random.Random) -> dict[str, str]:
     return {
         "account": f"ACC-{rng.randint(1000000, 9999999)}",
-        "region": rng.choice(REGIONS),
+        "region": rng.choice(CLOUD_REGIONS),
         "deadline": f"{rng.randint(1, 28)} {rng.choice(MONTHS)}",
-        "code_name": f"{adjective(rng)}-{noun(rng)}",
+        "code_name": adjective_noun(rng, "-"),
     }
 
 
@@ -358,19 +342,6 @@ def needle_round(task: str, depth: float, rounds: int) -> int | None:
     if task == "agent_tool_value":  # any round but the first
         return 1 + min(int(depth * (rounds - 1)), rounds - 2)
     return min(int(depth * rounds), rounds - 1)
-
-
-def free_of(reserved: list[str], draw: Callable[[], str]) -> str:
-    """A line from `draw` that holds none of the reserved strings (case-insensitive, as the metric reads).
-
-    Reserved strings are random values and compound keys (digits, hyphenated or underscored word pairs),
-    which no template's fixed text contains, so a few draws suffice.
-    """
-    for _ in range(1000):
-        line = draw()
-        if not any(r.lower() in line.lower() for r in reserved):
-            return line
-    raise RuntimeError(f"cannot draw a line without {reserved}: a template holds one of them")
 
 
 def system_prompt(the: Setting, rng: random.Random) -> str:
@@ -433,7 +404,7 @@ def min_rows(sample_seed: str) -> int:
     return sum(random.Random(f"{sample_seed}/rows/{k}").randint(*ROWS) for k in range(MIN_ROUNDS - 1)) + 1
 
 
-def trace(task: str, sample_seed: str, rows: int) -> Draft:
+def trace(task: str, sample_seed: str, rows: int) -> Trace:
     """The sample's conversation with `rows` tool-output rows in all."""
     the = setting(task, random.Random(f"{sample_seed}/setting"))
     reserved = list(the.facts.values())
@@ -455,7 +426,7 @@ def trace(task: str, sample_seed: str, rows: int) -> Draft:
         if k == target:
             turn = len(messages) + next(i for i, t in enumerate(turns) if the.needle.line in t["content"])
         messages += turns
-    return Draft(messages, the.needle, turn)
+    return Trace(messages, the.needle, turn)
 
 
 # ---- Samples ----
@@ -465,19 +436,14 @@ def min_length(task: str) -> int:
     return MIN_LENGTH
 
 
-def transcript(messages: list[dict]) -> str:
-    """The plain text shown for a sample (the engine renders `messages` with the chat template)."""
-    return "\n\n".join(f"[{m.get('region', m['role'])}]\n{m['content']}" for m in messages)
-
-
-def count_tokens(tokenizer, draft: Draft) -> int:
+def count_tokens(tokenizer, draft: Trace) -> int:
     """Tokens of the whole input as the engine builds it: the turns rendered with the chat template, the
     question in a last user turn, the answer prefix."""
     prompt = tokenize_sample(tokenizer, as_sample("", draft, 0))
     return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
 
 
-def as_sample(task: str, draft: Draft, length: int, sample_id: str = "") -> Sample:
+def as_sample(task: str, draft: Trace, length: int, sample_id: str = "") -> Sample:
     return Sample(
         task=task,
         id=sample_id,

@@ -1,6 +1,6 @@
-"""What the generated-offline families (kvbench.tasks.text and the held-out heldout, confirm, third, fourth,
-fifth and sixth) share: text sources that ship with Python and its packages, instruction layouts, and the
-sample builder that fills a length.
+"""What the generated-offline families (kvbench.tasks.text and the held-out suites of kvbench.tasks.heldout)
+share: text sources that ship with Python and its packages, instruction layouts, and the sample builder
+that fills a length (the word pools are kvbench.tasks.words).
 
 A task is a `Generator`: from a sample seed and a number of units (records, paragraphs, lines, e-mails...)
 it drafts the material, the instruction, the question, the answer prefix and the one reference, which
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.errors import BadInput, UnknownTask
-from kvbench.tasks import agent, ruler
+from kvbench.tasks import ruler, words
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import tokenize_sample
 
@@ -111,31 +111,6 @@ def code_lines() -> tuple[str, ...]:
     return tuple(lines)
 
 
-# People's names for authors, senders and characters.
-FIRST_NAMES = (
-    "Ada", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Keiko", "Lars",
-    "Maya", "Nadia", "Omar", "Priya", "Quentin", "Rosa", "Samir", "Tessa", "Umar", "Vera", "Wendell",
-    "Ximena", "Yusuf", "Zofia",
-)  # fmt: skip
-SURNAMES = (
-    "Tanaka", "Silva", "Novak", "Okafor", "Larsen", "Moreau", "Rossi", "Kowalski", "Haddad", "Fischer",
-    "Nguyen", "Costa", "Ivanova", "Murphy", "Schmidt", "Kaur", "Mendez", "Dubois", "Berg", "Ahmed", "Sato",
-    "Walsh", "Horvat", "Lindqvist", "Petrov", "Keller", "Banerjee", "Ortiz", "Jansen", "Mwangi",
-)  # fmt: skip
-CITIES = (
-    "Lyon", "Porto", "Oslo", "Leeds", "Graz", "Turku", "Kyoto", "Dakar", "Quito", "Perth", "Tampa", "Cork",
-    "Split", "Ghent", "Bonn", "Lille",
-)  # fmt: skip
-
-
-def person(rng: random.Random) -> str:
-    return f"{rng.choice(FIRST_NAMES)} {rng.choice(SURNAMES)}"
-
-
-def digits(rng: random.Random, count: int) -> str:
-    return str(rng.randint(10 ** (count - 1), 10**count - 1))
-
-
 # ---- Drafts, layouts, generators ----
 
 
@@ -170,9 +145,9 @@ class Generator:
     description: str
     kind: str  # what the context is made of and what the question asks; see kvbench.tasks.mixture
     draft: Callable[[str, int], Draft]  # (sample seed, units) -> Draft, deterministic
-    min_units: int
-    max_units: Callable[[], int]  # how many units the source can give
     max_new_tokens: int
+    min_units: int = 1
+    max_units: Callable[[], int] = lambda: 10**4  # how many units the source can give
     min_length: int = 512
 
 
@@ -198,8 +173,21 @@ def fillers(seed: str, count: int, reserved: list[str], draw: Callable[[random.R
     units = []
     for k in range(count):
         rng = random.Random(f"{seed}/unit/{k}")
-        units.append(agent.free_of(reserved, lambda rng=rng: draw(rng)))
+        units.append(words.free_of(reserved, lambda rng=rng: draw(rng)))
     return units
+
+
+def with_needle(
+    seed: str,
+    units: int,
+    needle: str,
+    depth: float,
+    reserved: list[str],
+    draw: Callable[[random.Random], str],
+) -> list[str]:
+    """`units` units: `units - 1` fillers from `draw` (free of the reserved strings) and `needle` at about
+    `depth`, as every held-out generator lays out its material."""
+    return place_at(fillers(seed, units - 1, reserved, draw), needle, depth)
 
 
 # ---- Samples ----

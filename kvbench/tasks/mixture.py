@@ -9,7 +9,7 @@ only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), w
 from dataclasses import dataclass
 
 from kvbench.errors import BadInput
-from kvbench.tasks import confirm, fifth, fourth, heldout, longbench, ruler, sixth, text, third
+from kvbench.tasks import heldout, longbench, ruler, text
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,7 @@ KINDS: dict[str, str] = {
     "agent_early_tool_value": "agent-tool-output",
     "agent_scratchpad": "agent-scratchpad",
     **text.KINDS,
-    **heldout.KINDS,
-    **confirm.KINDS,
-    **third.KINDS,
-    **fourth.KINDS,
-    **fifth.KINDS,
-    **sixth.KINDS,
+    **{task: kind for suite in heldout.SUITES for task, kind in suite.module.KINDS.items()},
     **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
 }
 

@@ -105,3 +105,9 @@ def token_regions(context: str, messages: list[dict], token_starts: list[int]) -
         for start in token_starts
     ]
     return torch.tensor(ids, dtype=torch.long)
+
+
+def transcript(messages: list[dict]) -> str:
+    """The plain text shown for a chat sample (`Sample.context`; the engine renders `messages` with the chat
+    template)."""
+    return "\n\n".join(f"[{m.get('region', m['role'])}]\n{m['content']}" for m in messages)

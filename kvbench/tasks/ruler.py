@@ -181,7 +181,7 @@ METRICS = {"string_match_all": string_match_all, "string_match_part": string_mat
 
 
 @dataclass
-class Draft:
+class Instance:
     """RULER's full input (context + question + answer prefix) for one haystack size, and its answers."""
 
     context: str
@@ -194,8 +194,8 @@ class Draft:
         return self.context + self.question + self.answer_prefix
 
 
-def fill(template: Template, context: str, **fields) -> Draft:
-    return Draft(
+def fill(template: Template, context: str, **fields) -> Instance:
+    return Instance(
         template.context.format(context=context, **fields),
         template.question.format(**fields),
         template.answer_prefix.format(**fields),
@@ -301,7 +301,7 @@ def random_value(kind: str, rng: random.Random) -> str:
 # ---- Needle in a haystack (niah.py) ----
 
 
-def niah_draft(config: Niah, num_haystack: int, rng: random.Random) -> Draft:
+def niah_draft(config: Niah, num_haystack: int, rng: random.Random) -> Instance:
     keys = [random_value(config.key_type, rng) for _ in range(max(config.keys, config.queries))]
     values = [[random_value(config.value_type, rng) for _ in range(config.values)] for _ in keys]
     needles = [
@@ -366,7 +366,7 @@ def vt_chain(rng: random.Random, name_length: int) -> tuple[list[str], list[str]
     return names, chain
 
 
-def vt_draft(names: list[str], chain: list[str], num_noises: int, rng: random.Random, icl: str) -> Draft:
+def vt_draft(names: list[str], chain: list[str], num_noises: int, rng: random.Random, icl: str) -> Instance:
     sentences = [NOISE] * num_noises
     positions = sorted(rng.sample(range(len(sentences)), len(chain)))
     for j, (position, statement) in enumerate(zip(positions, chain, strict=True)):
@@ -391,7 +391,7 @@ def cwe_list(rng: random.Random, num_words: int, common_repeats: int, uncommon_r
     return " ".join(f"{i + 1}. {word}" for i, word in enumerate(listed)), common
 
 
-def cwe_draft(num_words: int, length: int, rng: random.Random) -> Draft:
+def cwe_draft(num_words: int, length: int, rng: random.Random) -> Instance:
     # Repetitions (common, uncommon): below 4096 tokens RULER uses (3, 1) in the example and (6, 1) in
     # the task, else (10, 3) and (30, 3).
     short = length < 4096
@@ -418,7 +418,7 @@ def fwe_vocabulary(rng: random.Random, size: int) -> list[str]:
     return ["...", *words[1:]]
 
 
-def fwe_draft(vocabulary: list[str], num_words: int, rng: random.Random) -> Draft:
+def fwe_draft(vocabulary: list[str], num_words: int, rng: random.Random) -> Instance:
     """Word of rank k appears int(num_words * k^-alpha / zeta(alpha)) times; ranks 2-4 are the answer."""
     coded = [
         word
@@ -537,7 +537,7 @@ def qa_data(task: str, data_dir: Path | None) -> QaData:
     return squad_data(raw["data"]) if task == "qa_1" else hotpot_data(raw)
 
 
-def qa_draft(data: QaData, item: QaItem, num_docs: int, rng: random.Random) -> Draft:
+def qa_draft(data: QaData, item: QaItem, num_docs: int, rng: random.Random) -> Instance:
     """The gold documents, then same-article ones, then random others: `num_docs` in all, shuffled."""
     if num_docs - len(item.gold) > len(item.related):
         taken = set(item.gold + item.related)
@@ -593,7 +593,7 @@ def make_samples(
 
 
 def drafter(task: str, length: int, sample_seed: str, tokenizer, item: QaItem | None, data: QaData | None):
-    """(draft_at(haystack size) -> Draft, smallest size, largest size) for one sample."""
+    """(draft_at(haystack size) -> Instance, smallest size, largest size) for one sample."""
 
     def rng(part: str = "") -> random.Random:
         return random.Random(f"{sample_seed}/{part}")

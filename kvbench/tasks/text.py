@@ -19,7 +19,7 @@ The answer prefix repeats the key's text as it stands in the material (`{"owner"
 R-60418 is") the embedded 135M model answered none of 5 JSON and none of 5 CSV samples. Scores: RULER's
 `string_match_all` on the one reference. Layouts (the instruction wrappers; each sample draws one): the
 instruction before the material in the user turn, the instruction in a system turn, or the material first
-and the instruction with the question. The held-out family uses none of them (kvbench.tasks.heldout).
+and the instruction with the question. The held-out suites (kvbench.tasks.heldout) use none of them.
 """
 
 import functools
@@ -27,7 +27,7 @@ import json
 import random
 import re
 
-from kvbench.tasks import agent, generated
+from kvbench.tasks import agent, generated, prompt, words
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 # ---- Layouts ----
@@ -39,7 +39,7 @@ def instruction_first(draft: Draft) -> Placed:
 
 def system_instruction(draft: Draft) -> Placed:
     messages = [{"role": "system", "content": draft.instruction}, {"role": "user", "content": draft.body}]
-    return Placed(agent.transcript(messages), draft.question, messages)
+    return Placed(prompt.transcript(messages), draft.question, messages)
 
 
 def instruction_last(draft: Draft) -> Placed:
@@ -103,9 +103,9 @@ def money(rng: random.Random, high: int) -> str:
 
 def account_fields(rng: random.Random) -> dict[str, str]:
     return {
-        "account": f"AC-{generated.digits(rng, 6)}",
+        "account": f"AC-{words.digits(rng, 6)}",
         "balance": money(rng, 99999),
-        "city": rng.choice(generated.CITIES),
+        "city": rng.choice(words.CITIES),
         "status": rng.choice(STATUSES),
     }
 
@@ -116,7 +116,7 @@ def json_records(seed: str, units: int) -> Draft:
     opening."""
     rng = random.Random(f"{seed}/needle")
     owner, depth, field = (
-        f"{agent.adjective(rng)} {agent.noun(rng)}",
+        words.adjective_noun(rng),
         rng.random(),
         rng.choice(["account", "balance"]),
     )
@@ -127,10 +127,9 @@ def json_records(seed: str, units: int) -> Draft:
         return json.dumps({"owner": owner, **{name: fields[name] for name in order}})
 
     def other(rng: random.Random) -> str:
-        return record(f"{agent.adjective(rng)} {agent.noun(rng)}", account_fields(rng))
+        return record(words.adjective_noun(rng), account_fields(rng))
 
-    records = generated.fillers(seed, units - 1, [owner, needle[field]], other)
-    lines = generated.place_at(records, record(owner, needle), depth)
+    lines = generated.with_needle(seed, units, record(owner, needle), depth, [owner, needle[field]], other)
     opening = json.dumps({"owner": owner, field: ""})[:-2]  # {"owner": "x y", "balance": "
     return Draft(
         "[\n" + ",\n".join(f"  {line}" for line in lines) + "\n]",
@@ -143,9 +142,9 @@ def json_records(seed: str, units: int) -> Draft:
 
 def csv_fields(rng: random.Random) -> dict[str, str]:
     return {
-        "sku": f"SKU-{generated.digits(rng, 5)}",
+        "sku": f"SKU-{words.digits(rng, 5)}",
         "unit_price": money(rng, 999),
-        "warehouse": rng.choice(generated.CITIES),
+        "warehouse": rng.choice(words.CITIES),
         "quantity": str(rng.randint(0, 500)),
     }
 
@@ -153,7 +152,7 @@ def csv_fields(rng: random.Random) -> dict[str, str]:
 def csv_table(seed: str, units: int) -> Draft:
     """As json_records: rows keyed by their product (a word pair), the asked column right after it."""
     rng = random.Random(f"{seed}/needle")
-    product, depth = f"{agent.adjective(rng)} {agent.noun(rng)}", rng.random()
+    product, depth = words.adjective_noun(rng), rng.random()
     column = rng.choice(["sku", "unit_price"])
     needle = csv_fields(rng)
     order = [column, *(name for name in needle if name != column)]
@@ -162,10 +161,9 @@ def csv_table(seed: str, units: int) -> Draft:
         return ",".join([product, *(fields[name] for name in order)])
 
     def other(rng: random.Random) -> str:
-        return row(f"{agent.adjective(rng)} {agent.noun(rng)}", csv_fields(rng))
+        return row(words.adjective_noun(rng), csv_fields(rng))
 
-    rows = generated.fillers(seed, units - 1, [product, needle[column]], other)
-    lines = generated.place_at(rows, row(product, needle), depth)
+    lines = generated.with_needle(seed, units, row(product, needle), depth, [product, needle[column]], other)
     return Draft(
         "\n".join([",".join(["product", *order]), *lines]),
         "The data is an inventory table in CSV format, one product per row. Answer with the value only.",
@@ -177,9 +175,9 @@ def csv_table(seed: str, units: int) -> Draft:
 
 def log_line(rng: random.Random, request: str | None = None, ms: int | None = None) -> str:
     """A logfmt line: time, level, request name, duration, then the request."""
-    request = request or f"{agent.adjective(rng)}-{agent.noun(rng)}"
+    request = request or words.adjective_noun(rng, "-")
     ms = ms if ms is not None else rng.randint(3, 4999)
-    path = f"/v1/{agent.noun(rng)}s/{rng.randint(1, 9999)}"
+    path = f"/v1/{words.noun(rng)}s/{rng.randint(1, 9999)}"
     status = rng.choice([200, 200, 200, 201, 204, 304, 404, 500])
     level = "error" if status >= 500 else "info"
     return (
@@ -190,10 +188,9 @@ def log_line(rng: random.Random, request: str | None = None, ms: int | None = No
 
 def log_lines(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    request, ms, depth = f"{agent.adjective(rng)}-{agent.noun(rng)}", rng.randint(3, 4999), rng.random()
+    request, ms, depth = words.adjective_noun(rng, "-"), rng.randint(3, 4999), rng.random()
     reserved = [request, f"={ms}ms"]
-    lines = generated.fillers(seed, units - 1, reserved, log_line)
-    lines = generated.place_at(lines, log_line(rng, request, ms), depth)
+    lines = generated.with_needle(seed, units, log_line(rng, request, ms), depth, reserved, log_line)
     return Draft(
         "\n".join(lines),
         "The text is an access log of a web service in logfmt, one request per line.",
@@ -253,14 +250,12 @@ def document(section: generated.Section, number: int, author: str, rng: random.R
 def multidoc_author(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     pool = generated.sections()
-    target, author = rng.randrange(len(pool)), generated.person(rng)
+    target, author = rng.randrange(len(pool)), words.person(rng)
     start = generated.in_window(len(pool), units, target, rng.random())
     documents = []
     for k in range(units):
         index, unit_rng = (start + k) % len(pool), random.Random(f"{seed}/unit/{k}")
-        name = (
-            author if index == target else agent.free_of([author], lambda rng=unit_rng: generated.person(rng))
-        )
+        name = author if index == target else words.free_of([author], lambda rng=unit_rng: words.person(rng))
         documents.append(document(pool[index], k + 1, name, unit_rng))
     title = pool[target].title
     return Draft(
@@ -277,7 +272,6 @@ GENERATORS = {
         "prose: how a sentence of the Python language reference goes on after its first 8 words",
         "prose-quotation",
         prose_quote,
-        min_units=1,
         max_units=lambda: len(generated.paragraphs()),
         max_new_tokens=16,
     ),
@@ -309,7 +303,6 @@ GENERATORS = {
         "code: the parameters of a function of the Python standard library's source, by name",
         "code-signature",
         code_signature,
-        min_units=1,
         max_units=lambda: len(generated.code_lines()),
         max_new_tokens=24,
     ),
@@ -317,7 +310,6 @@ GENERATORS = {
         "multi-document: the author of the document with a title, from the documents' headers",
         "multi-document-metadata",
         multidoc_author,
-        min_units=1,
         max_units=lambda: len(generated.sections()),
         max_new_tokens=12,
     ),

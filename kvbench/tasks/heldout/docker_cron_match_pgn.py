@@ -21,7 +21,7 @@ assistant, with the instruction and the question in the next user turn (`acknowl
 import random
 import textwrap
 
-from kvbench.tasks import agent, generated
+from kvbench.tasks import generated, prompt, words
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 PAGE_LINES = 24  # lines of material a page; every answer prefix is one line, so no page cuts one
@@ -45,7 +45,7 @@ def acknowledged(draft: Draft) -> Placed:
         {"role": "user", "content": draft.body},
         {"role": "assistant", "content": "I have read the text. What would you like to know about it?"},
     ]
-    return Placed(agent.transcript(messages), f"{draft.instruction}\n{draft.question}", messages)
+    return Placed(prompt.transcript(messages), f"{draft.instruction}\n{draft.question}", messages)
 
 
 LAYOUTS = (Layout("paginated", paginated), Layout("acknowledged", acknowledged))
@@ -55,33 +55,32 @@ LAYOUTS = (Layout("paginated", paginated), Layout("acknowledged", acknowledged))
 
 
 def stage(rng: random.Random, port: str | None = None) -> str:
-    name, tool = agent.noun(rng), agent.noun(rng)
+    name, tool = words.noun(rng), words.noun(rng)
     steps = [
         f"COPY {name}/ ./{name}/",
         f"RUN apt-get install -y --no-install-recommends {tool}-tools",
         f"RUN make -C {name} {rng.choice(['build', 'install', 'check', 'release'])}",
-        f"ENV {name.upper()}_MODE={agent.adjective(rng)}",
-        f"COPY --from={agent.noun(rng)} /out/{tool} /usr/local/lib/{tool}",
-        f'LABEL description="{agent.adjective(rng)} {tool} build"',
+        f"ENV {name.upper()}_MODE={words.adjective(rng)}",
+        f"COPY --from={words.noun(rng)} /out/{tool} /usr/local/lib/{tool}",
+        f'LABEL description="{words.adjective(rng)} {tool} build"',
         f"USER {tool}",
     ]
     lines = [
-        f"FROM registry.example.org/{agent.adjective(rng)}-{tool}:{rng.randint(1, 9)}.{rng.randint(0, 20)}"
+        f"FROM registry.example.org/{words.adjective(rng)}-{tool}:{rng.randint(1, 9)}.{rng.randint(0, 20)}"
         f" AS {name}",
         f"WORKDIR /srv/{name}",
         *rng.sample(steps, rng.randint(2, 4)),
     ]
     if port:
         lines.append(f"EXPOSE {port}")
-    lines.append(f'CMD ["/usr/local/bin/{name}", "--{agent.adjective(rng)}"]')
+    lines.append(f'CMD ["/usr/local/bin/{name}", "--{words.adjective(rng)}"]')
     return "\n".join(lines)
 
 
 def docker_port(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    port, depth = generated.digits(rng, 4), rng.random()
-    stages = generated.fillers(seed, units - 1, [port, "EXPOSE"], stage)
-    stages = generated.place_at(stages, stage(rng, port), depth)
+    port, depth = words.digits(rng, 4), rng.random()
+    stages = generated.with_needle(seed, units, stage(rng, port), depth, [port, "EXPOSE"], stage)
     return Draft(
         "# syntax=docker/dockerfile:1\n\n" + "\n\n".join(stages),
         "The text is a Dockerfile.",
@@ -108,13 +107,13 @@ CRON_ARGUMENTS = ("--quiet", "> /dev/null 2>&1", "--since 7d", "--all", "--dry-r
 def script(rng: random.Random) -> str:
     """A script on the crontab's PATH, called by its name alone. With /usr/local/bin/NAME the model scored 60
     uncompressed: after the path every job shares it went on with `cron`, `sh` or another job's script."""
-    return f"{agent.adjective(rng)}-{agent.noun(rng)}"
+    return words.adjective_noun(rng, "-")
 
 
 def cron_job(rng: random.Random, command: str | None = None) -> str:
-    comment = rng.choice(CRON_COMMENTS).format(noun=agent.noun(rng), adj=agent.adjective(rng))
+    comment = rng.choice(CRON_COMMENTS).format(noun=words.noun(rng), adj=words.adjective(rng))
     if command:
-        return f"# Start the {agent.noun(rng)} service\n@reboot {command} {rng.choice(CRON_ARGUMENTS)}"
+        return f"# Start the {words.noun(rng)} service\n@reboot {command} {rng.choice(CRON_ARGUMENTS)}"
     schedule = " ".join(
         [
             str(rng.randint(0, 59)),
@@ -130,8 +129,7 @@ def cron_job(rng: random.Random, command: str | None = None) -> str:
 def cron_reboot(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     command, depth = script(rng), rng.random()
-    jobs = generated.fillers(seed, units - 1, [command, "@reboot"], cron_job)
-    jobs = generated.place_at(jobs, cron_job(rng, command), depth)
+    jobs = generated.with_needle(seed, units, cron_job(rng, command), depth, [command, "@reboot"], cron_job)
     return Draft(
         "# m h dom mon dow command\nSHELL=/bin/sh\nPATH=/opt/jobs/bin:/usr/bin:/bin\n\n" + "\n\n".join(jobs),
         "The text is a crontab, the table of jobs that cron runs.",
@@ -168,10 +166,16 @@ def match_event(rng: random.Random, teams: tuple[str, str]) -> str:
 def match_penalty(seed: str, units: int) -> Draft:
     """Events of a match; one is a penalty. Minutes are filled in after placing, so they run in order."""
     rng = random.Random(f"{seed}/needle")
-    teams = tuple(rng.sample(generated.CITIES, 2))
-    team, taker, depth = rng.choice(teams), generated.person(rng), rng.random()
-    events = generated.fillers(seed, units - 1, [taker, "penalty"], lambda r: match_event(r, teams))
-    events = generated.place_at(events, f"Penalty to {team}. Taker: {taker}. Goal!", depth)
+    teams = tuple(rng.sample(words.CITIES, 2))
+    team, taker, depth = rng.choice(teams), words.person(rng), rng.random()
+    events = generated.with_needle(
+        seed,
+        units,
+        f"Penalty to {team}. Taker: {taker}. Goal!",
+        depth,
+        [taker, "penalty"],
+        lambda r: match_event(r, teams),
+    )
     last = max(len(events) - 1, 1)
     return Draft(
         f"LIVE: {teams[0]} v {teams[1]}\n\n"
@@ -201,12 +205,12 @@ def chess_move(rng: random.Random) -> str:
 
 
 def pgn_name(rng: random.Random) -> str:
-    first, last = generated.person(rng).split()
+    first, last = words.person(rng).split()
     return f"{last}, {first}"
 
 
 def pgn_game(rng: random.Random, annotator: str | None = None) -> str:
-    city, result = rng.choice(generated.CITIES), rng.choice(["1-0", "0-1", "1/2-1/2"])
+    city, result = rng.choice(words.CITIES), rng.choice(["1-0", "0-1", "1/2-1/2"])
     tags = [
         ("Event", f"{city} {rng.choice(['Open', 'Rapid', 'Masters', 'Championship'])}"),
         ("Site", city),
@@ -226,8 +230,9 @@ def pgn_game(rng: random.Random, annotator: str | None = None) -> str:
 def pgn_annotator(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     annotator, depth = pgn_name(rng), rng.random()
-    games = generated.fillers(seed, units - 1, [annotator, "Annotator"], pgn_game)
-    games = generated.place_at(games, pgn_game(rng, annotator), depth)
+    games = generated.with_needle(
+        seed, units, pgn_game(rng, annotator), depth, [annotator, "Annotator"], pgn_game
+    )
     return Draft(
         "\n\n".join(games),
         "The text is a collection of chess games in PGN format.",
@@ -239,35 +244,21 @@ def pgn_annotator(seed: str, units: int) -> Draft:
 
 GENERATORS = {
     "fifth_docker_port": Generator(
-        "Dockerfile: the port of the one EXPOSE instruction",
-        "dockerfile",
-        docker_port,
-        min_units=1,
-        max_units=generated.fixed(10**4),
-        max_new_tokens=12,
+        "Dockerfile: the port of the one EXPOSE instruction", "dockerfile", docker_port, max_new_tokens=12
     ),
     "fifth_cron_reboot": Generator(
-        "crontab: the command of the one job that runs at reboot",
-        "crontab",
-        cron_reboot,
-        min_units=1,
-        max_units=generated.fixed(10**4),
-        max_new_tokens=12,
+        "crontab: the command of the one job that runs at reboot", "crontab", cron_reboot, max_new_tokens=12
     ),
     "fifth_match_penalty": Generator(
         "live match commentary: who took the one penalty, named by the team it was given to",
         "match-commentary",
         match_penalty,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "fifth_pgn_annotator": Generator(
         "chess games in PGN: the annotator of the one game that has one",
         "chess-pgn",
         pgn_annotator,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
 }

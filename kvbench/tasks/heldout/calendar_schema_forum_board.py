@@ -22,7 +22,7 @@ acknowledgement (`two-part`).
 import itertools
 import random
 
-from kvbench.tasks import agent, generated
+from kvbench.tasks import generated, prompt, words
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -41,7 +41,7 @@ def two_part(draft: Draft) -> Placed:
         {"role": "assistant", "content": "Got it. Please send part 2."},
         {"role": "user", "content": "Part 2 of 2:\n\n" + "\n\n".join(units[half:])},
     ]
-    return Placed(agent.transcript(messages), draft.question, messages)
+    return Placed(prompt.transcript(messages), draft.question, messages)
 
 
 LAYOUTS = (Layout("fenced-file", fenced_file), Layout("two-part", two_part))
@@ -51,14 +51,14 @@ LAYOUTS = (Layout("fenced-file", fenced_file), Layout("two-part", two_part))
 
 
 def event_summary(rng: random.Random) -> str:
-    return f"{agent.adjective(rng).capitalize()} {agent.noun(rng)} sync"
+    return f"{words.adjective(rng).capitalize()} {words.noun(rng)} sync"
 
 
 def calendar_event(rng: random.Random, summary: str | None = None, location: str | None = None) -> str:
     day, hour = rng.randint(1, 28), rng.randint(8, 17)
     lines = [
         "BEGIN:VEVENT",
-        f"UID:{generated.digits(rng, 8)}@calendar.example.org",
+        f"UID:{words.digits(rng, 8)}@calendar.example.org",
         f"SUMMARY:{summary or event_summary(rng)}",
         f"DTSTART:202605{day:02d}T{hour:02d}0000Z",
         f"DTEND:202605{day:02d}T{hour + 1:02d}0000Z",
@@ -72,9 +72,10 @@ def calendar_event(rng: random.Random, summary: str | None = None, location: str
 def calendar_location(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     summary, depth = event_summary(rng), rng.random()
-    location = f"{agent.noun(rng).capitalize()} Hall {generated.digits(rng, 3)}"
-    events = generated.fillers(seed, units - 1, [summary, location], calendar_event)
-    events = generated.place_at(events, calendar_event(rng, summary, location), depth)
+    location = f"{words.noun(rng).capitalize()} Hall {words.digits(rng, 3)}"
+    events = generated.with_needle(
+        seed, units, calendar_event(rng, summary, location), depth, [summary, location], calendar_event
+    )
     return Draft(
         "BEGIN:VCALENDAR\nVERSION:2.0\n\n" + "\n\n".join(events) + "\n\nEND:VCALENDAR",
         "The text is a calendar in iCalendar format.",
@@ -89,28 +90,25 @@ def calendar_location(seed: str, units: int) -> Draft:
 TYPES = ("INTEGER", "TEXT", "VARCHAR(64)", "BOOLEAN", "TIMESTAMP", "REAL")
 
 
-def identifier(rng: random.Random) -> str:
-    return f"{agent.noun(rng)}_{agent.noun(rng)}"
-
-
 def create_table(rng: random.Random, table: str | None = None, default: tuple[str, str] | None = None) -> str:
     columns = ["  id INTEGER PRIMARY KEY"]
     columns += [
-        f"  {identifier(rng)} {rng.choice(TYPES)}{rng.choice(['', ' NOT NULL'])}"
+        f"  {words.two_nouns(rng)} {rng.choice(TYPES)}{rng.choice(['', ' NOT NULL'])}"
         for _ in range(rng.randint(2, 5))
     ]
     if default:
         column, value = default
         columns.insert(rng.randint(1, len(columns)), f"  {column} VARCHAR(64) DEFAULT '{value}'")
-    return f"CREATE TABLE {table or identifier(rng)} (\n" + ",\n".join(columns) + "\n);"
+    return f"CREATE TABLE {table or words.two_nouns(rng)} (\n" + ",\n".join(columns) + "\n);"
 
 
 def schema_default(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    table, column, depth = identifier(rng), identifier(rng), rng.random()
-    value = f"{agent.adjective(rng)}-{generated.digits(rng, 4)}"
-    tables = generated.fillers(seed, units - 1, [table, column, value], create_table)
-    tables = generated.place_at(tables, create_table(rng, table, (column, value)), depth)
+    table, column, depth = words.two_nouns(rng), words.two_nouns(rng), rng.random()
+    value = f"{words.adjective(rng)}-{words.digits(rng, 4)}"
+    tables = generated.with_needle(
+        seed, units, create_table(rng, table, (column, value)), depth, [table, column, value], create_table
+    )
     return Draft(
         "-- schema dump\n\n" + "\n\n".join(tables),
         "The text is the schema of a SQL database.",
@@ -135,14 +133,14 @@ POSTS = (
 
 
 def username(rng: random.Random) -> str:
-    return f"{agent.noun(rng)}{rng.randint(1, 99)}"
+    return f"{words.noun(rng)}{rng.randint(1, 99)}"
 
 
 def post(rng: random.Random, text: str | None = None, user: str | None = None) -> str:
     lines = [f"Posted by {user or username(rng)}"]
     if not text and rng.random() < 0.3:
-        lines.append("> " + rng.choice(POSTS).format(noun=agent.noun(rng), adj=agent.adjective(rng)))
-    lines.append(text or rng.choice(POSTS).format(noun=agent.noun(rng), adj=agent.adjective(rng)))
+        lines.append("> " + rng.choice(POSTS).format(noun=words.noun(rng), adj=words.adjective(rng)))
+    lines.append(text or rng.choice(POSTS).format(noun=words.noun(rng), adj=words.adjective(rng)))
     return "\n".join(lines)
 
 
@@ -150,11 +148,10 @@ def forum_network(seed: str, units: int) -> Draft:
     """Posts of a thread; one gives the new name of a clubhouse's Wi-Fi network. Post numbers are filled in
     after placing, so they run in order."""
     rng = random.Random(f"{seed}/needle")
-    network = f"{agent.adjective(rng)}-{agent.noun(rng)}-{generated.digits(rng, 2)}"
+    network = f"{words.adjective(rng)}-{words.noun(rng)}-{words.digits(rng, 2)}"
     user, depth = username(rng), rng.random()
     text = f"The clubhouse Wi-Fi network is now called {network}."
-    posts = generated.fillers(seed, units - 1, [network, user], post)
-    posts = generated.place_at(posts, post(rng, text, user), depth)
+    posts = generated.with_needle(seed, units, post(rng, text, user), depth, [network, user], post)
     # Calibration: asked for a Wi-Fi password, the model wrote a made-up one ("123456") half the time even
     # with the poster named; a network name has no such prior. The prefix names the poster, as the e-mail
     # task's names the subject.
@@ -174,11 +171,11 @@ VERBS = ("Update", "Fix", "Write", "Review", "Plan")
 
 
 def task_title(rng: random.Random) -> str:
-    return f"{rng.choice(VERBS)} the {agent.adjective(rng)} {agent.noun(rng)}"
+    return f"{rng.choice(VERBS)} the {words.adjective(rng)} {words.noun(rng)}"
 
 
 def task_item(rng: random.Random, title: str | None = None, due: str | None = None) -> str:
-    owner, due = rng.choice(generated.FIRST_NAMES), f" [due {due}]" if due else ""
+    owner, due = rng.choice(words.FIRST_NAMES), f" [due {due}]" if due else ""
     return f"- [{rng.choice([' ', 'x'])}] {title or task_title(rng)}{due} (@{owner})"
 
 
@@ -191,9 +188,8 @@ def tasks_due(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     title, depth = task_title(rng), rng.random()
     due = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
-    sections = generated.fillers(seed, units - 1, [title, due], board_section)
     needle = "\n".join([f"## {rng.choice(SECTIONS)}", task_item(rng), task_item(rng, title, due)])
-    sections = generated.place_at(sections, needle, depth)
+    sections = generated.with_needle(seed, units, needle, depth, [title, due], board_section)
     return Draft(
         "# Team board\n\n" + "\n\n".join(sections),
         "The text is a team's task board in Markdown.",
@@ -208,32 +204,24 @@ GENERATORS = {
         "iCalendar file: where the one event with a location takes place, named by its summary",
         "icalendar",
         calendar_location,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "third_schema_default": Generator(
         "SQL schema: the default value of the one column that has one, named by table and column",
         "sql-schema",
         schema_default,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "third_forum_network": Generator(
         "forum thread: the new Wi-Fi network name one post gives, named by its poster",
         "forum-thread",
         forum_network,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "third_tasks_due": Generator(
         "Markdown task board: the due date of the one item that has one, named by its title",
         "task-board",
         tasks_due,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=16,
     ),
 }

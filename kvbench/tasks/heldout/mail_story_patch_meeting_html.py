@@ -28,7 +28,7 @@ user pastes it). Neither is a training layout. Scores: RULER's `string_match_all
 
 import random
 
-from kvbench.tasks import agent, generated
+from kvbench.tasks import generated, prompt, words
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -42,7 +42,7 @@ def hand_off(draft: Draft) -> Placed:
         {"role": "assistant", "content": "Understood. Please paste it."},
         {"role": "user", "content": draft.body},
     ]
-    return Placed(agent.transcript(messages), draft.question, messages)
+    return Placed(prompt.transcript(messages), draft.question, messages)
 
 
 LAYOUTS = (Layout("tagged", tagged), Layout("hand-off", hand_off))
@@ -63,7 +63,7 @@ def address(name: str) -> str:
 
 
 def subject_line(rng: random.Random) -> str:
-    return f"{agent.adjective(rng).capitalize()} {agent.noun(rng)} {rng.choice(TOPICS)}"
+    return f"{words.adjective(rng).capitalize()} {words.noun(rng)} {rng.choice(TOPICS)}"
 
 
 def email(rng: random.Random, attachment: str | None = None) -> str:
@@ -72,8 +72,8 @@ def email(rng: random.Random, attachment: str | None = None) -> str:
         f"{rng.randint(7, 19):02d}:{rng.randint(0, 59):02d}"
     )
     headers = [
-        f"From: {address(generated.person(rng))}",
-        f"To: {address(generated.person(rng))}",
+        f"From: {address(words.person(rng))}",
+        f"To: {address(words.person(rng))}",
         f"Date: {date}",
         f"Subject: {subject_line(rng)}",
     ]
@@ -86,12 +86,11 @@ def email(rng: random.Random, attachment: str | None = None) -> str:
 def email_attachment(seed: str, units: int) -> Draft:
     """One e-mail of the mailbox has an attachment; the question names it by its subject."""
     rng = random.Random(f"{seed}/needle")
-    attachment = f"{agent.noun(rng)}_{agent.noun(rng)}.{rng.choice(EXTENSIONS)}"
+    attachment = f"{words.noun(rng)}_{words.noun(rng)}.{rng.choice(EXTENSIONS)}"
     depth = rng.random()
     needle = email(rng, attachment)
     subject = next(line for line in needle.splitlines() if line.startswith("Subject: "))
-    emails = generated.fillers(seed, units - 1, [attachment, subject], email)
-    emails = generated.place_at(emails, needle, depth)
+    emails = generated.with_needle(seed, units, needle, depth, [attachment, subject], email)
     return Draft(
         "\n\n".join(f"--- Message {k + 1} ---\n{text}" for k, text in enumerate(emails)),
         "The text is an export of a mailbox.",
@@ -120,24 +119,30 @@ EVENTS = (
 )
 
 
-def thing(rng: random.Random) -> str:
-    return f"{agent.adjective(rng)} {agent.noun(rng)}"
-
-
 def event(rng: random.Random, names: list[str]) -> str:
     name, other = rng.sample(names, 2)
     return rng.choice(EVENTS).format(
-        name=name, other=other, thing=thing(rng), place=rng.choice(PLACES), noun=agent.noun(rng)
+        name=name,
+        other=other,
+        thing=words.adjective_noun(rng),
+        place=rng.choice(PLACES),
+        noun=words.noun(rng),
     )
 
 
 def story_place(seed: str, units: int) -> Draft:
     """One sentence hides something; the others carry, clean and talk about other things, in other places."""
     rng = random.Random(f"{seed}/needle")
-    names = rng.sample(generated.FIRST_NAMES, 5)
-    name, hidden, place, depth = names[0], thing(rng), rng.choice(PLACES), rng.random()
-    sentences = generated.fillers(seed, units - 1, [hidden], lambda rng: event(rng, names))
-    sentences = generated.place_at(sentences, f"{name} hid the {hidden} in the {place}.", depth)
+    names = rng.sample(words.FIRST_NAMES, 5)
+    name, hidden, place, depth = names[0], words.adjective_noun(rng), rng.choice(PLACES), rng.random()
+    sentences = generated.with_needle(
+        seed,
+        units,
+        f"{name} hid the {hidden} in the {place}.",
+        depth,
+        [hidden],
+        lambda rng: event(rng, names),
+    )
     paragraphs = [" ".join(sentences[k : k + 5]) for k in range(0, len(sentences), 5)]
     return Draft(
         "\n\n".join(paragraphs),
@@ -151,15 +156,11 @@ def story_place(seed: str, units: int) -> Draft:
 # ---- Patch: the new value of a changed setting ----
 
 
-def setting_key(rng: random.Random) -> str:
-    return f"{agent.noun(rng)}_{agent.noun(rng)}"
-
-
 def hunk(rng: random.Random, key: str, old: str, new: str) -> str:
-    path = f"services/{agent.noun(rng)}/settings.ini"
+    path = f"services/{words.noun(rng)}/settings.ini"
     line = rng.randint(3, 400)
-    before = [f" {setting_key(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
-    after = [f" {setting_key(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
+    before = [f" {words.two_nouns(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
+    after = [f" {words.two_nouns(rng)} = {rng.randint(1, 9999)}" for _ in range(rng.randint(1, 3))]
     size = len(before) + len(after) + 1
     return "\n".join(
         [
@@ -177,16 +178,15 @@ def hunk(rng: random.Random, key: str, old: str, new: str) -> str:
 
 def patch_value(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    key, old, new = setting_key(rng), str(rng.randint(10, 99999)), str(rng.randint(10, 99999))
+    key, old, new = words.two_nouns(rng), str(rng.randint(10, 99999)), str(rng.randint(10, 99999))
     depth = rng.random()
     reserved = [key, f"= {new}"]
 
     def other(rng: random.Random) -> str:
         old, new = (str(rng.randint(10, 99999)) for _ in range(2))
-        return hunk(rng, setting_key(rng), old, new)
+        return hunk(rng, words.two_nouns(rng), old, new)
 
-    hunks = generated.fillers(seed, units - 1, reserved, other)
-    hunks = generated.place_at(hunks, hunk(rng, key, old, new), depth)
+    hunks = generated.with_needle(seed, units, hunk(rng, key, old, new), depth, reserved, other)
     return Draft(
         "\n".join(hunks),
         "The text is a patch in unified diff format that changes settings files.",
@@ -211,18 +211,17 @@ REMARKS = (
 
 
 def remark(rng: random.Random, speakers: list[str]) -> str:
-    text = rng.choice(REMARKS).format(noun=agent.noun(rng), adj=agent.adjective(rng))
+    text = rng.choice(REMARKS).format(noun=words.noun(rng), adj=words.adjective(rng))
     return f"{rng.choice(speakers)}: {text}"
 
 
 def transcript_number(seed: str, units: int) -> Draft:
     """Lines of a meeting; one speaker gives the number of a room, and only that line holds a number."""
     rng = random.Random(f"{seed}/needle")
-    speakers = rng.sample(generated.FIRST_NAMES, 4)
+    speakers = rng.sample(words.FIRST_NAMES, 4)
     room, depth = f"{rng.randint(1, 9)}{rng.choice('ABCDEFGH')}{rng.randint(10, 99)}", rng.random()
-    lines = generated.fillers(seed, units - 1, [room], lambda rng: remark(rng, speakers))
     needle = f"{speakers[0]}: The workshop moved, it is now in room {room}."
-    lines = generated.place_at(lines, needle, depth)
+    lines = generated.with_needle(seed, units, needle, depth, [room], lambda rng: remark(rng, speakers))
     return Draft(
         "Meeting notes (transcript)\n\n" + "\n".join(lines),
         "The text is the transcript of a team meeting.",
@@ -236,11 +235,11 @@ def transcript_number(seed: str, units: int) -> Draft:
 
 
 def slug(rng: random.Random) -> str:
-    return f"/docs/{agent.noun(rng)}-{agent.noun(rng)}.html"
+    return f"/docs/{words.noun(rng)}-{words.noun(rng)}.html"
 
 
 def label(rng: random.Random) -> str:
-    return f"{agent.adjective(rng).capitalize()} {agent.noun(rng)} guide"
+    return f"{words.adjective(rng).capitalize()} {words.noun(rng)} guide"
 
 
 def html_block(rng: random.Random) -> str:
@@ -255,11 +254,10 @@ def html_link(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     # An absolute address: after `href="` the model writes "https://" whatever follows in the context
     # (measured: 2 of 20 relative /releases/... addresses copied).
-    href = f"https://downloads.example.org/{agent.noun(rng)}-{rng.randint(1, 9)}.{rng.randint(0, 20)}.tar.gz"
+    href = f"https://downloads.example.org/{words.noun(rng)}-{rng.randint(1, 9)}.{rng.randint(0, 20)}.tar.gz"
     depth = rng.random()
-    blocks = generated.fillers(seed, units - 1, [href], html_block)
     needle = f'<p>Get the latest release: <a class="download" href="{href}">download</a></p>'
-    blocks = generated.place_at(blocks, needle, depth)
+    blocks = generated.with_needle(seed, units, needle, depth, [href], html_block)
     return Draft(
         "<html>\n<body>\n" + "\n".join(blocks) + "\n</body>\n</html>",
         "The text is the HTML source of a documentation page.",
@@ -274,15 +272,12 @@ GENERATORS = {
         "e-mails: the file attached to the one e-mail with an attachment, named by its subject",
         "email-headers",
         email_attachment,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "heldout_story_place": Generator(
         "story: where a person hid an object, among other hidings, carryings and findings",
         "narrative-events",
         story_place,
-        min_units=1,
         max_units=generated.fixed(10**5),
         max_new_tokens=8,
     ),
@@ -290,15 +285,12 @@ GENERATORS = {
         "unified diff: the new value of a changed setting, its old value on the line above",
         "patch-diff",
         patch_value,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "heldout_transcript_number": Generator(
         "meeting transcript: the room number one speaker gave, the only number said",
         "meeting-transcript",
         transcript_number,
-        min_units=1,
         max_units=generated.fixed(10**5),
         max_new_tokens=10,
     ),
@@ -306,8 +298,6 @@ GENERATORS = {
         "HTML page: the address of the one download link among navigation links",
         "html-links",
         html_link,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=24,
     ),
 }

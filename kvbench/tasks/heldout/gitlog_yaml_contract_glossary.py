@@ -20,7 +20,7 @@ reference. Layouts, used by no training or earlier held-out task: the material w
 
 import random
 
-from kvbench.tasks import agent, generated
+from kvbench.tasks import generated, prompt, words
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -35,7 +35,7 @@ def assistant_shown(draft: Draft) -> Placed:
         {"role": "assistant", "content": f"Here it is:\n\n{draft.body}"},
         {"role": "user", "content": draft.instruction},
     ]
-    return Placed(agent.transcript(messages), draft.question, messages)
+    return Placed(prompt.transcript(messages), draft.question, messages)
 
 
 LAYOUTS = (Layout("numbered-lines", numbered_lines), Layout("assistant-shown", assistant_shown))
@@ -47,11 +47,11 @@ COMMIT_VERBS = ("Refactor", "Add", "Remove", "Rename", "Document", "Speed up", "
 
 
 def commit_subject(rng: random.Random) -> str:
-    return f"{rng.choice(COMMIT_VERBS)} the {agent.adjective(rng)} {agent.noun(rng)} module"
+    return f"{rng.choice(COMMIT_VERBS)} the {words.adjective(rng)} {words.noun(rng)} module"
 
 
 def commit(rng: random.Random, subject: str | None = None) -> str:
-    first, last = generated.person(rng).split()
+    first, last = words.person(rng).split()
     lines = [
         f"commit {rng.getrandbits(160):040x}",
         f"Author: {first} {last} <{first.lower()}.{last.lower()}@example.org>",
@@ -66,9 +66,10 @@ def commit(rng: random.Random, subject: str | None = None) -> str:
 
 def commit_issue(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    subject, issue, depth = commit_subject(rng), generated.digits(rng, 5), rng.random()
-    commits = generated.fillers(seed, units - 1, [subject, issue], commit)
-    commits = generated.place_at(commits, commit(rng, f"{subject} (closes #{issue})"), depth)
+    subject, issue, depth = commit_subject(rng), words.digits(rng, 5), rng.random()
+    commits = generated.with_needle(
+        seed, units, commit(rng, f"{subject} (closes #{issue})"), depth, [subject, issue], commit
+    )
     return Draft(
         "\n\n".join(commits),
         "The text is the output of git log for a repository.",
@@ -81,12 +82,8 @@ def commit_issue(seed: str, units: int) -> Draft:
 # ---- YAML config: the secret of the one service that has one ----
 
 
-def service_name(rng: random.Random) -> str:
-    return f"{agent.adjective(rng)}-{agent.noun(rng)}"
-
-
 def service(rng: random.Random, name: str | None = None, secret: str | None = None) -> str:
-    name = name or service_name(rng)
+    name = name or words.adjective_noun(rng, "-")
     lines = [f"  {name}:"]
     if secret:  # right under the name, so the answer prefix can name the service
         lines.append(f"    secret: {secret}")
@@ -100,10 +97,9 @@ def service(rng: random.Random, name: str | None = None, secret: str | None = No
 
 def config_secret(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    name, depth = service_name(rng), rng.random()
-    secret = f"{agent.noun(rng)}-key-{generated.digits(rng, 4)}"
-    services = generated.fillers(seed, units - 1, [name, secret], service)
-    services = generated.place_at(services, service(rng, name, secret), depth)
+    name, depth = words.adjective_noun(rng, "-"), rng.random()
+    secret = f"{words.noun(rng)}-key-{words.digits(rng, 4)}"
+    services = generated.with_needle(seed, units, service(rng, name, secret), depth, [name, secret], service)
     return Draft(
         "version: 3\nservices:\n" + "\n".join(services),
         "The text is a YAML configuration file of services.",
@@ -130,17 +126,16 @@ CLAUSES = (
 
 def clause(rng: random.Random) -> str:
     template = rng.choice(CLAUSES)
-    return template.format(n=rng.randint(2, 90), noun=agent.noun(rng), adj=agent.adjective(rng))
+    return template.format(n=rng.randint(2, 90), noun=words.noun(rng), adj=words.adjective(rng))
 
 
 def contract_interest(seed: str, units: int) -> Draft:
     """Clauses of a supply agreement; one sets the interest on late payments. Clause numbers are filled
     in after placing, so they run in order."""
     rng = random.Random(f"{seed}/needle")
-    rate, depth = f"{rng.randint(2, 14)}.{generated.digits(rng, 2)}", rng.random()
+    rate, depth = f"{rng.randint(2, 14)}.{words.digits(rng, 2)}", rng.random()
     needle = f"Late payment. Overdue amounts bear interest at {rate} percent per year."
-    clauses = generated.fillers(seed, units - 1, [rate, "interest"], clause)
-    clauses = generated.place_at(clauses, needle, depth)
+    clauses = generated.with_needle(seed, units, needle, depth, [rate, "interest"], clause)
     return Draft(
         "SUPPLY AGREEMENT\n\n" + "\n\n".join(f"{k + 1}. {text}" for k, text in enumerate(clauses)),
         "The text is a supply agreement.",
@@ -155,21 +150,18 @@ def contract_interest(seed: str, units: int) -> Draft:
 PARTS_OF_SPEECH = ("noun", "verb", "adjective")
 
 
-def glossary_term(rng: random.Random) -> str:
-    return f"{agent.adjective(rng)} {agent.noun(rng)}"
-
-
 def glossary_entry(rng: random.Random, term: str | None = None, former: str | None = None) -> str:
     note = f'formerly "{former}"' if former else rng.choice(PARTS_OF_SPEECH)
-    return f"**{term or glossary_term(rng)}** ({note}): {rng.choice(generated.prose_sentences())}"
+    return f"**{term or words.adjective_noun(rng)}** ({note}): {rng.choice(generated.prose_sentences())}"
 
 
 def glossary_former(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    term, depth = glossary_term(rng), rng.random()
-    former = f"{agent.noun(rng)} {agent.noun(rng)}"  # a made-up name the model cannot guess
-    entries = generated.fillers(seed, units - 1, [term, former, "formerly"], glossary_entry)
-    entries = generated.place_at(entries, glossary_entry(rng, term, former), depth)
+    term, depth = words.adjective_noun(rng), rng.random()
+    former = words.two_nouns(rng, " ")  # a made-up name the model cannot guess
+    entries = generated.with_needle(
+        seed, units, glossary_entry(rng, term, former), depth, [term, former, "formerly"], glossary_entry
+    )
     return Draft(
         "# Glossary\n\n" + "\n\n".join(entries),
         "The text is a glossary of terms.",
@@ -184,32 +176,24 @@ GENERATORS = {
         "git log: the issue number the one closing commit closes, named by its subject",
         "git-log",
         commit_issue,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "fourth_config_secret": Generator(
         "YAML services file: the secret of the one service that has one, named by the service",
         "yaml-config",
         config_secret,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "fourth_contract_interest": Generator(
         "supply agreement: the yearly interest rate the one late-payment clause sets",
         "legal-agreement",
         contract_interest,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "fourth_glossary_former": Generator(
         "glossary: the former name of the one term that had one, named by the term",
         "glossary",
         glossary_former,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
 }

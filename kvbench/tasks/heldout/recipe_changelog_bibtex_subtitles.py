@@ -1,7 +1,7 @@
 """A second held-out family, the confirmation suite (`tasks/heldout-confirm.yaml`): task kinds and layouts
-that no training mixture and no task of the first held-out suite (kvbench.tasks.heldout) holds, written
-after the shipped KVP agents were chosen, to check on fresh kinds what the first held-out suite showed.
-No agent, recipe or setting may be chosen on it (TRAINING.md); it confirms or refutes.
+that no training mixture and no task of the first held-out suite (mail_story_patch_meeting_html) holds,
+written after the shipped KVP agents were chosen, to check on fresh kinds what the first held-out suite
+showed. No agent, recipe or setting may be chosen on it (TRAINING.md); it confirms or refutes.
 
 The rule is TRAINING.md's held-out rule, applied against both the training kinds and the first held-out
 suite's kinds:
@@ -23,7 +23,7 @@ material in the system turn with the instruction and question in the user turn.
 
 import random
 
-from kvbench.tasks import agent, generated
+from kvbench.tasks import generated, prompt, words
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -34,7 +34,7 @@ def quoted(draft: Draft) -> Placed:
 
 def system_material(draft: Draft) -> Placed:
     messages = [{"role": "system", "content": f"Reference material:\n\n{draft.body}"}]
-    return Placed(agent.transcript(messages), f"{draft.instruction}\n{draft.question}", messages)
+    return Placed(prompt.transcript(messages), f"{draft.instruction}\n{draft.question}", messages)
 
 
 LAYOUTS = (Layout("quoted", quoted), Layout("system-material", system_material))
@@ -57,14 +57,14 @@ STEPS = (
 
 
 def dish(rng: random.Random) -> str:
-    return f"{agent.adjective(rng).capitalize()} {agent.noun(rng)} {rng.choice(DISHES)}"
+    return f"{words.adjective(rng).capitalize()} {words.noun(rng)} {rng.choice(DISHES)}"
 
 
 def recipe(rng: random.Random, name: str | None = None, bake: str | None = None) -> str:
     ingredients = [
-        f"- {rng.randint(1, 9) * 25} {rng.choice(UNITS)} {agent.noun(rng)}" for _ in range(rng.randint(3, 5))
+        f"- {rng.randint(1, 9) * 25} {rng.choice(UNITS)} {words.noun(rng)}" for _ in range(rng.randint(3, 5))
     ]
-    steps = [rng.choice(STEPS).format(noun=agent.noun(rng)) for _ in range(rng.randint(2, 4))]
+    steps = [rng.choice(STEPS).format(noun=words.noun(rng)) for _ in range(rng.randint(2, 4))]
     if bake:
         steps.insert(rng.randint(1, len(steps)), bake)
     return "\n".join(
@@ -84,8 +84,7 @@ def recipe_oven(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     name, degrees, depth = dish(rng), str(rng.randint(150, 240)), rng.random()
     bake = f"Bake in the oven at {degrees} degrees for {rng.randint(2, 9) * 5} minutes."
-    recipes = generated.fillers(seed, units - 1, [name, degrees], recipe)
-    recipes = generated.place_at(recipes, recipe(rng, name, bake), depth)
+    recipes = generated.with_needle(seed, units, recipe(rng, name, bake), depth, [name, degrees], recipe)
     return Draft(
         "# Family cookbook\n\n" + "\n\n".join(recipes),
         "The text is a cookbook.",
@@ -111,7 +110,7 @@ def version_section(rng: random.Random, security: str | None = None) -> str:
     for heading in rng.sample(list(CHANGES), rng.randint(1, 3)):
         lines.append(f"### {heading}")
         lines += [
-            "- " + rng.choice(CHANGES[heading]).format(noun=agent.noun(rng), adj=agent.adjective(rng))
+            "- " + rng.choice(CHANGES[heading]).format(noun=words.noun(rng), adj=words.adjective(rng))
             for _ in range(rng.randint(1, 3))
         ]
     if security:
@@ -121,10 +120,11 @@ def version_section(rng: random.Random, security: str | None = None) -> str:
 
 def changelog_cve(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    cve, depth = f"CVE-2026-{generated.digits(rng, 5)}", rng.random()
-    security = f"- Patched {cve}, a flaw in the {agent.noun(rng)} parser."
-    sections = generated.fillers(seed, units - 1, [cve], version_section)
-    sections = generated.place_at(sections, version_section(rng, security), depth)
+    cve, depth = f"CVE-2026-{words.digits(rng, 5)}", rng.random()
+    security = f"- Patched {cve}, a flaw in the {words.noun(rng)} parser."
+    sections = generated.with_needle(
+        seed, units, version_section(rng, security), depth, [cve], version_section
+    )
     return Draft(
         "# Changelog\n\n" + "\n\n".join(sections),
         "The text is the changelog of a software project.",
@@ -140,14 +140,14 @@ VENUES = ("Journal of {Noun} Studies", "Proceedings of the {Adj} {Noun} Workshop
 
 
 def title(rng: random.Random) -> str:
-    return f"{agent.adjective(rng).capitalize()} {agent.noun(rng)}s and the {agent.noun(rng)} problem"
+    return f"{words.adjective(rng).capitalize()} {words.noun(rng)}s and the {words.noun(rng)} problem"
 
 
 def bib_entry(rng: random.Random, name: str | None = None, doi: str | None = None) -> str:
-    authors = [generated.person(rng).split() for _ in range(rng.randint(1, 3))]
+    authors = [words.person(rng).split() for _ in range(rng.randint(1, 3))]
     year = rng.randint(1995, 2026)
     venue = rng.choice(VENUES).format(
-        Noun=agent.noun(rng).capitalize(), Adj=agent.adjective(rng).capitalize()
+        Noun=words.noun(rng).capitalize(), Adj=words.adjective(rng).capitalize()
     )
     fields = [
         ("author", " and ".join(f"{last}, {first}" for first, last in authors)),
@@ -158,16 +158,15 @@ def bib_entry(rng: random.Random, name: str | None = None, doi: str | None = Non
     ]
     if doi:  # right after the title, so the answer prefix can name the entry as the e-mail task does
         fields.insert(2, ("doi", doi))
-    key = f"{authors[0][1].lower()}{year}{agent.noun(rng)}"
+    key = f"{authors[0][1].lower()}{year}{words.noun(rng)}"
     return "\n".join([f"@article{{{key},", *(f"  {k} = {{{v}}}," for k, v in fields), "}"])
 
 
 def bibtex_doi(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     name, depth = title(rng), rng.random()
-    doi = f"10.{generated.digits(rng, 4)}/{agent.noun(rng)}.{generated.digits(rng, 4)}"
-    entries = generated.fillers(seed, units - 1, [name, doi], bib_entry)
-    entries = generated.place_at(entries, bib_entry(rng, name, doi), depth)
+    doi = f"10.{words.digits(rng, 4)}/{words.noun(rng)}.{words.digits(rng, 4)}"
+    entries = generated.with_needle(seed, units, bib_entry(rng, name, doi), depth, [name, doi], bib_entry)
     return Draft(
         "\n\n".join(entries),
         "The text is a BibTeX bibliography.",
@@ -201,17 +200,18 @@ def cue_time(rng: random.Random, start: int) -> str:
 
 
 def spoken(rng: random.Random) -> str:
-    return rng.choice(LINES).format(noun=agent.noun(rng), adj=agent.adjective(rng))
+    return rng.choice(LINES).format(noun=words.noun(rng), adj=words.adjective(rng))
 
 
 def subtitles_platform(seed: str, units: int) -> Draft:
     """Cues of a film's dialogue; one line says where the train to a city leaves from. Cue numbers and times
     are filled in after placing, so they run in order through the file."""
     rng = random.Random(f"{seed}/needle")
-    city, depth = rng.choice(generated.CITIES), rng.random()
+    city, depth = rng.choice(words.CITIES), rng.random()
     platform = f"{rng.randint(1, 19)}{rng.choice('ABCD')}"
-    lines = generated.fillers(seed, units - 1, [platform, city], spoken)
-    lines = generated.place_at(lines, f"The train to {city} leaves from platform {platform}.", depth)
+    lines = generated.with_needle(
+        seed, units, f"The train to {city} leaves from platform {platform}.", depth, [platform, city], spoken
+    )
     timing = random.Random(f"{seed}/timing")
     cues, start = [], timing.randint(1000, 60000)
     for k, line in enumerate(lines):
@@ -231,31 +231,24 @@ GENERATORS = {
         "cookbook: the oven temperature of the one baked recipe, named by its dish",
         "recipe-book",
         recipe_oven,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=8,
     ),
     "confirm_changelog_cve": Generator(
         "release notes: the CVE identifier of the one security fix",
         "release-notes",
         changelog_cve,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=16,  # digits are single tokens: " CVE-2026-12345" is 13
     ),
     "confirm_bibtex_doi": Generator(
         "BibTeX bibliography: the DOI of the one entry with a doi field, named by its title",
         "bibtex",
         bibtex_doi,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=20,
     ),
     "confirm_subtitles_platform": Generator(
         "SubRip subtitles: the platform a line says the train to a city leaves from",
         "subtitles",
         subtitles_platform,
-        min_units=1,
         max_units=generated.fixed(10**5),
         max_new_tokens=8,
     ),

@@ -19,7 +19,7 @@ under "Input" and the question under "Question" (`headed-sections`).
 
 import random
 
-from kvbench.tasks import agent, generated
+from kvbench.tasks import generated, prompt, words
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -30,7 +30,7 @@ def tool_result(draft: Draft) -> Placed:
         {"role": "assistant", "content": '{"name": "open_attachment", "arguments": {"attachment": 1}}'},
         {"role": "tool", "content": draft.body},
     ]
-    return Placed(agent.transcript(messages), draft.question, messages)
+    return Placed(prompt.transcript(messages), draft.question, messages)
 
 
 def headed_sections(draft: Draft) -> Placed:
@@ -54,25 +54,26 @@ def address(rng: random.Random) -> str:
 
 def zone_group(rng: random.Random) -> str:
     """The records of one service, under a comment; the MX record is the needle's alone."""
-    name, other = agent.noun(rng), agent.noun(rng)
+    name, other = words.noun(rng), words.noun(rng)
     ttl = rng.choice([300, 600, 3600, 86400])
     records = [
         f"{name} {ttl} IN A {address(rng)}",
         f"{name} {ttl} IN AAAA fd00:{rng.randint(1, 9999)}::{rng.randint(1, 999)}",
         f"{other} {ttl} IN CNAME {name}",
         f"www.{name} {ttl} IN CNAME {name}",
-        f'{name} {ttl} IN TXT "{agent.adjective(rng)}-{other}={generated.digits(rng, 6)}"',
+        f'{name} {ttl} IN TXT "{words.adjective(rng)}-{other}={words.digits(rng, 6)}"',
     ]
-    return f"; {agent.adjective(rng)} {name} service\n" + "\n".join(rng.sample(records, rng.randint(2, 4)))
+    return f"; {words.adjective(rng)} {name} service\n" + "\n".join(rng.sample(records, rng.randint(2, 4)))
 
 
 def zone_mail(seed: str, units: int) -> Draft:
     """The mail host is a full name in another domain: named relative to the origin, like every other record,
     it scored 88 uncompressed (the model wrote an address after "IN MX 10"), 92 as a full name."""
     rng = random.Random(f"{seed}/needle")
-    host, depth = f"{agent.noun(rng)}-{agent.noun(rng)}", rng.random()
-    groups = generated.fillers(seed, units - 1, [host, "MX"], zone_group)
-    groups = generated.place_at(groups, f"; mail\n@ 3600 IN MX 10 {host}.example.net.", depth)
+    host, depth = words.two_nouns(rng, "-"), rng.random()
+    groups = generated.with_needle(
+        seed, units, f"; mail\n@ 3600 IN MX 10 {host}.example.net.", depth, [host, "MX"], zone_group
+    )
     serial = f"2026{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}01"
     return Draft(
         "$ORIGIN example.org.\n$TTL 3600\n"
@@ -110,11 +111,11 @@ ERRORS = (
 
 
 def fill(template: str, rng: random.Random) -> str:
-    return template.format(a=agent.noun(rng), b=agent.noun(rng), n=rng.randint(2, 9999))
+    return template.format(a=words.noun(rng), b=words.noun(rng), n=rng.randint(2, 9999))
 
 
 def frame(rng: random.Random, code: str | None = None) -> str:
-    module, function = agent.noun(rng), f"{agent.adjective(rng)}_{agent.noun(rng)}"
+    module, function = words.noun(rng), words.adjective_noun(rng, "_")
     code = code or fill(rng.choice(CODE_LINES), rng)
     return f'  File "/srv/app/{module}.py", line {rng.randint(12, 900)}, in {function}\n    {code}'
 
@@ -140,9 +141,8 @@ def traceback_key(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
     # An environment variable's name: with a lowercase key like the code's names around it (84 uncompressed)
     # the model answered with names of its own.
-    key, depth = f"{agent.noun(rng)}_{agent.noun(rng)}".upper(), rng.random()
-    parts = generated.fillers(seed, units - 1, [key, "KeyError"], exception)
-    parts = generated.place_at(parts, exception(rng, key), depth)
+    key, depth = words.two_nouns(rng).upper(), rng.random()
+    parts = generated.with_needle(seed, units, exception(rng, key), depth, [key, "KeyError"], exception)
     body = parts[0]
     for k, part in enumerate(parts[1:], 1):
         body += f"\n\n{CHAINS[random.Random(f'{seed}/chain/{k}').randrange(2)]}\n\n{part}"
@@ -176,16 +176,16 @@ LINES = (
 
 
 def place_name(rng: random.Random) -> str:
-    return f"{agent.adjective(rng)} {agent.noun(rng)}".upper()
+    return words.adjective_noun(rng).upper()
 
 
 def scene(rng: random.Random, number: str | None = None) -> str:
-    cast = rng.sample(generated.FIRST_NAMES, 2)
+    cast = rng.sample(words.FIRST_NAMES, 2)
     blocks = [f"{rng.choice(['INT.', 'EXT.'])} {place_name(rng)} - {rng.choice(['DAY', 'NIGHT'])}"]
     action = f"{{name}} picks up the phone and dials {number}." if number else rng.choice(ACTIONS)
-    blocks.append(action.format(name=rng.choice(cast), noun=agent.noun(rng)))
+    blocks.append(action.format(name=rng.choice(cast), noun=words.noun(rng)))
     for k in range(rng.randint(2, 4)):
-        line = rng.choice(LINES).format(noun=agent.noun(rng), adjective=agent.adjective(rng))
+        line = rng.choice(LINES).format(noun=words.noun(rng), adjective=words.adjective(rng))
         blocks.append(f"{cast[k % 2].upper()}\n{line}")
     return "\n\n".join(blocks)
 
@@ -195,9 +195,8 @@ def screenplay_call(seed: str, units: int) -> Draft:
     the model answered with another scene's location (68); asked for a caption (SUPER: "Bonn, 1971", or a
     name and office), it wrote captions of its own after 'SUPER: "' ("The 2015 Olympics", 80 then 60)."""
     rng = random.Random(f"{seed}/needle")
-    number, depth = f"{generated.digits(rng, 3)}-{generated.digits(rng, 4)}", rng.random()
-    scenes = generated.fillers(seed, units - 1, [number, "dials"], scene)
-    scenes = generated.place_at(scenes, scene(rng, number), depth)
+    number, depth = f"{words.digits(rng, 3)}-{words.digits(rng, 4)}", rng.random()
+    scenes = generated.with_needle(seed, units, scene(rng, number), depth, [number, "dials"], scene)
     return Draft(
         "FADE IN:\n\n" + "\n\n".join(scenes) + "\n\nFADE OUT.",
         "The text is a screenplay.",
@@ -216,7 +215,7 @@ def listed(rng: random.Random, name: str) -> str:
 
 
 def shell_command(rng: random.Random) -> tuple[str, list[str]]:
-    noun, other = agent.noun(rng), agent.noun(rng)
+    noun, other = words.noun(rng), words.noun(rng)
     n = rng.randint(2, 90)
     choices = [
         ("ls -l", [listed(rng, f"{word}.txt") for word in (noun, other)]),
@@ -242,11 +241,12 @@ def shell_step(rng: random.Random, prompt: str, host: str | None = None) -> str:
 
 def shell_ssh(seed: str, units: int) -> Draft:
     rng = random.Random(f"{seed}/needle")
-    host, depth = f"{agent.noun(rng)}-{agent.noun(rng)}", rng.random()
-    folder = agent.free_of(["ssh"], lambda: agent.noun(rng))  # every step shows it
-    prompt = f"{rng.choice(generated.FIRST_NAMES).lower()}@laptop:~/{folder}$ "
-    steps = generated.fillers(seed, units - 1, [host, "ssh"], lambda r: shell_step(r, prompt))
-    steps = generated.place_at(steps, shell_step(rng, prompt, host), depth)
+    host, depth = words.two_nouns(rng, "-"), rng.random()
+    folder = words.free_of(["ssh"], lambda: words.noun(rng))  # every step shows it
+    prompt = f"{rng.choice(words.FIRST_NAMES).lower()}@laptop:~/{folder}$ "
+    steps = generated.with_needle(
+        seed, units, shell_step(rng, prompt, host), depth, [host, "ssh"], lambda r: shell_step(r, prompt)
+    )
     return Draft(
         "\n".join(steps),
         "The text is a terminal session: each command after its prompt, then its output.",
@@ -258,36 +258,22 @@ def shell_ssh(seed: str, units: int) -> Draft:
 
 GENERATORS = {
     "sixth_zone_mail": Generator(
-        "DNS zone file: the host of the one MX record",
-        "dns-zone",
-        zone_mail,
-        min_units=1,
-        max_units=generated.fixed(10**4),
-        max_new_tokens=12,
+        "DNS zone file: the host of the one MX record", "dns-zone", zone_mail, max_new_tokens=12
     ),
     "sixth_traceback_key": Generator(
         "Python traceback of chained exceptions: the environment variable of the one KeyError",
         "python-traceback",
         traceback_key,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "sixth_screenplay_call": Generator(
         "screenplay: the number dialled in the one phone call",
         "screenplay",
         screenplay_call,
-        min_units=1,
-        max_units=generated.fixed(10**4),
         max_new_tokens=12,
     ),
     "sixth_shell_ssh": Generator(
-        "terminal session: the host the one ssh command ran on",
-        "shell-session",
-        shell_ssh,
-        min_units=1,
-        max_units=generated.fixed(10**4),
-        max_new_tokens=12,
+        "terminal session: the host the one ssh command ran on", "shell-session", shell_ssh, max_new_tokens=12
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
