@@ -2,9 +2,8 @@
 
 A mixture is a list of parts: a task at a length with a number of prompts. Every task has a *kind* (what its
 context is made of, how the asked value is written in it, and what the question asks); a held-out suite may
-only hold tasks whose kinds appear in no mixture (the rule is in TRAINING.md), which tests assert through
-`KINDS`. Training draws seeds >= 1000; evaluation uses 0..999.
-"""
+only hold tasks whose kinds appear in no mixture (the rule is in docs/learned-presses.md), which tests assert
+through `KINDS`. Training draws seeds >= 1000; evaluation uses 0..999."""
 
 from dataclasses import dataclass
 
@@ -41,7 +40,7 @@ TEXT_LENGTHS = {512: 6, 1024: 8, 2048: 2}
 MIXTURES: dict[str, list[Part]] = {
     # What the agents shipped before the mixture were trained on: RULER's offline generators at 1k.
     "ruler": [Part(task, 1024, 12) for task in RULER_TRAINING_TASKS],
-    # The text kinds alone at 512-2048 (TRAINING.md): made apart, they train beside `ruler`'s data
+    # The text kinds alone at 512-2048 (docs/learned-presses.md): made apart, they train beside `ruler`'s data
     # (`kvbench kvp train --data RULER_DIR --data TEXT_DIR`), which is then `broad`.
     "text": [Part(task, length, samples) for task in text.TASKS for length, samples in TEXT_LENGTHS.items()],
 }

@@ -1,5 +1,5 @@
 """Training kinds for learned presses, generated offline: prose, records, logs, code and multi-document
-contexts, each under three instruction wrappers (see TRAINING.md and kvbench.tasks.mixture).
+contexts, each under three instruction wrappers (see docs/learned-presses.md and kvbench.tasks.mixture).
 
 Every task asks for one value that appears verbatim in the material right after a key that appears
 nowhere else, so it can only be answered from the context:

@@ -2,9 +2,8 @@
 plain adjectives and nouns from wonderwords, people's names, cities, digit strings, and draws that keep
 reserved strings out.
 
-Sharing word pools with training kinds is allowed by the held-out rule (TRAINING.md): the vocabulary is
-shared, the structure is not.
-"""
+Sharing word pools with training kinds is allowed by the held-out rule (docs/learned-presses.md): the
+vocabulary is shared, the structure is not."""
 
 import functools
 import random

@@ -1,7 +1,7 @@
-"""A third held-out family (`tasks/heldout-third.yaml`): task kinds and layouts in no training mixture and
-in neither earlier held-out suite, written to judge a change chosen on those two (TRAINING.md: KVP's
-recent window, picked on the first and the confirmation suite, is judged here). Like the confirmation
-suite it chooses nothing.
+"""A third held-out family (`tasks/heldout-third.yaml`): task kinds and layouts in no training mixture and in
+neither earlier held-out suite, written to judge a change chosen on those two (docs/learned-presses.md: KVP's
+recent window, picked on the first and the confirmation suite, is judged here). Like the confirmation suite it
+chooses nothing.
 
 - third_calendar_location: an iCalendar file of events (SUMMARY, DTSTART, DTEND, UID); the place of the one
   event that has a LOCATION, named by its summary.

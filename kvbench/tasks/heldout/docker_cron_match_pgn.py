@@ -1,6 +1,6 @@
-"""A fifth held-out family (`tasks/heldout-fifth.yaml`): task kinds and layouts in no training mixture and
-in none of the four earlier held-out suites, written to judge a change chosen on those four (TRAINING.md).
-It chooses nothing.
+"""A fifth held-out family (`tasks/heldout-fifth.yaml`): task kinds and layouts in no training mixture and in
+none of the four earlier held-out suites, written to judge a change chosen on those four
+(docs/learned-presses.md). It chooses nothing.
 
 - fifth_docker_port: a multi-stage Dockerfile (FROM, WORKDIR, COPY, RUN, ENV... stages); the port of the
   one EXPOSE instruction.

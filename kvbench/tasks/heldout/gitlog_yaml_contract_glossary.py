@@ -1,6 +1,6 @@
 """A fourth held-out family (`tasks/heldout-fourth.yaml`): task kinds and layouts in no training mixture and
-in none of the three earlier held-out suites, written to judge a change chosen on those three (TRAINING.md:
-agents trained for high compression ratios only). It chooses nothing.
+in none of the three earlier held-out suites, written to judge a change chosen on those three
+(docs/learned-presses.md: agents trained for high compression ratios only). It chooses nothing.
 
 - fourth_commit_issue: a `git log` of commits (hash, author, date, subject, body); the issue number the one
   commit that closes one names in its subject, the commit named by its subject.

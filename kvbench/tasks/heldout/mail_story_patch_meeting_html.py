@@ -1,5 +1,5 @@
-"""Held-out kinds, generated offline: task kinds that no training mixture holds (see TRAINING.md's rule and
-kvbench.tasks.mixture), to test whether a learned press generalises beyond what it was trained on.
+"""Held-out kinds, generated offline: task kinds that no training mixture holds (see docs/learned-presses.md's
+rule and kvbench.tasks.mixture), to test whether a learned press generalises beyond what it was trained on.
 
 Each differs from every training kind (kvbench.tasks.text, RULER) in the structure of its material, in how
 the answer is written and asked, and in its instruction wrapper:

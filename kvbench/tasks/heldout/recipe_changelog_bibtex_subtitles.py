@@ -1,10 +1,10 @@
 """A second held-out family, the confirmation suite (`tasks/heldout-confirm.yaml`): task kinds and layouts
 that no training mixture and no task of the first held-out suite (mail_story_patch_meeting_html) holds,
 written after the shipped KVP agents were chosen, to check on fresh kinds what the first held-out suite
-showed. No agent, recipe or setting may be chosen on it (TRAINING.md); it confirms or refutes.
+showed. No agent, recipe or setting may be chosen on it (docs/learned-presses.md); it confirms or refutes.
 
-The rule is TRAINING.md's held-out rule, applied against both the training kinds and the first held-out
-suite's kinds:
+The rule is docs/learned-presses.md's held-out rule, applied against both the training kinds and the first
+held-out suite's kinds:
 
 - confirm_recipe_oven: a cookbook of recipes (ingredients, numbered steps); the oven temperature of the
   one recipe that is baked, named by its dish.

@@ -1,6 +1,6 @@
 """A sixth held-out family (`tasks/heldout-sixth.yaml`): task kinds and layouts in no training mixture and
 in none of the five earlier held-out suites, written to judge the mixed-target agents chosen on RULER and
-the fifth suite (TRAINING.md). It chooses nothing.
+the fifth suite (docs/learned-presses.md). It chooses nothing.
 
 - sixth_zone_mail: a DNS zone file (SOA, NS, then A, AAAA, CNAME and TXT records grouped by service); the
   host of the one MX record.
