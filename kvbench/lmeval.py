@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +40,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from kvbench import provenance
 from kvbench.adapter import (
     clear_head_masks,
     is_shareable,
@@ -61,7 +61,6 @@ from kvbench.presses import (
     parse_press_args,
     press_state,
 )
-from kvbench.provenance import git_commit, package_versions
 from kvbench.resources import lm_eval_tasks_dir
 from kvbench.results import ResultsStore, Row, check_writable, config_id
 from kvbench.tasks import ruler
@@ -480,25 +479,20 @@ def run_record(lm: KVBenchLM, rows: list[Row], *, limit, length, started: str) -
     scores = {
         task: [row.score for row in rows if row.task == task and row.score is not None] for task in tasks
     }
-    return {
-        "command": " ".join(["kvbench", *sys.argv[1:]]),
-        "config": {
-            "model": config["model"],
-            "configs": [{key: config[key] for key in ("press", "ratio", "press_args")}],
-            "tasks": tasks,
-            "samples": limit,
-            "length": length,
-        },
-        "summary": {
-            f"{config['press']}@{config['ratio']}": {
-                task: round(sum(values) / len(values), 2) for task, values in scores.items() if values
-            }
-        },
-        "versions": package_versions(),
-        "git_commit": git_commit(),
-        "started": started,
-        "finished": datetime.now(timezone.utc).isoformat(),
+    config_record = {
+        "model": config["model"],
+        "configs": [{key: config[key] for key in ("press", "ratio", "press_args")}],
+        "tasks": tasks,
+        "samples": limit,
+        "length": length,
+        "device": str(lm.model.device),
     }
+    summary = {
+        f"{config['press']}@{config['ratio']}": {
+            task: round(sum(values) / len(values), 2) for task, values in scores.items() if values
+        }
+    }
+    return provenance.run_record(config_record, summary, str(lm.model.device), started)
 
 
 # ---- CLI ----

@@ -4,6 +4,8 @@ run record (runner, lm-eval bridge) and of a training card uses these, so record
 import os
 import platform
 import subprocess
+import sys
+from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 
 from kvbench.resources import checkout_root
@@ -49,3 +51,19 @@ def git_commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit + ("-dirty" if dirty else "")
+
+
+def run_record(config: dict, summary: dict, device: str, started: str, finished: bool = True) -> dict:
+    """The one shape of a run record (results/<folder>/runs/*.json), whoever writes it: the command line,
+    the run's config, a score summary per config and task, the versions, the hardware, the commit, and when
+    it started and (once done) finished."""
+    return {
+        "command": " ".join(["kvbench", *sys.argv[1:]]),
+        "config": config,
+        "summary": summary,
+        "versions": package_versions(),
+        "hardware": hardware(device),
+        "git_commit": git_commit(),
+        "started": started,
+        "finished": datetime.now(timezone.utc).isoformat() if finished else None,
+    }

@@ -20,7 +20,7 @@ from typing import Protocol
 import pandas as pd
 from tqdm.auto import tqdm
 
-from kvbench import models
+from kvbench import models, provenance
 from kvbench.config import DEFAULT_PROTOCOL, Config
 from kvbench.errors import BadInput
 from kvbench.planning import (
@@ -32,7 +32,6 @@ from kvbench.planning import (
     plan_tasks,
     task_lengths,
 )
-from kvbench.provenance import git_commit, hardware, package_versions
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
 from kvbench.tasks import Sample, check_data, load_samples, score_sample
 
@@ -374,28 +373,21 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
 def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     """The run's full config, versions and commit; with `frame`, its scores and finish time too."""
     table = summarize(frame) if frame is not None else pd.DataFrame()
-    return {
-        "command": " ".join(["kvbench", *sys.argv[1:]]),
-        "config": {
-            "model": plan.model,
-            "configs": [asdict(config) for config in plan.configs],
-            "tasks": plan.tasks,
-            "suite": plan.suite,
-            "length": plan.length,
-            **({"lengths": plan.lengths} if plan.lengths else {}),
-            "samples": plan.samples,
-            "seed": plan.seed,
-            "data_dir": str(plan.data_dir) if plan.data_dir else None,
-            "device": plan.device,
-            "dtype": plan.dtype,
-        },
-        "summary": {
-            f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
-            for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
-        },
-        "versions": package_versions(),
-        "hardware": hardware(plan.device),
-        "git_commit": git_commit(),
-        "started": started,
-        "finished": datetime.now(timezone.utc).isoformat() if frame is not None else None,
+    config = {
+        "model": plan.model,
+        "configs": [asdict(config) for config in plan.configs],
+        "tasks": plan.tasks,
+        "suite": plan.suite,
+        "length": plan.length,
+        **({"lengths": plan.lengths} if plan.lengths else {}),
+        "samples": plan.samples,
+        "seed": plan.seed,
+        "data_dir": str(plan.data_dir) if plan.data_dir else None,
+        "device": plan.device,
+        "dtype": plan.dtype,
     }
+    summary = {
+        f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
+        for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
+    }
+    return provenance.run_record(config, summary, plan.device, started, finished=frame is not None)
