@@ -16,8 +16,8 @@ import itertools
 
 import pandas as pd
 
-from kvbench.leaderboard import config_label, split_press_labels
 from kvbench.models import load_tokenizer
+from kvbench.reporting.read import config_label, split_press_labels
 from kvbench.results import load_rows
 from kvbench.tasks import load_samples
 

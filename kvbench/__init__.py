@@ -7,7 +7,7 @@ The Python API is what the `kvbench` command line calls, and scores the same row
     rows = kvbench.sweep(["knorm", "snapkv"], [0.25, 0.5], tasks=["niah_single_1"], samples=2, out="results")
     kvbench.report("results", out="reports/mine")
 
-`run`, `sweep` (kvbench.runner), `report` (kvbench.leaderboard), `load_results` (a DataFrame of the rows of
+`run`, `sweep` (kvbench.runner), `report` (kvbench.reporting), `load_results` (a DataFrame of the rows of
 results folders), the look-ups `list_presses`, `list_tasks`, `list_suites`, `load_samples`, and the
 dataclasses `Row`, `Config`, `Plan`, `Unit`, `Sample`, `Suite`. Names load on first use, so that
 `import kvbench` (and `kvbench --help`) stays fast; errors are kvbench.errors' types.
@@ -32,9 +32,9 @@ from kvbench.errors import (
 if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
     from kvbench.config import Config
     from kvbench.engine import evaluate_sample
-    from kvbench.leaderboard import render_report as report
     from kvbench.models import load_model
     from kvbench.presses import PressSpec, build_press, list_presses
+    from kvbench.reporting import render_report as report
     from kvbench.results import ResultsStore, Row
     from kvbench.results import load_rows as load_results
     from kvbench.runner import Plan, Unit, evaluate_unit, run, run_configs, sweep
@@ -47,11 +47,11 @@ LAZY = {
     "evaluate_unit": "kvbench.runner:evaluate_unit",
     "Plan": "kvbench.runner:Plan",
     "Unit": "kvbench.runner:Unit",
-    "report": "kvbench.leaderboard:render_report",
+    "report": "kvbench.reporting:render_report",
     "load_results": "kvbench.results:load_rows",
     "Row": "kvbench.results:Row",
     "ResultsStore": "kvbench.results:ResultsStore",
-    "Config": "kvbench.planning:Config",
+    "Config": "kvbench.config:Config",
     "list_presses": "kvbench.presses:list_presses",
     "build_press": "kvbench.presses:build_press",
     "PressSpec": "kvbench.presses:PressSpec",

@@ -21,7 +21,7 @@ from kvbench.models import EMBEDDED, first_line
 # help is here so that `kvbench --help` lists them without importing torch.
 LAZY_COMMANDS = {
     "report": (
-        "kvbench.leaderboard:report",
+        "kvbench.reporting.command:report",
         "Leaderboards, per-task tables and plots from one or more results folders.",
     ),
     "kvp": (

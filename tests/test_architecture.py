@@ -22,9 +22,8 @@ LAYERS = [
     ("kvbench.runner", 5),
     ("kvbench.ray_sweep", 5),
     ("kvbench.lmeval", 5),
-    ("kvbench.leaderboard", 5),
-    ("kvbench.report", 5),
-    ("kvbench.report.*", 5),
+    ("kvbench.reporting", 5),
+    ("kvbench.reporting.*", 5),
     # 4: the engine: protocols and the batched decoder
     ("kvbench.engine", 4),
     ("kvbench.decoder", 4),

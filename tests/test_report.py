@@ -8,14 +8,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvbench.leaderboard import (
-    build_leaderboards,
-    collect,
-    press_styles,
-    render_report,
-    report,
-    split_press_labels,
-)
+from kvbench.reporting import render_report
+from kvbench.reporting.boards import build_leaderboards
+from kvbench.reporting.command import report
+from kvbench.reporting.plots import press_styles
+from kvbench.reporting.read import collect, split_press_labels
 from kvbench.results import ResultsStore, Row, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,181 @@
+"""Reading results folders for a report: rows into one frame (report columns, learned-press states, only
+the asked presses), their run records, and the labels configs and protocols get.
+"""
+
+import re
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from kvbench.config import DEFAULT_PROTOCOL
+from kvbench.errors import BadInput, NoResults
+from kvbench.results import load_rows, load_runs, results_files
+
+REFERENCE_PRESS = "none"  # ratio 0.0: the no-compression reference
+
+
+@dataclass
+class Run:
+    """One invocation recorded in `runs/*.json` of a results folder."""
+
+    results_dir: str  # the folder, as the rows' `source` column names it
+    command: str
+    config: dict
+    versions: dict
+    hardware: dict  # machine, cpus and, on CUDA, gpu: what the timings ran on
+    git_commit: str
+    started: str
+    finished: str  # "" while the run goes on, or when it was interrupted
+
+
+def config_label(press: str, press_args: dict | None) -> str:
+    """The press name, plus its arguments when any: two configs of one press stay apart."""
+    if not press_args:
+        return press
+    args = ", ".join(f"{key}={value}" for key, value in sorted(press_args.items()))
+    return f"{press}({args})"
+
+
+def protocol_label(protocol: str | None, protocol_args: dict | None) -> str:
+    """The protocol, plus its arguments when any; rows written before protocols were recorded are
+    query-agnostic."""
+    protocol = protocol if isinstance(protocol, str) and protocol else DEFAULT_PROTOCOL
+    if not isinstance(protocol_args, dict) or not protocol_args:
+        return protocol
+    return f"{protocol} ({', '.join(f'{key}={value}' for key, value in sorted(protocol_args.items()))})"
+
+
+def result_files(paths: list[Path], recursive: bool = False) -> list[Path]:
+    """The rows.jsonl of each given folder (and of every folder below it when `recursive`); a path without any
+    is bad input."""
+    files = []
+    for path in paths:
+        found = results_files([path], recursive=recursive)
+        if not found:
+            nested = results_files([path], recursive=True)
+            if nested:
+                raise NoResults(
+                    f"{path} holds no rows.jsonl itself; {len(nested)} folder(s) below it do "
+                    f"(e.g. {nested[0].parent}): pass --recursive to read them"
+                )
+            raise NoResults(f"{path} holds no results (no rows.jsonl in it or below it)")
+        files += [file for file in found if file not in files]
+    return files
+
+
+def read_runs(rows_file: Path) -> list[Run]:
+    """The run records next to one rows.jsonl."""
+    return [
+        Run(
+            results_dir=str(rows_file.parent),
+            command=record.get("command") or "",
+            config=record.get("config") or {},
+            versions=record.get("versions") or {},
+            hardware=record.get("hardware") or {},
+            git_commit=record.get("git_commit") or "unknown",
+            started=record.get("started") or "",
+            finished=record.get("finished") or "",
+        )
+        for record in load_runs([rows_file])
+    ]
+
+
+def with_report_columns(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with the fields older rows lack filled in, and the fractions the report reads:
+    protocol_label, memory (the budget asked, NaN for a ratio run), kept_fraction, memory_ratio (kv_bytes
+    / kv_bytes_full, or kv_kept / kv_total without bytes) and kept_bytes (kv_bytes, else the legacy
+    kv_bytes_kept)."""
+    rows = rows.copy()
+    missing = pd.Series([None] * len(rows), index=rows.index, dtype=object)
+    protocol, args = rows.get("protocol", missing), rows.get("protocol_args", missing)
+    rows["protocol"] = [p if isinstance(p, str) and p else DEFAULT_PROTOCOL for p in protocol]
+    rows["protocol_label"] = [protocol_label(p, a) for p, a in zip(protocol, args, strict=True)]
+    for column in ("memory", "kv_bytes", "kv_bytes_full", "kv_bytes_kept"):
+        rows[column] = pd.to_numeric(rows.get(column, missing), errors="coerce")
+    rows["kept_fraction"] = rows["kv_kept"] / rows["kv_total"]
+    rows["memory_ratio"] = (rows["kv_bytes"] / rows["kv_bytes_full"]).fillna(rows["kept_fraction"])
+    rows["kept_bytes"] = rows["kv_bytes"].fillna(rows["kv_bytes_kept"])
+    return rows
+
+
+@dataclass
+class Collected:
+    """What a report reads: the rows under the given paths, their runs, and notes for the reader."""
+
+    dirs: list[str]
+    rows: pd.DataFrame
+    runs: list[Run]
+    notes: list[str]  # said at the top of the report: mixed models, skipped lines
+
+
+def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """Keep, for each model and press, the rows of the learned state (e.g. KVP agents) written last.
+
+    Rows scored with older agents are other results; averaging them with the new ones would describe no
+    agents at all. The reader is told what was set aside. With `every_state` they are kept instead, as a
+    press of their own named PRESS@STATE, so agents before and after a retrain compare paired.
+    """
+    if "press_state" not in rows:
+        return rows, []
+    state = rows["press_state"].fillna("unrecorded")
+    latest = state.groupby([rows["model"], rows["press"]]).transform("last")
+    older = state != latest
+    notes = [
+        f"{press} on {model}: rows of {group.nunique()} versions of its learned state; the report uses the "
+        f"latest ({latest[group.index[0]]}) and "
+        + (
+            f"reports the older ones as {press}@STATE."
+            if every_state
+            else f"sets aside {int(older[group.index].sum())} rows of older ones."
+        )
+        for (model, press), group in state.groupby([rows["model"], rows["press"]])
+        if group.nunique() > 1
+    ]
+    if every_state:
+        rows = rows.copy()
+        rows.loc[older, "press"] = rows.loc[older, "press"] + "@" + state[older]
+        return rows, notes
+    return rows[~older].reset_index(drop=True), notes
+
+
+def collect(paths: list[Path], recursive: bool = False, every_state: bool = False) -> Collected:
+    files = result_files([Path(p) for p in paths], recursive)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = load_rows(files)
+        runs = [run for file in files for run in read_runs(file)]
+    # results.read_rows already says once per file what it skipped; each message once.
+    summary = list(dict.fromkeys(str(w.message) for w in caught))
+    for message in summary:  # recorded for the report, still shown to the user
+        warnings.warn(message, stacklevel=2)
+    if rows.empty:
+        raise NoResults(f"no result rows in {', '.join(str(file) for file in files)}")
+    rows["press"] = [config_label(p, a) for p, a in zip(rows["press"], rows["press_args"], strict=True)]
+    rows, notes = keep_latest_press_state(rows, every_state)
+    models = sorted(rows["model"].unique())
+    if len(models) > 1:
+        notes.append(
+            f"Warning: these results hold {len(models)} models ({', '.join(models)}); "
+            "each gets its own leaderboard, scores are never averaged across models."
+        )
+    notes += [f"Skipped while reading: {message}" for message in summary]
+    return Collected([str(file.parent) for file in files], rows, runs, notes)
+
+
+def split_press_labels(text: str) -> list[str]:
+    """`a,b(x=1, y=2),c` -> ["a", "b(x=1, y=2)", "c"]: commas inside a label's parentheses stay."""
+    return [label.strip() for label in re.split(r",(?![^()]*\))", text) if label.strip()]
+
+
+def only_presses(collected: Collected, presses: list[str]) -> Collected:
+    """`collected` with the rows of `presses` (as the leaderboard names them) and the reference only."""
+    held = set(collected.rows["press"])
+    unknown = [press for press in presses if press not in held]
+    if unknown:
+        raise BadInput(
+            f"--presses {unknown[0]!r} is not a press of these results (they hold {', '.join(sorted(held))})"
+        )
+    rows = collected.rows[collected.rows["press"].isin([*presses, REFERENCE_PRESS])]
+    return replace(collected, rows=rows.reset_index(drop=True))
