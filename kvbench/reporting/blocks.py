@@ -176,23 +176,24 @@ def leaderboard_blocks(board: Leaderboard, out_dir: Path, styles: dict[str, Styl
     return blocks + provenance_blocks(board.runs)
 
 
+def interval_cells(average: pd.DataFrame, stderr: pd.DataFrame, missing) -> pd.DataFrame:
+    """Each (press, budget) cell as "mean ± half-width", starred where some of its samples are missing."""
+    return pd.DataFrame(
+        {
+            budget: [
+                fmt_interval(average.at[press, budget], stderr.at[press, budget])
+                + ("*" if (press, budget) in missing and pd.notna(average.at[press, budget]) else "")
+                for press in average.index
+            ]
+            for budget in average.columns
+        },
+        index=average.index,
+    )
+
+
 def ratio_leaderboard_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> list:
     """The leaderboard by compression ratio and its plot."""
-    scores = pd.DataFrame(
-        {
-            ratio: [
-                fmt_interval(board.average.at[press, ratio], board.stderr.at[press, ratio])
-                + (
-                    "*"
-                    if (press, ratio) in board.missing and pd.notna(board.average.at[press, ratio])
-                    else ""
-                )
-                for press in board.average.index
-            ]
-            for ratio in board.average.columns
-        },
-        index=board.average.index,
-    )
+    scores = interval_cells(board.average, board.stderr, board.missing)
     scores = ratio_columns(with_counts(scores, board.samples))
     scores["mean rank"] = board.mean_rank.map(lambda r: f"{r:.2f}")
     codecs = ""
@@ -285,21 +286,7 @@ def memory_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> l
     view = board.memory_view
     blocks = [Heading("Leaderboard by memory", 3)]
     if not view.average.empty:
-        cells = pd.DataFrame(
-            {
-                budget: [
-                    fmt_interval(view.average.at[press, budget], view.stderr.at[press, budget])
-                    + (
-                        "*"
-                        if (press, budget) in view.missing and pd.notna(view.average.at[press, budget])
-                        else ""
-                    )
-                    for press in view.average.index
-                ]
-                for budget in view.average.columns
-            },
-            index=view.average.index,
-        )
+        cells = interval_cells(view.average, view.stderr, view.missing)
         stored = view.measured.map(lambda m: "" if pd.isna(m) else f"stores {fmt_fraction(m)}")
         table = with_counts(cells, view.samples, stored).rename(columns=lambda budget: f"budget {budget:g}")
         table = table.rename_axis(index="press", columns=None)
