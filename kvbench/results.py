@@ -43,7 +43,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from kvbench.config import DEFAULT_PROTOCOL
-from kvbench.errors import BadInput, KvbenchWarning, ResultsWriteError
+from kvbench.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
 
 ROWS_FILE = "rows.jsonl"
 ROWS_GZ = "rows.jsonl.gz"  # compressed rows, read-only (see the module's docstring)
@@ -401,9 +401,14 @@ def read_file(path: Path) -> list[Row]:
     """The rows of one file (gzip'd if its name ends in .gz); none if it is not there."""
     if not Path(path).is_file():
         return []
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as file:
-        return parse_rows(file, Path(path))
+    if not str(path).endswith(".gz"):
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return parse_rows(file, Path(path))
+    try:  # a compressed file is read whole: a torn or foreign one is refused, not half read
+        text = gzip.decompress(Path(path).read_bytes()).decode("utf-8", errors="replace")
+    except (OSError, EOFError) as error:
+        raise DataFileError(f"{path} is not a readable gzip file of rows ({error})") from None
+    return parse_rows(text.splitlines(keepends=True), Path(path))
 
 
 def read_rows(path: Path) -> list[Row]:
@@ -475,6 +480,8 @@ def compress_rows(folder: Path) -> Path:
     folder = Path(folder)
     if not rows_files(folder):
         raise BadInput(f"{folder} holds no rows.jsonl to compress")
+    for path in rows_files(folder):
+        read_file(path)  # a torn or foreign .gz is refused before anything is written, the lock included
     with FileLock(str(folder / LOCK_FILE)):
         data = b""
         for path in rows_files(folder):
@@ -490,13 +497,18 @@ def compress_rows(folder: Path) -> Path:
 
 if __name__ == "__main__":  # python -m kvbench.results compress FOLDER...
     import argparse
+    import sys
 
     parser = argparse.ArgumentParser(prog="python -m kvbench.results")
     parser.add_argument("command", choices=["compress"])
     parser.add_argument("folders", nargs="+", type=Path)
     for folder in parser.parse_args().folders:
-        before = len(load_rows(folder))
-        path = compress_rows(folder)
+        try:
+            before = len(load_rows(folder))
+            path = compress_rows(folder)
+        except KvbenchError as error:  # one line and exit 2, as kvbench's own commands
+            print(f"Error: {str(error).splitlines()[0]}", file=sys.stderr)
+            raise SystemExit(2) from None
         if len(load_rows(folder)) != before:
             raise SystemExit(f"{folder}: {before} rows before compressing, {len(load_rows(folder))} after")
         print(f"{path}: {before} rows, {path.stat().st_size} bytes")

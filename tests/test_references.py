@@ -12,6 +12,7 @@ import pytest
 import kvbench
 from kvbench.results import (
     REQUIRED_FIELDS,
+    ROWS_GZ,
     SAMPLE_FIELDS,
     ResultsStore,
     compress_rows,
@@ -85,3 +86,27 @@ def test_a_resumed_reference_folder_appends_plain_rows_beside_its_gzip(tmp_path)
     assert mine.score.tolist() == [-1.0]  # the row written last wins
     compress_rows(folder)  # folds the appended rows in
     assert not (folder / "rows.jsonl").exists() and kvbench.load_results(folder).equals(frame)
+
+
+@pytest.mark.parametrize("damage", ["torn", "foreign"])
+def test_a_damaged_gzip_is_refused_in_one_line_and_nothing_is_written(tmp_path, damage):
+    """A torn .gz (cut mid-stream) or a file that is no gzip at all is refused by the reader, the report and
+    the compressor alike: one line, exit 2, the folder untouched; never half read."""
+    from click.testing import CliRunner
+
+    from kvbench.cli import main
+    from kvbench.errors import DataFileError
+
+    folder = tmp_path / "ref"
+    shutil.copytree(SMALL, folder)
+    data = (folder / ROWS_GZ).read_bytes()
+    (folder / ROWS_GZ).write_bytes(data[: len(data) // 2] if damage == "torn" else b"not gzip\n")
+    before = sorted((path.name, path.read_bytes()) for path in folder.rglob("*") if path.is_file())
+    with pytest.raises(DataFileError, match="not a readable gzip file"):
+        kvbench.load_results(folder)
+    with pytest.raises(DataFileError):
+        compress_rows(folder)
+    result = CliRunner().invoke(main, ["report", str(folder), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "report").exists() or not any((tmp_path / "report").iterdir())
+    assert sorted((path.name, path.read_bytes()) for path in folder.rglob("*") if path.is_file()) == before
