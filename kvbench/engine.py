@@ -149,8 +149,11 @@ _logged_fallbacks: set[str] = set()
 
 
 def budget_entries(config: Config, context_length: int) -> int:
-    """The entries per head a config's budget allows of the whole context: int(L x (1 - ratio)) for an
-    evictor; for a codec, its memory in 16-bit entries (which a codec given a target ratio reads so)."""
+    """The entries per head a config's budget allows of `context_length` tokens: its absolute `budget`
+    (at most the whole context); else int(L x (1 - ratio)) for an evictor, and for a codec its memory in
+    16-bit entries (which a codec given a target ratio reads so)."""
+    if config.budget is not None:
+        return min(config.budget, context_length)
     codec = config.press in PRESSES and PRESSES[config.press].codec
     memory = config.memory if config.memory is not None else 1 - config.ratio
     return compute_n_kept(context_length, 1 - memory if codec else config.ratio)

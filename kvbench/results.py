@@ -64,6 +64,7 @@ def config_id(
     memory: float | None = None,
     protocol: str = DEFAULT_PROTOCOL,
     protocol_args: dict | None = None,
+    budget: int | None = None,
 ) -> str:
     """A short stable id of (model, press, ratio, press arguments) and, for presses that load learned state
     (KVP's agents), that state's digest: rows scored with other agents are other results. A memory budget
@@ -73,6 +74,8 @@ def config_id(
         spec.append({"memory": float(memory)})
     if protocol != DEFAULT_PROTOCOL:
         spec.append({"protocol": protocol, **(protocol_args or {})})
+    if budget is not None:
+        spec.append({"budget": int(budget)})
     text = json.dumps(spec, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
@@ -96,6 +99,7 @@ class Row:
     press_args: dict[str, Any] = field(default_factory=dict)
     press_state: str | None = None  # digest of the press's learned state (KVP agents), if any
     memory: float | None = None  # the memory budget asked for (fraction of the 16-bit full cache), if any
+    budget: int | None = None  # the absolute budget asked for (KV entries kept per head and layer), if any
     protocol: str = DEFAULT_PROTOCOL
     protocol_args: dict[str, Any] = field(default_factory=dict)
     content_hash: str | None = None  # Sample.content_hash; None in rows written before it existed
@@ -438,7 +442,7 @@ def results_files(paths, recursive: bool = True) -> list[Path]:
     return files
 
 
-NUMERIC_FIELDS = ("ratio", "memory", "score", "context_tokens", "kv_kept", "kv_total", "kv_bytes")
+NUMERIC_FIELDS = ("ratio", "memory", "budget", "score", "context_tokens", "kv_kept", "kv_total", "kv_bytes")
 NUMERIC_FIELDS += ("kv_bytes_full", "prefill_s", "decode_s")
 
 
