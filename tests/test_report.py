@@ -1,17 +1,21 @@
 """kvbench report on small synthetic results folders with known scores."""
 
 import base64
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from scipy.stats import ttest_ind
 
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
 from kvbench.reporting.command import report
-from kvbench.reporting.plots import press_styles
+from kvbench.reporting.plots import PRESS_LOOKS, press_style, press_styles
 from kvbench.reporting.read import collect, split_press_labels
 from kvbench.results import ResultsStore, Row, config_id
 
@@ -71,7 +75,8 @@ def write_results(folder: Path, rows: list[dict], run_config: dict | None = None
         store.write_run(
             {
                 "command": "kvbench sweep --presses knorm,snapkv --ratios 0.25,0.5 --tasks t1,t2",
-                "config": {"model": "smollm2-135m", "length": 1024, "seed": 0} | run_config,
+                "config": {"model": "smollm2-135m", "length": 1024, "seed": 0, "dtype": "float16"}
+                | run_config,
                 "versions": {"kvpress": "0.5.5", "torch": "2.15.0"},
                 "hardware": {"machine": "x86_64", "cpus": 16, "gpu": "NVIDIA H200"},
                 "git_commit": "abc1234",
@@ -97,37 +102,46 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
 
     # Mean rank ties at 1.5; snapkv's higher mean average (70 vs 67.5) puts it first.
-    assert list(board.average.index) == ["snapkv", "knorm"]
-    assert board.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
-    assert board.average.loc["knorm"].tolist() == pytest.approx([75.0, 60.0])
+    assert list(board.ratio.average.index) == ["snapkv", "knorm"]
+    assert board.ratio.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
+    assert board.ratio.average.loc["knorm"].tolist() == pytest.approx([75.0, 60.0])
     assert board.reference.mean() == pytest.approx(90.0)
     assert board.delta.loc["snapkv"].tolist() == pytest.approx([-5.0, -35.0])
     assert board.delta.loc["knorm"].tolist() == pytest.approx([-15.0, -30.0])
-    assert board.rank.loc["snapkv"].tolist() == [1, 2]
-    assert board.rank.loc["knorm"].tolist() == [2, 1]
-    assert board.mean_rank.tolist() == [1.5, 1.5]
+    assert board.ratio.rank.loc["snapkv"].tolist() == [1, 2]
+    assert board.ratio.rank.loc["knorm"].tolist() == [2, 1]
+    assert board.ratio.mean_rank.tolist() == [1.5, 1.5]
     # knorm @ 0.5 keeps half: t1 2 x 500 entries, t2 4 x 1000 entries.
-    assert board.kept.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
-    assert board.kept.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
-    assert board.samples.loc["knorm"].tolist() == [6, 6]
+    assert board.ratio.kept.loc[("knorm", 0.5), "kept_fraction"] == pytest.approx(0.5)
+    assert board.ratio.kept.loc[("knorm", 0.5), "kept_bytes"] == pytest.approx((2 * 500 + 4 * 1000) / 6 * 256)
+    assert board.ratio.samples.loc["knorm"].tolist() == [6, 6]
     assert not board.has_bytes and board.codecs == []  # no kv_bytes, no budgets: no memory leaderboard
-    assert board.missing == {}
-    # knorm @ 0.5: t1 [50, 70] has variance 200, t2 [80, 80, 40, 40] 1600 / 3; sqrt(200/2 + 400/3) / 2 tasks.
-    assert board.stderr.loc["knorm", 0.5] == pytest.approx((200 / 2 + 1600 / 3 / 4) ** 0.5 / 2)
+    assert board.ratio.missing == {}
+    # knorm @ 0.5: t1 [50, 70], t2 [80, 80, 40, 40]. The t interval of the mean of the two task means has half
+    # the half-width of Welch's interval for their difference (same variance sum over 4, same freedom).
+    welch = ttest_ind([50, 70], [80, 80, 40, 40], equal_var=False).confidence_interval()
+    half_width = (welch.high - welch.low) / 4
+    interval = board.ratio.low.loc["knorm", 0.5], board.ratio.high.loc["knorm", 0.5]
+    assert interval == pytest.approx((60 - half_width, 60 + half_width))
 
     out = render_report([results], tmp_path / "report")
     readme = (out / "README.md").read_text()
     assert "mean of the per-task means" in readme
     assert "| press | 0.25 | 0.5 | mean rank |" in readme
-    # Intervals inline: snapkv @ 0.5 has t1 [100, 80] (variance 200) and t2 all 20: 1.96 x sqrt(200 / 2) / 2.
-    assert "| snapkv | 85.0 ± 0.0 | 55.0 ± 9.8 | 1.50 |" in readme
-    assert "| knorm | 75.0 ± 0.0 | 60.0 ± 15.0 | 1.50 |" in readme  # 1.96 x 7.64
+    # Intervals inline. snapkv @ 0.5 has t1 [100, 80] and t2 all 20: all its variance is t1's, of 1 degree
+    # of freedom, so t = 12.7 and the interval spans the whole score range (a normal one said 55.0 ± 9.8).
+    assert "| snapkv | 85.0 [85.0, 85.0] | 55.0 [0.0, 100.0] | 1.50 |" in readme
+    assert (
+        f"| knorm | 75.0 [75.0, 75.0] | 60.0 [{60 - half_width:.1f}, {60 + half_width:.1f}] | 1.50 |"
+        in readme
+    )
     assert "Each cell averages 6 samples" in readme and not re.search(r"\(n=\d", readme)  # all hold 6
     assert "| knorm | -15.0 | -30.0 |" in readme
     assert "Leaderboard by memory" not in readme
     assert "No compression (`none`): 90.0" in readme
     assert "| t2 | 90.0 | 80.0 | 70.0 |" in readme  # ratio 0.25 breakdown: none, snapkv, knorm
-    # 256 x 1250 B = 312.5 KiB and 256 x 5000 / 6 B = 208.3 KiB; the ratio 0 column is none's only.
+    # 256 x 1250 B = 312.5 KiB and 256 x 5000 / 6 B = 208.3 KiB (rows of float16 runs: their kv_bytes_kept
+    # is the 16-bit store already); the ratio 0 column is none's only.
     assert "| knorm |  | 75.0% (312.5 KiB) | 50.0% (208.3 KiB) |" in readme
     assert "kvbench sweep --presses knorm,snapkv" in readme and "abc1234" in readme
     assert "abc1234`, on NVIDIA H200 + 16 CPUs, started" in readme
@@ -163,20 +177,21 @@ def test_partial_sweep_says_what_is_missing(tmp_path):
     }
     results = write_results(tmp_path / "results", rows_of(partial), config)
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
-    assert board.missing == {
+    assert board.ratio.missing == {
         ("snapkv", 0.25): ["t1 0/2", "t2 0/2"],
         ("snapkv", 0.5): ["t1 1/2", "t2 0/2"],
         ("tova", 0.25): ["t1 0/2", "t2 0/2"],
         ("tova", 0.5): ["t1 0/2", "t2 0/2"],
     }
-    assert board.average.loc["snapkv", 0.5] == pytest.approx(100.0)  # its only task
+    assert board.ratio.average.loc["snapkv", 0.5] == pytest.approx(100.0)  # its only task
     assert board.delta.loc["snapkv", 0.5] == pytest.approx(10.0)  # on t1, the one task both ran
-    assert board.mean_rank.to_dict() == {"snapkv": 1.0, "knorm": 1.5}  # snapkv ranked at 0.5 only
+    assert board.ratio.mean_rank.to_dict() == {"snapkv": 1.0, "knorm": 1.5}  # snapkv ranked at 0.5 only
 
     readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
     assert "snapkv @ ratio 0.5: t1 1/2, t2 0/2" in readme
     assert "tova @ ratio 0.5: t1 0/2, t2 0/2" in readme
-    assert "| snapkv |  | 100.0* (n=1) | 1.00 |" in readme  # the other cells hold 4 samples
+    # One sample of 100, pass/fail: Wilson's interval for 1 of 1, [20.7, 100]; the other cells hold 4 samples.
+    assert "| snapkv |  | 100.0 [20.7, 100.0]* (n=1) | 1.00 |" in readme
     assert "| t1 | 90.0 | 100.0 (n=1) | 60.0 |" in readme  # ratio 0.5 breakdown: none, snapkv, knorm
 
 
@@ -185,7 +200,7 @@ def test_requested_samples_above_what_any_config_has(tmp_path):
     config = {"configs": configs(["none", "knorm"], [0.5]), "tasks": ["t1"], "samples": 3}
     results = write_results(tmp_path / "results", rows_of(scores), config)
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
-    assert board.missing == {("knorm", 0.5): ["t1 1/3"], ("none", 0.0): ["t1 1/3"]}
+    assert board.ratio.missing == {("knorm", 0.5): ["t1 1/3"], ("none", 0.0): ["t1 1/3"]}
 
 
 def test_two_models_get_separate_leaderboards(tmp_path):
@@ -194,8 +209,10 @@ def test_two_models_get_separate_leaderboards(tmp_path):
     other = write_results(tmp_path / "other", rows_of(other_scores, model="Qwen/Qwen2.5-7B-Instruct"))
     collected = collect([small, other])
     boards = {board.model: board for board in build_leaderboards(collected.rows, collected.runs)}
-    assert boards["smollm2-135m"].average.loc["knorm", 0.5] == pytest.approx(60.0)  # unchanged by the other
-    assert boards["Qwen/Qwen2.5-7B-Instruct"].average.loc["knorm", 0.5] == pytest.approx(20.0)
+    assert boards["smollm2-135m"].ratio.average.loc["knorm", 0.5] == pytest.approx(
+        60.0
+    )  # unchanged by the other
+    assert boards["Qwen/Qwen2.5-7B-Instruct"].ratio.average.loc["knorm", 0.5] == pytest.approx(20.0)
 
     out = render_report([small, other], tmp_path / "report")
     readme = (out / "README.md").read_text()
@@ -213,11 +230,11 @@ def test_corrupt_line_is_skipped_and_report_renders(tmp_path):
     with pytest.warns(UserWarning, match="rows.jsonl"):
         collected = collect([results])
     [board] = build_leaderboards(collected.rows, collected.runs)
-    assert board.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
+    assert board.ratio.average.loc["snapkv"].tolist() == pytest.approx([85.0, 55.0])
     with pytest.warns(UserWarning, match="rows.jsonl"):
         readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
     assert "Skipped while reading" in readme and "rows.jsonl:31: skipped a corrupt results row" in readme
-    assert "| snapkv | 85.0 ± 0.0 | 55.0 ± 9.8 | 1.50 |" in readme
+    assert "| snapkv | 85.0 [85.0, 85.0] | 55.0 [0.0, 100.0] | 1.50 |" in readme
     assert "| tova |  | 40.0* (n=1) |" in readme  # the row after the corrupt line counts
 
 
@@ -287,8 +304,8 @@ def test_press_arguments_keep_configs_apart_and_reference_alone_renders(tmp_path
     ]
     results = write_results(tmp_path / "results", rows)
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
-    assert board.average[0.5].to_dict() == {"knorm": 70.0, "kvp(agent=b)": 70.0, "kvp(agent=a)": 50.0}
-    assert board.rank[0.5].to_dict() == {"knorm": 1, "kvp(agent=b)": 1, "kvp(agent=a)": 3}  # ties share
+    assert board.ratio.average[0.5].to_dict() == {"knorm": 70.0, "kvp(agent=b)": 70.0, "kvp(agent=a)": 50.0}
+    assert board.ratio.rank[0.5].to_dict() == {"knorm": 1, "kvp(agent=b)": 1, "kvp(agent=a)": 3}  # ties share
 
     reference_only = write_results(tmp_path / "reference", rows_of({("none", 0.0): {"t1": [100, 50]}}))
     out = render_report([reference_only], tmp_path / "report")
@@ -305,7 +322,7 @@ def test_rows_of_older_learned_state_are_set_aside(tmp_path):
     }
     rows += [make_row("kvp", 0.5, "t1", i, score) | retrained for i, score in enumerate([100, 50])]
     [board] = build_leaderboards(collect([write_results(tmp_path / "r", rows)]).rows, [])
-    assert board.average.loc["kvp", 0.5] == pytest.approx(75.0)  # the new agents' rows only
+    assert board.ratio.average.loc["kvp", 0.5] == pytest.approx(75.0)  # the new agents' rows only
     readme = (render_report([tmp_path / "r"], tmp_path / "report") / "README.md").read_text()
     assert "kvp on smollm2-135m: rows of 2 versions" in readme and "latest (new-agents)" in readme
     assert "sets aside 2 rows" in readme
@@ -321,8 +338,8 @@ def test_every_state_reports_older_agents_as_a_press_of_their_own(tmp_path):
     rows += [make_row("kvp", 0.5, "t1", i, score) | retrained for i, score in enumerate([100, 100])]
     results = write_results(tmp_path / "r", rows)
     [board] = build_leaderboards(collect([results], every_state=True).rows, [], versus="kvp@old-agents")
-    assert board.average[0.5].to_dict() == {"kvp": 100.0, "kvp@old-agents": 50.0}
-    versus = board.versus.set_index(["press", "ratio"])
+    assert board.ratio.average[0.5].to_dict() == {"kvp": 100.0, "kvp@old-agents": 50.0}
+    versus = board.ratio.versus.set_index(["press", "ratio"])
     assert versus.at[("kvp", 0.5), "difference"] == pytest.approx(50.0)  # new minus old, paired by sample
     readme = (render_report([results], tmp_path / "report", every_state=True) / "README.md").read_text()
     assert "reports the older ones as kvp@STATE" in readme and "sets aside" not in readme
@@ -363,15 +380,15 @@ def test_memory_leaderboard_matches_pandas(tmp_path):
 
     # quant keeps every entry: its ratio says nothing, so it leaves the ratio view for the memory view,
     # at budget 1 - ratio when it was run with a ratio.
-    assert board.codecs == ["quant"] and list(board.average.index) == ["knorm"]
-    assert board.average.loc["knorm", 0.5] == pytest.approx(60.0)
+    assert board.codecs == ["quant"] and list(board.ratio.average.index) == ["knorm"]
+    assert board.ratio.average.loc["knorm", 0.5] == pytest.approx(60.0)
     frame = pd.DataFrame(rows)
     codec = (frame["press"] == "quant") & frame["memory"].isna()
     frame["budget"] = frame["memory"].where(~codec, 1 - frame["ratio"])
     frame = frame[frame["budget"].notna()]
     expected = frame.groupby(["press", "budget", "task"])["score"].mean().groupby(["press", "budget"]).mean()
     measured = (frame["kv_bytes"] / frame["kv_bytes_full"]).groupby([frame["press"], frame["budget"]]).mean()
-    view = board.memory_view
+    view = board.memory
     for (press, budget), value in expected.items():
         assert view.average.loc[press, budget] == pytest.approx(value)
         assert view.measured.loc[press, budget] == pytest.approx(measured[(press, budget)])
@@ -379,17 +396,19 @@ def test_memory_leaderboard_matches_pandas(tmp_path):
     assert list(view.average.columns) == [0.5, 0.25]  # most memory first, as ratios go least compressed first
     assert view.samples.loc["knorm", 0.25] == 4 and view.samples.loc["quant", 0.5] == 6
     # The plot puts every compressed config at its measured memory: knorm run with ratio 0.5 at 0.5 too.
-    points = view.points.set_index(["press", "memory"])["average"].sort_index()
+    points = board.memory_points.set_index(["press", "memory"])["average"].sort_index()
     assert points.loc[("knorm", 0.5)].tolist() == pytest.approx([60.0, 62.5])
 
     out = render_report([results], tmp_path / "report")
     readme = (out / "README.md").read_text()
     assert "| press | budget 0.5 | budget 0.25 | mean rank |" in readme
-    # quant @ 0.25: t1 [70, 50] (var 200), t2 [60, 60, 40] (var 133.3): 1.96 x sqrt(100 + 44.4) / 2 = 11.8;
-    # it stored 0.2 of the bytes when 0.25 was allowed; 5 samples where most cells hold 6 (`*`: fewer than
-    # the fullest config of each task).
-    assert "56.7 ± 11.8* (stores 0.2, n=5)" in readme
-    assert "| quant | 85.0 ± 4.0 (stores 0.48) |" in readme
+    # quant @ 0.25: t1 [70, 50], t2 [60, 60, 40] (half Welch's half-width, as in the first test); it stored
+    # 0.2 of the bytes when 0.25 was allowed; 5 samples where most cells hold 6 (`*`: fewer than the fullest
+    # config of each task).
+    welch = ttest_ind([70, 50], [60, 60, 40], equal_var=False).confidence_interval()
+    half_width = (welch.high - welch.low) / 4
+    assert f"56.7 [{170 / 3 - half_width:.1f}, {170 / 3 + half_width:.1f}]* (stores 0.2, n=5)" in readme
+    assert "| quant | 85.0 [" in readme and "] (stores 0.48) |" in readme
     assert "Codecs left out here: `quant`" in readme
     assert (out / "smollm2-135m-1024-memory.png").read_bytes().startswith(PNG_SIGNATURE)
 
@@ -408,7 +427,7 @@ def test_protocols_are_never_averaged_together(tmp_path):
         "decode-time (interval=16)",
         "streaming (chunk=256)",
     ]
-    assert [board.average.loc["knorm", 0.5] for board in boards] == pytest.approx([70.0, 20.0, 40.0])
+    assert [board.ratio.average.loc["knorm", 0.5] for board in boards] == pytest.approx([70.0, 20.0, 40.0])
     assert [board.reference.mean() for board in boards] == pytest.approx([100.0, 90.0, 90.0])
 
     out = render_report([results], tmp_path / "report")
@@ -416,7 +435,9 @@ def test_protocols_are_never_averaged_together(tmp_path):
     assert "## smollm2-135m, 1 task, length 1024, query-agnostic" in readme
     assert "## smollm2-135m, 1 task, length 1024, decode-time (interval=16)" in readme
     assert "## smollm2-135m, 1 task, length 1024, streaming (chunk=256)" in readme
-    assert "| knorm | 20.0 ± 0.0 | 1.00 |" in readme and "| knorm | 70.0 ± 19.6 | 1.00 |" in readme
+    assert (
+        "| knorm | 20.0 [20.0, 20.0] | 1.00 |" in readme and "| knorm | 70.0 [0.0, 100.0] | 1.00 |" in readme
+    )
     assert (out / "smollm2-135m-1024-decode-time-interval-16-scores.png").is_file()
     assert (out / "smollm2-135m-1024-streaming-chunk-256-scores.png").is_file()
 
@@ -495,11 +516,53 @@ def test_a_file_of_garbage_is_one_warning(tmp_path):
     assert "no result rows" in outcome.output
 
 
-def test_press_styles_are_distinct():
-    styles = list(press_styles([f"press{i}" for i in range(12)]).values())
-    assert len({(s.color, s.marker) for s in styles}) == 12  # every press its own look
-    assert len({s.color for s in styles[:9]}) == 9  # the first nine their own colour
-    assert "#000000" not in {s.color for s in styles}  # black is the no-compression line's
+def test_a_press_looks_the_same_in_every_report():
+    """A press's colour and marker come from its name alone, whatever else a report holds; the presses
+    reports show together differ in colour; a variant of a press is dashed; no press is black."""
+    reference = [
+        "kvp",
+        "streaming_llm",
+        "tova",
+        "distillcache",
+        "h2o",
+        "snapkv",
+        "knorm",
+        "expected_attention",
+    ]
+    alone, among_others = press_styles(["kvp"]), press_styles(sorted(reference + ["random", "quant"]))
+    assert alone["kvp"] == among_others["kvp"] == press_style("kvp")
+    new = (
+        "zz_new_press"  # not in PRESS_LOOKS: its look from a stable hash of its name, not Python's salted one
+    )
+    assert press_styles([new])[new] == press_styles(["kvp", new])[new]
+    other_process = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from kvbench.reporting.plots import press_style; print(press_style({new!r}))",
+        ],
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert other_process.stdout.strip() == repr(press_style(new))
+    for together in (
+        [*reference, "random"],
+        ["kvp", "streaming_llm", "knorm", "compactor", "leverage", "cap", "kvzip", "lagkv"]
+        + ["non_causal_attention", "keydiff", "pyramidkv", "cur"],
+        ["kvp", "tova", "distillcache", "knorm", "snapkv", "streaming_llm", "qevict", "quant"]
+        + ["andpro", "lowrank", "varrate"],
+    ):
+        colours = [press_style(press).color for press in together]
+        assert len(set(colours)) == len(together), together
+    looks = {(press_style(p).color, press_style(p).marker) for p in PRESS_LOOKS}
+    assert len(looks) == len(PRESS_LOOKS)  # every named press its own look
+    variants = ["kvp@58260c05679a", "kvp(agents=agents/old)", "snapkv(window_size=8)"]
+    assert all(press_style(press).linestyle == "--" for press in variants)
+    assert all((press_style(press).color, press_style(press).marker) not in looks for press in variants)
+    assert press_style("kvp").linestyle == "-"
+    assert "#000000" not in {press_style(press).color for press in [*PRESS_LOOKS, *variants]}
 
 
 def test_the_leaders_lead_is_paired_by_sample(tmp_path):
@@ -514,14 +577,15 @@ def test_the_leaders_lead_is_paired_by_sample(tmp_path):
     }
     results = write_results(tmp_path / "results", rows_of({("a", 0.5): a, ("b", 0.5): b}))
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
-    [lead] = board.lead.to_dict("records")
+    [lead] = board.ratio.lead.to_dict("records")
     assert (lead["ratio"], lead["best"], lead["runner-up"], lead["pairs"]) == (0.5, "a", "b", 8)
     assert lead["lead"] == pytest.approx(11.0)  # t2's fifth sample (a only) left out
-    per_task_variance = pd.Series(gaps).var() / 4
-    assert lead["stderr"] == pytest.approx((2 * per_task_variance) ** 0.5 / 2)
-    half_widths = 1.96 * (board.stderr.at["a", 0.5] + board.stderr.at["b", 0.5])
-    assert board.average.at["a", 0.5] - board.average.at["b", 0.5] < half_widths  # intervals overlap
-    assert lead["lead"] - 1.96 * lead["stderr"] > 0  # the paired lead stays clear of zero
+    # The t interval of the mean of the two tasks' mean differences: half Welch's half-width for theirs.
+    welch = ttest_ind(gaps, gaps, equal_var=False).confidence_interval()
+    half_width = (welch.high - welch.low) / 4
+    assert (lead["low"], lead["high"]) == pytest.approx((11.0 - half_width, 11.0 + half_width))
+    assert board.ratio.low.at["a", 0.5] < board.ratio.high.at["b", 0.5]  # the intervals overlap
+    assert lead["low"] > 0  # the paired lead stays clear of zero
 
 
 def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
@@ -534,17 +598,23 @@ def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
     scores = {("a", 0.5): a, ("b", 0.5): b, ("c", 0.5): c, ("a", 0.75): a}
     results = write_results(tmp_path / "results", rows_of(scores))
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="a")
-    versus = board.versus.set_index(["press", "ratio"])
+    versus = board.ratio.versus.set_index(["press", "ratio"])
     assert set(versus.index) == {("b", 0.5), ("c", 0.5)}  # only where a was scored too; not a itself
     assert versus.at[("b", 0.5), "difference"] == pytest.approx(-11.0)
-    assert versus.at[("b", 0.5), "stderr"] == pytest.approx((2 * pd.Series(gaps["t1"]).var() / 4) ** 0.5 / 2)
+    welch = ttest_ind(gaps["t1"], gaps["t2"], equal_var=False).confidence_interval()
+    half_width = (welch.high - welch.low) / 4
+    assert versus.loc[("b", 0.5), ["low", "high"]].tolist() == pytest.approx(
+        [-11 - half_width, -11 + half_width]
+    )
     # c - a: t1 +5, -5, 0, 0 (mean 0), t2 0, 0, +5, 0 (mean 1.25): the mean of the task means
     assert versus.at[("c", 0.5), "difference"] == pytest.approx(0.625)
     assert versus.at[("b", 0.5), "pairs"] == 8
 
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r"), "--versus", "a"])
     assert outcome.exit_code == 0, outcome.output
-    assert "| b | **-11.0 ± " in (tmp_path / "r" / "README.md").read_text()
+    readme = (tmp_path / "r" / "README.md").read_text()
+    assert f"| b | **-11.0 [{-11 - half_width:+.1f}, {-11 + half_width:+.1f}]** |" in readme  # excludes 0
+    assert "| c | +0.6 [" in readme and "| c | **" not in readme
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r2"), "--versus", "z"])
     assert outcome.exit_code != 0 and "--versus 'z' is not a press of these results" in str(outcome.exception)
     assert not (tmp_path / "r2" / "README.md").exists()
@@ -575,8 +645,8 @@ def test_versus_covers_the_memory_view(tmp_path):
     rows = [row | {"memory": 0.25} for row in rows_of({("a", 0.75): a, ("b", 0.75): b})]
     results = write_results(tmp_path / "results", rows)
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="a")
-    [compared] = board.memory_view.versus.to_dict("records")
-    assert (compared["press"], compared["budget"], compared["difference"]) == (
+    [compared] = board.memory.versus.to_dict("records")
+    assert (compared["press"], compared["memory"], compared["difference"]) == (
         "b",
         0.25,
         pytest.approx(-10.0),

@@ -1,47 +1,97 @@
-"""The report as one list of document blocks (headings, paragraphs, tables, images, code), built from
-the leaderboards; rendered to markdown and to HTML by reporting.render.
+"""The report as one list of document blocks (headings, paragraphs, tables of cells, images, code), built
+from the leaderboards; rendered to markdown and to HTML from the same blocks by reporting.render.
 """
 
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 
 from kvbench.config import DEFAULT_PROTOCOL
-from kvbench.reporting.boards import Leaderboard
-from kvbench.reporting.plots import Style, breakdown, plot_heatmap, plot_memory, plot_scores
+from kvbench.reporting.boards import Leaderboard, ScoreView
+from kvbench.reporting.plots import (
+    Style,
+    breakdown,
+    budget_figure,
+    heatmap_figure,
+    memory_figure,
+    save,
+    scores_figure,
+)
 from kvbench.reporting.read import REFERENCE_PRESS, Run
-from kvbench.reporting.stats import Z95
 
 # ---- document: one list of blocks rendered to markdown and to HTML --------------------------------------
 
 
+@dataclass(frozen=True)
+class Cell:
+    """A table cell: its value, what a reader needs beside it (`note`: a sample count, the bytes stored),
+    and whether it stands out (`strong`: a difference whose 95 % interval excludes 0). Markdown writes
+    `**value** (note)`; HTML puts the value in <strong> and the note in a span of its own, so that a narrow
+    column breaks between the two, never inside a number."""
+
+    text: str
+    note: str = ""
+    strong: bool = False
+
+    def markdown(self) -> str:
+        if not self.text:
+            return ""
+        text = f"**{self.text}**" if self.strong else self.text
+        return f"{text} ({self.note})" if self.note else text
+
+
+def as_cell(value) -> Cell:
+    """A frame's value as a cell; a missing value is an empty cell, never `None` or `nan`."""
+    if isinstance(value, Cell):
+        return value
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return Cell("")
+    return Cell(str(value))
+
+
 @dataclass
 class Heading:
+    kind: ClassVar[str] = "heading"
     text: str
     level: int = 2
 
 
 @dataclass
 class Paragraph:
+    kind: ClassVar[str] = "paragraph"
     text: str  # may hold `code` spans
 
 
 @dataclass
 class Table:
-    frame: pd.DataFrame  # cells already formatted as strings; the index is the first column
+    """A table: the frame's index is the first column (its name heads it), each value a Cell or text."""
+
+    kind: ClassVar[str] = "table"
+    frame: pd.DataFrame
+
+    @property
+    def header(self) -> list[str]:
+        return [self.frame.index.name or ""] + [as_cell(column).text for column in self.frame.columns]
+
+    @property
+    def rows(self) -> list[tuple[str, list[Cell]]]:
+        return [(as_cell(index).text, [as_cell(v) for v in row]) for index, row in self.frame.iterrows()]
 
 
 @dataclass
 class Image:
+    kind: ClassVar[str] = "image"
     path: Path
     caption: str
 
 
 @dataclass
 class Code:
+    kind: ClassVar[str] = "code"
     text: str
 
 
@@ -53,11 +103,19 @@ def fmt_delta(value: float) -> str:
     return "" if pd.isna(value) else f"{value:+.1f}"
 
 
-def fmt_interval(value: float, stderr: float) -> str:
-    """`58.2 ± 4.2`: the score and its 95 % half-width; the score alone without an interval."""
+def fmt_interval(value: float, low: float, high: float, signed: bool = False) -> str:
+    """`58.2 [54.0, 62.4]`: the value and its 95 % interval; the value alone without an interval.
+    `signed`: a difference, every number with its sign (`+3.1 [-0.4, +6.6]`)."""
     if pd.isna(value):
         return ""
-    return fmt_score(value) if pd.isna(stderr) else f"{value:.1f} ± {Z95 * stderr:.1f}"
+    number = fmt_delta if signed else fmt_score
+    if pd.isna(low) or pd.isna(high):
+        return number(value)
+    return f"{number(value)} [{number(low)}, {number(high)}]"
+
+
+def excludes_zero(low: float, high: float) -> bool:
+    return pd.notna(low) and pd.notna(high) and (low > 0 or high < 0)
 
 
 def fmt_fraction(value: float) -> str:
@@ -65,12 +123,22 @@ def fmt_fraction(value: float) -> str:
     return "" if pd.isna(value) else f"{value:.3f}".rstrip("0").rstrip(".")
 
 
-def fmt_bytes(value: float) -> str:
-    units = ["B", "KiB", "MiB", "GiB"]
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB")
+
+
+def byte_unit(values) -> int:
+    """The power of 1024 one table writes all its bytes in: that of its largest value."""
+    largest = max((value for value in values if pd.notna(value)), default=0)
     power = 0
-    while value >= 1024 and power < len(units) - 1:
-        value, power = value / 1024, power + 1
-    return f"{value:.0f} B" if power == 0 else f"{value:.1f} {units[power]}"
+    while largest >= 1024 and power < len(BYTE_UNITS) - 1:
+        largest, power = largest / 1024, power + 1
+    return power
+
+
+def fmt_bytes(value: float, power: int) -> str:
+    if pd.isna(value):
+        return ""
+    return f"{value:.0f} B" if power == 0 else f"{value / 1024**power:.1f} {BYTE_UNITS[power]}"
 
 
 def fmt_time(stamp: str) -> str:
@@ -97,34 +165,45 @@ def with_counts(
     extra: pd.DataFrame | None = None,
     typical: pd.Series | None = None,
 ) -> pd.DataFrame:
-    """Formatted cells, each followed by what a reader needs besides its value: `extra` text (when given) and
-    its sample count where that differs from the typical count, said once above the table (`typical`: per
-    row; default the table's most common count)."""
+    """Cells of the formatted values, each noting what a reader needs besides its value: `extra` text (when
+    given) and its sample count where that differs from the typical count, said once above the table
+    (`typical`: per row; default the table's most common count)."""
     if typical is None:
         typical = pd.Series(typical_count(counts), index=cells.index)
-    out = cells.copy()
+    out = pd.DataFrame(index=cells.index, columns=cells.columns, dtype=object)
     for row in cells.index:
         for column in cells.columns:
             text = cells.at[row, column]
-            if not text:
-                continue
             count = counts.at[row, column] if row in counts.index and column in counts.columns else None
-            notes = [extra.at[row, column]] if extra is not None and extra.at[row, column] else []
-            if count is not None and not pd.isna(count) and int(count) != typical.get(row):
+            notes = [extra.at[row, column]] if text and extra is not None and extra.at[row, column] else []
+            if text and count is not None and not pd.isna(count) and int(count) != typical.get(row):
                 notes.append(f"n={int(count)}")
-            out.at[row, column] = text + (f" ({', '.join(notes)})" if notes else "")
+            out.at[row, column] = Cell(text, ", ".join(notes))
     return out
 
 
-def samples_sentence(counts: pd.DataFrame) -> str:
+def samples_sentence(counts: pd.DataFrame, what: str = "samples") -> str:
     typical = typical_count(counts)
     if typical is None:
         return ""
-    return f"Each cell averages {typical} samples unless it says otherwise (n=...)."
+    return f"Each cell averages {typical} {what} unless it says otherwise (n=...)."
 
 
-def ratio_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.rename(columns=lambda ratio: f"{ratio:g}").rename_axis(index="press", columns=None)
+def value_label(axis: str, value: float) -> str:
+    """A view's column as the tables name it: `0.5` (a ratio), `budget 0.5` (a memory budget),
+    `budget=128` (entries per head)."""
+    return {"ratio": f"{value:g}", "memory": f"budget {value:g}", "budget": f"budget={value:.0f}"}[axis]
+
+
+def setting_label(axis: str, value: float) -> str:
+    """How a config is set, as `boards.setting_labels` names it: `ratio 0.5`, `memory 0.5`, `budget=128`."""
+    return {"ratio": f"ratio {value:g}", "memory": f"memory {value:g}", "budget": f"budget={value:.0f}"}[axis]
+
+
+def view_columns(frame: pd.DataFrame, axis: str) -> pd.DataFrame:
+    return frame.rename(columns=lambda value: value_label(axis, value)).rename_axis(
+        index="press", columns=None
+    )
 
 
 def slug(text: str) -> str:
@@ -135,6 +214,17 @@ def file_stem(board: Leaderboard) -> str:
     """Plot file names: model and length, and the protocol when it is not the default one."""
     stem = f"{slug(board.model)}-{board.length}"
     return stem if board.protocol == DEFAULT_PROTOCOL else f"{stem}-{slug(board.protocol)}"
+
+
+INTERVALS = (
+    "The 95 % interval is Student's t over samples (Welch-Satterthwaite degrees of freedom across tasks; "
+    "none where a task holds fewer than 2 samples), or Wilson's score interval where every score of the "
+    "config is 0 or 100, clipped to 0-100 (see kvbench/reporting/stats.py)."
+)
+
+
+def views(board: Leaderboard) -> list[ScoreView]:
+    return [view for view in (board.ratio, board.budget, board.memory) if view is not None]
 
 
 def leaderboard_blocks(board: Leaderboard, out_dir: Path, styles: dict[str, Style]) -> list:
@@ -151,19 +241,28 @@ def leaderboard_blocks(board: Leaderboard, out_dir: Path, styles: dict[str, Styl
     else:
         blocks.append(Paragraph(f"No `{REFERENCE_PRESS}` rows: no no-compression reference, no deltas."))
     stem = file_stem(board)
-    if board.average.empty:
-        blocks.append(Paragraph("No compressed configs run with a ratio: nothing to rank by ratio."))
-    else:
+    if not board.presses:
+        blocks.append(Paragraph("No compressed configs: nothing to rank."))
+    if board.ratio is not None and not board.ratio.average.empty:
         blocks += ratio_leaderboard_blocks(board, out_dir / f"{stem}-scores.png", styles)
-    if board.has_bytes and board.memory_view is not None:
+    if board.budget is not None:
+        blocks += budget_blocks(board, out_dir / f"{stem}-budget.png", styles)
+    if board.has_bytes and not board.memory_points.empty:
         blocks += memory_blocks(board, out_dir / f"{stem}-memory.png", styles)
-    if not board.average.empty:
+    blocks += part_blocks(board)
+    if board.ratio is not None and not board.ratio.average.empty:
         blocks += detail_blocks(board, out_dir, stem)
-    blocks += kept_blocks(board)
+    if board.ratio is not None:
+        blocks += kept_blocks(board.ratio, board.has_bytes, "KV cache kept")
+    if board.budget is not None:
+        blocks += kept_blocks(board.budget, board.has_bytes, "KV cache kept at each budget")
+    blocks += samples_blocks(board)
     blocks += longbench_blocks(board)
-    missing = {(p, f"ratio {v:g}"): gaps for (p, v), gaps in board.missing.items()}
-    if board.memory_view is not None:
-        missing |= {(p, f"memory {v:g}"): gaps for (p, v), gaps in board.memory_view.missing.items()}
+    missing = {
+        (press, setting_label(view.axis, value)): gaps
+        for view in views(board)
+        for (press, value), gaps in view.missing.items()
+    }
     if missing:
         blocks += [
             Heading("Missing results", 3),
@@ -176,26 +275,38 @@ def leaderboard_blocks(board: Leaderboard, out_dir: Path, styles: dict[str, Styl
     return blocks + provenance_blocks(board.runs)
 
 
-def interval_cells(average: pd.DataFrame, stderr: pd.DataFrame, missing) -> pd.DataFrame:
-    """Each (press, budget) cell as "mean ± half-width", starred where some of its samples are missing."""
+def interval_cells(view: ScoreView) -> pd.DataFrame:
+    """Each (press, value) cell as "mean [low, high]", starred where some of its samples are missing."""
     return pd.DataFrame(
         {
-            budget: [
-                fmt_interval(average.at[press, budget], stderr.at[press, budget])
-                + ("*" if (press, budget) in missing and pd.notna(average.at[press, budget]) else "")
-                for press in average.index
+            value: [
+                fmt_interval(
+                    view.average.at[press, value], view.low.at[press, value], view.high.at[press, value]
+                )
+                + ("*" if (press, value) in view.missing and pd.notna(view.average.at[press, value]) else "")
+                for press in view.average.index
             ]
-            for budget in average.columns
+            for value in view.average.columns
         },
-        index=average.index,
+        index=view.average.index,
+        dtype=object,
     )
+
+
+def score_table(view: ScoreView, extra: pd.DataFrame | None = None) -> Table:
+    table = view_columns(with_counts(interval_cells(view), view.samples, extra), view.axis)
+    table["mean rank"] = view.mean_rank.map(lambda r: f"{r:.2f}")
+    return Table(table)
+
+
+def view_blocks(view: ScoreView, board: Leaderboard) -> list:
+    """The paired lead of each column's leader, and the paired differences to the `--versus` press."""
+    return [*lead_blocks(view), *versus_blocks(view, board.baseline)]
 
 
 def ratio_leaderboard_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> list:
     """The leaderboard by compression ratio and its plot."""
-    scores = interval_cells(board.average, board.stderr, board.missing)
-    scores = ratio_columns(with_counts(scores, board.samples))
-    scores["mean rank"] = board.mean_rank.map(lambda r: f"{r:.2f}")
+    view = board.ratio
     codecs = ""
     if board.codecs:
         codecs = (
@@ -206,133 +317,205 @@ def ratio_leaderboard_blocks(board: Leaderboard, plot: Path, styles: dict[str, S
     return [
         Heading("Leaderboard by compression ratio", 3),
         Paragraph(
-            "Average score (0-100) ± its 95 % confidence half-width, per press and compression ratio "
-            "(fraction of the KV entries removed). The average over tasks is the mean of the per-task means, "
-            "so every task weighs the same whatever its number of samples; the half-width is 1.96 x its "
-            "standard error over samples, tasks taken as independent (none with fewer than 2 samples in a "
-            "task). Two presses whose averages differ by less than this are not told apart by these samples. "
+            "Average score (0-100) [95 % interval], per press and compression ratio (fraction of the KV "
+            "entries removed). The average over tasks is the mean of the per-task means, so every task "
+            "weighs the same whatever its number of samples. "
+            + INTERVALS
+            + " Two presses whose intervals overlap may still differ: see the paired comparisons below. "
             "Presses are sorted by mean rank. "
-            + samples_sentence(board.samples)
-            + (" `*`: incomplete, see Missing results." if board.missing else "")
+            + samples_sentence(view.samples)
+            + (" `*`: incomplete, see Missing results." if view.missing else "")
             + codecs
         ),
-        Table(scores),
-        *lead_blocks(board.lead, "ratio"),
-        *versus_blocks(board.versus, "ratio", board.baseline, board.average.index),
+        score_table(view),
+        *view_blocks(view, board),
         Image(
-            plot_scores(board, styles, plot),
-            "Average score vs compression ratio; shaded: 95 % confidence interval",
+            save(scores_figure(board, styles), plot),
+            "Average score vs compression ratio; shaded: 95 % interval",
         ),
     ]
 
 
-def versus_blocks(versus: pd.DataFrame | None, key: str, baseline: str | None, order: pd.Index) -> list:
-    """With `report --versus`: each press minus the baseline, paired by sample, per ratio or budget, in the
-    leaderboard's order; bold where the difference is beyond its 95 % interval."""
+def budget_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> list:
+    """The leaderboard by absolute budget (entries per head) and its plot, KVP's paper's Figure 2 form."""
+    view = board.budget
+    if view.average.empty:
+        return []
+    return [
+        Heading("Leaderboard by budget (KV entries per head)", 3),
+        Paragraph(
+            "Average score (0-100) [95 % interval] per press and absolute budget: `budget=N` keeps N KV "
+            "entries per head in every layer, whatever the context's length (the ratio then differs from "
+            "sample to sample; see KV cache kept). Averaged as the leaderboard by ratio. "
+            + INTERVALS
+            + " "
+            + samples_sentence(view.samples)
+            + (" `*`: incomplete, see Missing results." if view.missing else "")
+        ),
+        score_table(view),
+        *view_blocks(view, board),
+        Image(save(budget_figure(board, styles), plot), "Average score vs budget; shaded: 95 % interval"),
+    ]
+
+
+def versus_blocks(view: ScoreView, baseline: str | None) -> list:
+    """With `report --versus`: each press minus the baseline, paired by sample, per column of the view, in
+    its order; strong where the interval excludes 0."""
+    versus = view.versus
     if versus is None or versus.empty:
         return []
-
-    def cell(difference: float, stderr: float) -> str:
-        text = ("+" if difference >= 0 else "") + fmt_interval(difference, stderr)
-        return f"**{text}**" if pd.notna(stderr) and abs(difference) - Z95 * stderr > 0 else text
-
-    cells = [cell(d, e) for d, e in zip(versus["difference"], versus["stderr"], strict=True)]
-    table = versus.assign(cell=cells).pivot(index="press", columns=key, values="cell").fillna("")
-    table = table.reindex([press for press in order if press in table.index])
-    table = table[sorted(table.columns, reverse=key == "budget")]  # as the leaderboard: most memory first
-    table.columns = [f"{column:g}" for column in table.columns]
+    cells = [
+        Cell(fmt_interval(d, low, high, signed=True), strong=excludes_zero(low, high))
+        for d, low, high in zip(versus["difference"], versus["low"], versus["high"], strict=True)
+    ]
+    axis = view.axis
+    table = versus.assign(cell=cells).pivot(index="press", columns=axis, values="cell")
+    pairs = versus.pivot(index="press", columns=axis, values="pairs")
+    table = table.reindex(index=[press for press in view.average.index if press in table.index])
+    table = table[[value for value in view.average.columns if value in table.columns]]
+    typical = typical_count(pairs)
+    table = table.apply(
+        lambda column: [
+            Cell(cell.text, f"n={pairs.at[press, column.name]:.0f}", cell.strong)
+            if isinstance(cell, Cell) and pairs.at[press, column.name] != typical
+            else cell
+            for press, cell in column.items()
+        ]
+    )
     return [
         Paragraph(
             f"Each press minus `{baseline}`, paired by sample (same task and sample), averaged as the "
-            "leaderboard averages ± 95 % half-width; bold: beyond the interval."
+            "leaderboard averages, [95 % t interval]; in bold where the interval excludes 0. "
+            + (f"Each cell holds {typical} pairs unless it says otherwise (n=...)." if typical else "")
         ),
-        Table(table),
+        Table(view_columns(table, axis)),
     ]
 
 
-def lead_blocks(lead: pd.DataFrame, key: str) -> list:
-    """The leader's paired lead over the runner-up at each ratio or budget, and whether it is beyond noise."""
+def lead_blocks(view: ScoreView) -> list:
+    """The leader's paired lead over the runner-up at each column, and whether it is beyond noise."""
+    lead = view.lead
     if lead.empty:
         return []
     table = pd.DataFrame(
         {
-            key: lead[key].map(lambda value: f"{value:g}"),
+            view.axis: [value_label(view.axis, value) for value in lead[view.axis]],
             "leader": lead["best"],
             "runner-up": lead["runner-up"],
             "lead (paired)": [
-                ("+" if value >= 0 else "") + fmt_interval(value, stderr)
-                for value, stderr in zip(lead["lead"], lead["stderr"], strict=True)
+                fmt_interval(value, low, high, signed=True)
+                for value, low, high in zip(lead["lead"], lead["low"], lead["high"], strict=True)
             ],
-            "beyond the 95 % interval": [
-                "" if pd.isna(stderr) else ("yes" if value - Z95 * stderr > 0 else "no")
-                for value, stderr in zip(lead["lead"], lead["stderr"], strict=True)
+            "interval excludes 0": [
+                "" if pd.isna(low) else ("yes" if excludes_zero(low, high) else "no")
+                for low, high in zip(lead["low"], lead["high"], strict=True)
             ],
-            "pairs": lead["pairs"],
+            "pairs": lead["pairs"].astype(str),
         }
     )
     return [
         Paragraph(
             "The leader's lead over the runner-up, paired: score differences on the samples both scored "
-            "(same task and sample), averaged as the leaderboard averages (mean of the per-task means) ± "
-            "95 % half-width. Pairing takes out what the two share (how hard each sample is), so it can "
+            "(same task and sample), averaged as the leaderboard averages (mean of the per-task means), "
+            "[95 % t interval]. Pairing takes out what the two share (how hard each sample is), so it can "
             "tell two presses apart where their intervals above overlap."
         ),
-        Table(table.set_index(key)),
+        Table(table.set_index(view.axis)),
     ]
 
 
 def memory_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> list:
     """The leaderboard by memory budget and the plot of every config at its measured memory fraction."""
-    view = board.memory_view
+    view = board.memory
     blocks = [Heading("Leaderboard by memory", 3)]
-    if not view.average.empty:
-        cells = interval_cells(view.average, view.stderr, view.missing)
+    if view is not None and not view.average.empty:
         stored = view.measured.map(lambda m: "" if pd.isna(m) else f"stores {fmt_fraction(m)}")
-        table = with_counts(cells, view.samples, stored).rename(columns=lambda budget: f"budget {budget:g}")
-        table = table.rename_axis(index="press", columns=None)
-        table["mean rank"] = view.mean_rank.map(lambda r: f"{r:.2f}")
         blocks += [
             Paragraph(
-                "Average score ± 95 % half-width per press and memory budget asked (columns: fraction of the "
+                "Average score [95 % interval] per press and memory budget asked (columns: fraction of the "
                 "uncompressed 16-bit cache's bytes; codecs run with a ratio sit at budget 1 - ratio). "
                 "`stores`: the memory fraction the press measured, mean over samples of kv_bytes / "
                 "kv_bytes_full; below the budget, the press stored less than it was allowed. "
+                + INTERVALS
+                + " "
                 + samples_sentence(view.samples)
                 + (" `*`: incomplete, see Missing results." if view.missing else "")
             ),
-            Table(table),
-            *lead_blocks(view.lead, "budget"),
-            *versus_blocks(view.versus, "budget", board.baseline, view.average.index),
+            score_table(view, stored),
+            *view_blocks(view, board),
         ]
     blocks += [
         Paragraph(
-            "Every compressed config at the memory fraction it measured (configs run with a ratio included), "
-            "evictors and codecs on one axis."
+            "Every compressed config at the memory fraction it measured (configs run with a ratio or a "
+            "budget included), evictors and codecs on one axis."
         ),
-        Image(plot_memory(board, styles, plot), "Average score vs memory fraction; shaded: 95 % interval"),
+        Image(
+            save(memory_figure(board, styles), plot),
+            "Average score vs memory fraction; shaded: 95 % interval",
+        ),
     ]
     return blocks
 
 
+def config_order(board: Leaderboard) -> list[tuple[str, str]]:
+    """Every config as (press, setting), the reference first, then each view's columns in their order and
+    the presses at each in leaderboard order."""
+    order = [(REFERENCE_PRESS, setting_label("ratio", 0.0))]
+    for view in views(board):
+        order += [
+            (press, setting_label(view.axis, value))
+            for value in view.average.columns
+            for press in view.average.index
+        ]
+    return order
+
+
+def part_blocks(board: Leaderboard) -> list:
+    """Under multi-question and multi-turn: each config's score at each question or turn."""
+    if board.parts is None:
+        return []
+    name = board.part_name
+    order = [config for config in config_order(board) if config in board.parts.index]
+    labels = pd.Index([f"{press} @ {setting}" for press, setting in order], name="config")
+    cells = board.parts.loc[order].map(fmt_score).set_axis(labels)
+    counts = board.part_counts.loc[order].set_axis(labels)
+    rename = {part: f"{name} {part + 1:.0f}" for part in board.parts.columns}
+    explained = {
+        "question": "every question of a context is answered from the same compressed cache, the previous "
+        "answer removed",
+        "turn": "each turn's question and answer stay in the cache, compressed back to its budget before the "
+        "next turn",
+    }[name]
+    return [
+        Heading(f"Score by {name}", 3),
+        Paragraph(
+            f"Mean score (mean of the per-task means) of each config at each {name} of a context, {name} 1 "
+            f"asked first: {explained}. " + samples_sentence(board.part_counts)
+        ),
+        Table(with_counts(cells, counts).rename(columns=rename)),
+    ]
+
+
 def detail_blocks(board: Leaderboard, out_dir: Path, stem: str) -> list:
     """Deltas, ranks and per-task tables of the configs run with a ratio."""
+    view = board.ratio
     blocks = []
     if board.delta is not None:
         blocks += [
             Heading("Delta to no compression", 3),
             Paragraph("Mean over tasks of (task mean - no-compression task mean), on the tasks both ran."),
-            Table(ratio_columns(board.delta.map(fmt_delta))),
+            Table(view_columns(board.delta.map(fmt_delta), "ratio")),
         ]
     blocks += [
         Heading("Rank at each ratio", 3),
-        Table(ratio_columns(board.rank.map(lambda r: "" if pd.isna(r) else f"{r:.0f}"))),
+        Table(view_columns(view.rank.map(lambda r: "" if pd.isna(r) else f"{r:.0f}"), "ratio")),
         Heading("Per-task scores", 3),
     ]
-    for ratio in board.average.columns:
+    for ratio in view.average.columns:
         table = breakdown(board, ratio)
         counts = breakdown(board, ratio, board.sample_counts)
         title = f"{board.title}\nratio {ratio:g}: mean score per task"
-        heatmap = plot_heatmap(table, title, out_dir / f"{stem}-tasks-{ratio:g}.png")
+        heatmap = save(heatmap_figure(table, title), out_dir / f"{stem}-tasks-{ratio:g}.png", dpi=100)
         blocks += [
             Paragraph(
                 f"Ratio {ratio:g}: mean score per task. Each cell averages the task's samples (see Samples "
@@ -344,31 +527,45 @@ def detail_blocks(board: Leaderboard, out_dir: Path, stem: str) -> list:
     return blocks
 
 
-def kept_blocks(board: Leaderboard) -> list:
-    if board.kept.empty:
+def kept_blocks(view: ScoreView, has_bytes: bool, heading: str) -> list:
+    """Each config's kept-entry fraction, memory fraction and bytes kept, the bytes in one unit."""
+    kept = view.kept
+    if kept.empty:
         return []
-    kept = board.kept.apply(
-        lambda row: (
-            f"{row['kept_fraction']:.1%}"
-            + (f", memory {fmt_fraction(row['memory'])}" if board.has_bytes else "")
-            + f" ({fmt_bytes(row['kept_bytes'])})"
+    power = byte_unit(kept["kept_bytes"])
+    cells = kept.apply(
+        lambda row: Cell(
+            f"{row['kept_fraction']:.1%}",
+            ", ".join(
+                part
+                for part in (
+                    f"memory {fmt_fraction(row['memory'])}" if has_bytes else "",
+                    fmt_bytes(row["kept_bytes"], power),
+                )
+                if part
+            ),
         ),
         axis=1,
-    ).unstack("ratio")
-    kept = kept.reindex([p for p in [REFERENCE_PRESS, *board.average.index] if p in kept.index])
+    ).unstack(view.axis)
+    presses = [REFERENCE_PRESS, *view.average.index]
+    cells = cells.reindex([press for press in presses if press in cells.index])
     return [
-        Heading("KV cache kept", 3),
+        Heading(heading, 3),
         Paragraph(
             "Mean over samples of kv_kept / kv_total (entries kept)"
-            + (", of kv_bytes / kv_bytes_full (memory fraction)" if board.has_bytes else "")
-            + ", and mean KV bytes kept per sample"
-            + (
-                " (kv_bytes, a 16-bit store, where rows record it; else the tensors in the compute dtype)."
-                if board.has_bytes
-                else " (the tensors in the compute dtype)."
-            )
+            + (", of kv_bytes / kv_bytes_full (memory fraction)" if has_bytes else "")
+            + f", and mean KV bytes kept per sample, in {BYTE_UNITS[power]}, as a 16-bit cache stores them "
+            "(kv_bytes; for rows written before kvbench recorded it, the entries at the compute dtype their "
+            "runs record, scaled to 16 bits)."
         ),
-        Table(ratio_columns(kept.fillna(""))),
+        Table(view_columns(cells, view.axis)),
+    ]
+
+
+def samples_blocks(board: Leaderboard) -> list:
+    if board.sample_counts.empty:
+        return []
+    return [
         Heading("Samples per task", 3),
         Table(
             pd.DataFrame(
@@ -386,9 +583,10 @@ def kept_blocks(board: Leaderboard) -> list:
 def config_rows(board: Leaderboard, table: pd.DataFrame) -> pd.DataFrame:
     """A (press, ratio)-indexed table of scores, formatted, reference first then by ratio in leaderboard
     order, one row per config named "press @ ratio" with `*` on incomplete configs."""
-    order = [(REFERENCE_PRESS, 0.0)] + [(p, r) for r in board.average.columns for p in board.average.index]
+    view = board.ratio
+    order = [(REFERENCE_PRESS, 0.0)] + [(p, r) for r in view.average.columns for p in view.average.index]
     table = table.reindex([config for config in order if config in table.index])
-    labels = [f"{p} @ {r:g}" + ("*" if (p, r) in board.missing else "") for p, r in table.index]
+    labels = [f"{p} @ {r:g}" + ("*" if (p, r) in view.missing else "") for p, r in table.index]
     return table.map(fmt_score).set_axis(pd.Index(labels, name="config"))
 
 

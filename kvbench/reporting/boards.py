@@ -1,5 +1,6 @@
-"""Leaderboards: one per (model, length, protocol), each with its ratio view and, where rows record bytes
-or memory budgets, its memory view; which configs were asked for and are missing.
+"""Leaderboards: one per (model, length, protocol), never averaged across them, each with its views (by
+compression ratio, by memory budget, by absolute budget), the score by question or turn under the
+protocols that ask several, and which configs were asked for and are missing.
 """
 
 from dataclasses import dataclass
@@ -12,23 +13,27 @@ from kvbench.reporting.stats import config_stats, paired_lead, paired_versus
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
 
 CODEC_GAP = 0.01  # a config whose memory fraction differs from its kept-entry fraction by more is a codec
+# The rows' column each view's configs are keyed by, and whether its columns go least compressed first by
+# ascending value (ratios) or by descending value (memory fractions, entries per head).
+AXES = {"ratio": True, "memory": False, "budget": False}
 
 
 @dataclass
-class MemoryView:
-    """Scores by memory: the configs run with a memory budget (or codecs run with a ratio), by budget."""
+class ScoreView:
+    """A leaderboard's configs along one axis: by compression ratio, by memory budget (fraction of the
+    16-bit cache's bytes) or by absolute budget (KV entries kept per head and layer)."""
 
-    average: pd.DataFrame  # press x budget asked: mean over tasks of the per-task means
-    stderr: pd.DataFrame  # press x budget: standard error of `average` (NaN below 2 samples in a task)
-    samples: pd.DataFrame  # press x budget: samples behind each cell
-    measured: pd.DataFrame  # press x budget: mean over samples of kv_bytes / kv_bytes_full
-    rank: pd.DataFrame  # press x budget: 1 = best average at that budget
-    mean_rank: pd.Series
-    lead: pd.DataFrame  # per budget: the leader's paired lead over the runner-up (`paired_lead`)
-    points: (
-        pd.DataFrame
-    )  # every compressed config of the leaderboard: press, memory (measured), average, stderr
-    missing: dict[tuple[str, float], list[str]]  # (press, budget) -> ["task have/expected", ...]
+    axis: str  # "ratio", "memory" or "budget": the rows' column the configs are keyed by
+    average: pd.DataFrame  # press x value: mean over tasks of the per-task means (the reference left out)
+    low: pd.DataFrame  # press x value: the 95 % interval of `average` (NaN where undefined; see stats)
+    high: pd.DataFrame
+    samples: pd.DataFrame  # press x value: samples behind each cell
+    measured: pd.DataFrame  # press x value: mean over samples of kv_bytes / kv_bytes_full
+    rank: pd.DataFrame  # press x value: 1 = best average at that value
+    mean_rank: pd.Series  # press: mean of its ranks over the values
+    lead: pd.DataFrame  # per value: the leader's paired lead over the runner-up (`paired_lead`)
+    kept: pd.DataFrame  # index (press, value), the reference included: kept_fraction, kept_bytes, memory
+    missing: dict[tuple[str, float], list[str]]  # (press, value) -> ["task have/expected", ...]
     versus: pd.DataFrame | None = None  # with `report --versus`: each press's paired difference to it
 
 
@@ -40,41 +45,49 @@ class Leaderboard:
     length: int
     protocol: str  # the protocol and its arguments, e.g. "decode-time (interval=16)"
     suite: str  # the suites the runs named, or the number of tasks
-    task_scores: pd.DataFrame  # index (press, ratio), columns task: mean score per task
+    task_scores: pd.DataFrame  # ratio view: index (press, ratio), columns task: mean score per task
     sample_counts: pd.DataFrame  # same shape: number of samples behind each mean (0 where missing)
     reference: pd.Series | None  # per-task mean score of press "none"; None when not run
-    average: pd.DataFrame  # press x ratio: mean over tasks of the per-task means
-    stderr: pd.DataFrame  # press x ratio: standard error of `average` over samples (NaN below 2 per task)
-    samples: pd.DataFrame  # press x ratio: samples behind each average
+    ratio: ScoreView | None  # configs run with a compression ratio (codecs left out); None without any
     delta: pd.DataFrame | None  # press x ratio: mean over tasks of (task mean - reference task mean)
-    rank: pd.DataFrame  # press x ratio: 1 = best average at that ratio
-    mean_rank: pd.Series  # press: mean of its ranks over ratios
-    lead: pd.DataFrame  # per ratio: the leader's paired lead over the runner-up (`paired_lead`)
-    kept: pd.DataFrame  # index (press, ratio), columns kept_fraction, kept_bytes, memory
+    memory: ScoreView | None  # configs run with a memory budget, and codecs run with a ratio
+    memory_points: pd.DataFrame  # every compressed config: press, memory (measured), average, low, high
+    budget: ScoreView | None  # configs run with an absolute budget (`--budget`)
+    parts: pd.DataFrame | None  # (press, setting) x question or turn: mean score; None for other protocols
+    part_counts: pd.DataFrame | None  # same shape: samples behind each mean
+    part_name: str  # "question" or "turn"
     context_tokens: pd.Series  # task: mean context length in tokens
-    missing: dict[tuple[str, float], list[str]]  # (press, ratio) -> ["task have/expected", ...]
     runs: list[Run]
     longbench: dict[str, pd.DataFrame]  # "longbench" / "longbench-e" -> (press, ratio) x category averages
     longbench_e_buckets: pd.DataFrame | None  # (press, ratio) x length bucket; None without LongBench-E meta
     codecs: list[str]  # presses run with a ratio that store fewer bytes than their kept entries
     has_bytes: bool  # rows record kv_bytes, or ran with a memory budget: the memory view is shown
-    memory_view: MemoryView | None  # None without configs in the memory view
-    versus: pd.DataFrame | None = None  # with `report --versus`: each press's paired difference to it
-    baseline: str | None = None  # the press `versus` compares to
+    baseline: str | None = None  # with `report --versus`: the press every view compares to
 
     @property
     def title(self) -> str:
         return f"{self.model}, {self.suite}, length {self.length}, {self.protocol}"
 
+    @property
+    def presses(self) -> list[str]:
+        """Every compressed press of its views."""
+        views = [view for view in (self.ratio, self.memory, self.budget) if view is not None]
+        return sorted({press for view in views for press in view.average.index})
+
 
 def requested_configs(runs: list[Run], view: str, codecs: set[str]) -> list[tuple[str, float]]:
-    """The configs the runs asked for that belong to one view: ("memory") those given a memory budget and
-    codec presses given a ratio (at budget 1 - ratio), ("ratio") the others, by ratio."""
+    """The configs the runs asked for that belong to one view: ("budget") those given an absolute budget,
+    ("memory") those given a memory budget and codec presses given a ratio (at budget 1 - ratio),
+    ("ratio") the others, by ratio."""
     configs = []
     for run in runs:
         for config in run.config.get("configs", []):
             press = config_label(config["press"], dict(config.get("press_args") or []))
-            memory = config.get("memory")
+            memory, budget = config.get("memory"), config.get("budget")
+            if budget is not None:
+                if view == "budget":
+                    configs.append((press, float(budget)))
+                continue
             if memory is None and press in codecs:
                 memory = 1 - float(config["ratio"])
             if view == "memory" and memory is not None:
@@ -140,58 +153,89 @@ def ranking(average: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, list[str]]:
 def codec_rows(rows: pd.DataFrame) -> pd.Series:
     """True on the rows of configs run with a ratio whose memory fraction differs from their kept-entry
     fraction (a codec stores its entries in fewer bytes): their ratio does not say what they removed."""
-    ratio_run = rows["memory"].isna()
+    ratio_run = rows["memory"].isna() & rows["budget"].isna()
     gap = (rows["memory_ratio"] - rows["kept_fraction"]).abs()
     config_gap = gap.groupby([rows["press"], rows["ratio"], ratio_run]).transform("mean")
     return ratio_run & (config_gap > CODEC_GAP)
 
 
-def build_memory_view(
-    memory_rows: pd.DataFrame,
-    ratio_stats: pd.DataFrame,
-    runs: list[Run],
-    codecs: set[str],
-    versus: str | None = None,
-) -> MemoryView | None:
-    """The memory leaderboard (configs by budget asked) and every compressed config at its measured memory."""
-    points = ratio_stats.drop(index=REFERENCE_PRESS, level="press", errors="ignore").reset_index()
-    if memory_rows.empty and points.empty:
+def compressed_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["press"] != REFERENCE_PRESS]
+
+
+def build_view(
+    rows: pd.DataFrame, axis: str, runs: list[Run], codecs: set[str], versus: str | None = None
+) -> ScoreView | None:
+    """The view of `rows` (the reference's included, when it belongs to the view) along `axis`; None
+    without rows."""
+    if rows.empty:
         return None
-    frames = [points[["press", "memory", "average", "stderr"]]]
-    empty = pd.DataFrame(columns=pd.Index([], dtype=float), index=pd.Index([], name="press"))
-    average = stderr = samples = measured = rank = empty
-    mean_rank, missing, lead = pd.Series(dtype=float), {}, paired_lead(memory_rows, empty, "budget")
-    compared = None
-    if not memory_rows.empty:
-        stats = config_stats(memory_rows.rename(columns={"memory": "budget"}), "budget")
-        frames.append(stats.reset_index()[["press", "memory", "average", "stderr"]])
-        columns = sorted(stats.index.get_level_values("budget").unique(), reverse=True)  # most memory first
-        average, stderr, samples, measured = (
-            stats[column].unstack("budget")[columns] for column in ("average", "stderr", "samples", "memory")
-        )
-        rank, mean_rank, order = ranking(average)
-        lead = paired_lead(memory_rows.rename(columns={"memory": "budget"}), average, "budget")
-        if versus:
-            compared = paired_versus(
-                memory_rows.rename(columns={"memory": "budget"}), average, "budget", versus
-            )
-        average, stderr, samples, measured = (
-            frame.loc[order] for frame in (average, stderr, samples, measured)
-        )
-        counts = memory_rows.groupby(["press", "memory", "task"]).size().unstack("task").fillna(0).astype(int)
-        missing = find_missing(counts, runs, requested_configs(runs, "memory", codecs))
-    return MemoryView(
-        average=average,
-        stderr=stderr,
-        samples=samples,
-        measured=measured,
+    stats = config_stats(rows, axis)
+    compressed = stats.drop(index=REFERENCE_PRESS, level="press", errors="ignore")
+    columns = sorted(compressed.index.get_level_values(axis).unique(), reverse=not AXES[axis])
+    frames = {
+        name: compressed[name].unstack(axis).reindex(columns=columns)
+        if len(compressed)
+        else pd.DataFrame(columns=pd.Index([], dtype=float), index=pd.Index([], name="press"))
+        for name in ("average", "low", "high", "samples", "memory")
+    }
+    rank, mean_rank, order = ranking(frames["average"])
+    frames = {name: frame.loc[order] for name, frame in frames.items()}
+    counts = rows.groupby(["press", axis, "task"]).size().unstack("task").fillna(0).astype(int)
+    scored = compressed_rows(rows)
+    return ScoreView(
+        axis=axis,
+        average=frames["average"],
+        low=frames["low"],
+        high=frames["high"],
+        samples=frames["samples"],
+        measured=frames["memory"],
         rank=rank,
         mean_rank=mean_rank,
-        lead=lead,
-        points=pd.concat([frame for frame in frames if not frame.empty], ignore_index=True),
-        missing=missing,
-        versus=compared,
+        lead=paired_lead(scored, frames["average"], axis),
+        kept=stats[["kept_fraction", "kept_bytes", "memory"]],
+        missing=find_missing(counts, runs, requested_configs(runs, axis, codecs)),
+        versus=paired_versus(scored, frames["average"], axis, versus) if versus else None,
     )
+
+
+def memory_points(views: list[ScoreView | None]) -> pd.DataFrame:
+    """Every compressed config of the views at the memory fraction it measured, for the plot that puts
+    evictors and codecs on one axis."""
+    frames = []
+    for view in views:
+        if view is None or view.average.empty:
+            continue
+        stacked = {name: getattr(view, name).stack(future_stack=True) for name in ("average", "low", "high")}
+        frame = pd.DataFrame(stacked | {"memory": view.measured.stack(future_stack=True)})
+        frames.append(frame.dropna(subset=["average"]).droplevel(1).reset_index())
+    columns = ["press", "average", "low", "high", "memory"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def setting_labels(rows: pd.DataFrame) -> list[str]:
+    """How a row's config is set, as the tables name it: `ratio 0.5`, `memory 0.5`, `budget=128`."""
+    return [
+        f"budget={budget:.0f}"
+        if pd.notna(budget)
+        else f"memory {memory:g}"
+        if pd.notna(memory)
+        else f"ratio {ratio:g}"
+        for ratio, memory, budget in zip(rows["ratio"], rows["memory"], rows["budget"], strict=True)
+    ]
+
+
+def part_tables(rows: pd.DataFrame) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """Under the protocols that ask one context several questions: each config's mean score (mean of the
+    per-task means) at each question or turn (0-based, as rows record it), and the samples behind each."""
+    parted = rows[rows["part"].notna()]
+    if parted.empty:
+        return None, None
+    keys = ["press", "setting", "part"]
+    cells = parted.groupby([*keys, "task"])["score"].mean()
+    scores = cells.groupby(level=keys).mean().unstack("part")
+    counts = parted.groupby(keys).size().unstack("part").fillna(0).astype(int)
+    return scores, counts
 
 
 def suite_of(rows: pd.DataFrame, runs: list[Run]) -> str:
@@ -200,59 +244,56 @@ def suite_of(rows: pd.DataFrame, runs: list[Run]) -> str:
     return ", ".join(suites) if suites else f"{tasks} task{'s' if tasks > 1 else ''}"
 
 
-def compressed_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows[rows["press"] != REFERENCE_PRESS]
-
-
 def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = None) -> Leaderboard:
-    """Leaderboard of the rows of one (model, length, protocol), which carry the columns
+    """Leaderboard of the scored rows of one (model, length, protocol), which carry the columns
     `with_report_columns` adds."""
+    rows = rows.assign(setting=setting_labels(rows))
+    budget_rows = rows[rows["budget"].notna()]
     codec = codec_rows(rows)
     codecs = set(rows.loc[codec, "press"])
     memory_rows = pd.concat(
         [rows[rows["memory"].notna()], rows[codec].assign(memory=1 - rows.loc[codec, "ratio"])]
     )
-    rows = rows[rows["memory"].isna() & ~codec]  # the ratio view
+    ratio_rows = rows[rows["memory"].isna() & rows["budget"].isna() & ~codec]
 
-    cells = rows.groupby(["press", "ratio", "task"])["score"].agg(["mean", "count"])
+    cells = ratio_rows.groupby(["press", "ratio", "task"])["score"].agg(["mean", "count"])
     task_scores = cells["mean"].unstack("task")
     counts = cells["count"].unstack("task").fillna(0).astype(int)
     reference_key = (REFERENCE_PRESS, 0.0)
     reference = task_scores.loc[reference_key] if reference_key in task_scores.index else None
 
-    stats = config_stats(rows, "ratio")
-    compressed = stats.drop(index=REFERENCE_PRESS, level="press", errors="ignore")
-    average = compressed["average"].unstack("ratio")
-    rank, mean_rank, order = ranking(average)
+    ratio = build_view(ratio_rows, "ratio", runs, codecs, versus)
+    memory = build_view(memory_rows, "memory", runs, codecs, versus)
+    budget = build_view(budget_rows, "budget", runs, codecs, versus)
     delta = None
-    if reference is not None:
+    if reference is not None and ratio is not None and not ratio.average.empty:
         others = task_scores.drop(index=REFERENCE_PRESS, level="press", errors="ignore")
-        delta = others.sub(reference, axis=1).mean(axis=1).unstack("ratio").loc[order]
+        delta = others.sub(reference, axis=1).mean(axis=1).unstack("ratio").loc[ratio.average.index]
+    parts, part_counts = part_tables(rows)
+    metas = rows["meta"] if "meta" in rows else []
+    turns = any(isinstance(meta, dict) and "turn" in meta for meta in metas)
     return Leaderboard(
-        model=rows["model"].iloc[0] if len(rows) else memory_rows["model"].iloc[0],
-        length=(rows if len(rows) else memory_rows)["length"].iloc[0],
-        protocol=(rows if len(rows) else memory_rows)["protocol_label"].iloc[0],
-        suite=suite_of(pd.concat([rows, memory_rows]), runs),
+        model=rows["model"].iloc[0],
+        length=rows["length"].iloc[0],
+        protocol=rows["protocol_label"].iloc[0],
+        suite=suite_of(rows, runs),
         task_scores=task_scores,
         sample_counts=counts,
         reference=reference,
-        average=average.loc[order],
-        stderr=compressed["stderr"].unstack("ratio").loc[order],
-        samples=compressed["samples"].unstack("ratio").loc[order],
+        ratio=ratio,
         delta=delta,
-        rank=rank,
-        mean_rank=mean_rank,
-        lead=paired_lead(compressed_rows(rows), average, "ratio"),
-        kept=stats[["kept_fraction", "kept_bytes", "memory"]],
-        context_tokens=pd.concat([rows, memory_rows]).groupby("task")["context_tokens"].mean(),
-        missing=find_missing(counts, runs, requested_configs(runs, "ratio", codecs)),
+        memory=memory,
+        memory_points=memory_points([ratio, memory, budget]),
+        budget=budget,
+        parts=parts,
+        part_counts=part_counts,
+        part_name="turn" if turns else "question",
+        context_tokens=rows.groupby("task")["context_tokens"].mean(),
         runs=runs,
         longbench=longbench_tables(task_scores),
-        longbench_e_buckets=bucket_means(rows),
+        longbench_e_buckets=bucket_means(ratio_rows),
         codecs=sorted(codecs),
-        has_bytes=bool(len(memory_rows)) or bool(pd.concat([rows, memory_rows])["kv_bytes"].notna().any()),
-        memory_view=build_memory_view(memory_rows, stats, runs, codecs, versus),
-        versus=paired_versus(compressed_rows(rows), average, "ratio", versus) if versus else None,
+        has_bytes=bool(len(memory_rows)) or bool(rows["kv_bytes"].notna().any()),
         baseline=versus,
     )
 
@@ -271,10 +312,22 @@ def runs_for(rows: pd.DataFrame, runs: list[Run]) -> list[Run]:
     ]
 
 
+def unscored_note(rows: pd.DataFrame) -> str | None:
+    """What the leaderboards leave out: rows that record no score (perplexity rows), by protocol."""
+    unscored = rows[pd.to_numeric(rows["score"], errors="coerce").isna()]
+    if unscored.empty:
+        return None
+    protocols = with_report_columns(unscored, [])["protocol_label"].value_counts().sort_index()
+    counted = ", ".join(f"{count} under {protocol}" for protocol, count in protocols.items())
+    return f"Rows without a score ({counted}, e.g. perplexity rows) are on no score leaderboard."
+
+
 def build_leaderboards(rows: pd.DataFrame, runs: list[Run], versus: str | None = None) -> list[Leaderboard]:
-    """One leaderboard per (model, length, protocol): scores are never averaged across them. `versus`: a
-    press (as the leaderboard names it) every other press is compared to, paired by sample."""
-    rows = with_report_columns(rows)
+    """One leaderboard per (model, length, protocol) of the rows that hold a score: scores are never
+    averaged across them. `versus`: a press (as the leaderboard names it) every other press is compared
+    to, paired by sample."""
+    rows = with_report_columns(rows, runs)
+    rows = rows[rows["score"].notna()].copy()
     rows["protocol_order"] = [
         RECORDED_PROTOCOLS.index(p) if p in RECORDED_PROTOCOLS else len(RECORDED_PROTOCOLS)
         for p in rows["protocol"]

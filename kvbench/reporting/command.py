@@ -6,6 +6,8 @@ from pathlib import Path
 import click
 
 from kvbench.errors import NoResults
+from kvbench.reporting.browser import SCREENSHOT_SIZE, require_browser
+from kvbench.reporting.browser import screenshot as take_screenshot
 from kvbench.reporting.read import split_press_labels
 from kvbench.reporting.render import render_report
 
@@ -42,6 +44,12 @@ from kvbench.reporting.render import render_report
     "PRESS@STATE (the state digest its rows record), e.g. to compare agents before and after a retrain with "
     "--versus kvp@58260c05679a. Default: only each press's latest state, the others set aside.",
 )
+@click.option(
+    "--screenshot",
+    is_flag=True,
+    help="Also write screenshot.png: the top of index.html as headless Chromium shows it at "
+    f"{SCREENSHOT_SIZE[0]} x {SCREENSHOT_SIZE[1]} px (needs chromium on PATH).",
+)
 def report(
     result_dirs: tuple[Path, ...],
     out: Path,
@@ -49,8 +57,11 @@ def report(
     versus: str | None,
     presses: str | None,
     every_state: bool,
+    screenshot: bool,
 ):
     """Leaderboards, per-task tables and plots from one or more results folders."""
+    if screenshot:
+        require_browser()  # before any work
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -63,3 +74,7 @@ def report(
     if isinstance(out_dir, NoResults):
         raise click.UsageError(str(out_dir)) from out_dir
     click.echo(f"Report written to {out_dir / 'README.md'} and {out_dir / 'index.html'}")
+    if screenshot:
+        click.echo(
+            f"Screenshot written to {take_screenshot(out_dir / 'index.html', out_dir / 'screenshot.png')}"
+        )

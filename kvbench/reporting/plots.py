@@ -1,43 +1,88 @@
-"""The report's plots: score against ratio and against memory, per press in a fixed style, and
-heatmaps of per-task scores.
+"""The report's plots: score against ratio, against memory and against absolute budget, each press in the
+look it has in every report, and heatmaps of per-task scores. Titles are wrapped to their figure's width.
 """
 
+import hashlib
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.boards import Leaderboard
+from kvbench.reporting.boards import Leaderboard, ScoreView
 from kvbench.reporting.read import REFERENCE_PRESS
-from kvbench.reporting.stats import Z95
-
-# ---- plots ---------------------------------------------------------------------------------------------
 
 # Okabe and Ito's colours (without black and the pale yellow), told apart under the common colour-vision
-# deficiencies, then Paul Tol's wine, olive and indigo; a marker per press on top. The no-compression
-# reference is black and dashed: no press looks like it.
-PALETTE = (
-    *("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"),
-    *("#882255", "#999933", "#332288"),
-)
+# deficiencies, then Paul Tol's; a marker per press on top. The no-compression reference is black and
+# dashed: no press looks like it.
+BLUE, ORANGE, GREEN, PINK, SKY, VERMILLION = "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"
+WINE, OLIVE, INDIGO, TEAL, GREY, BROWN = "#882255", "#999933", "#332288", "#44AA99", "#888888", "#661100"
+PALETTE = (BLUE, ORANGE, GREEN, PINK, SKY, VERMILLION, WINE, OLIVE, INDIGO, TEAL, GREY, BROWN)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
+# One look per press in every report, so that kvp is blue circles wherever a reader meets it. The presses
+# the committed reports hold each get their own (colour, marker); presses that reports show together
+# (the reference set; kvpress's other presses beside kvp, streaming_llm and knorm; the codecs of the
+# memory study) differ in colour.
+PRESS_LOOKS = {
+    "kvp": (BLUE, "o"),
+    "streaming_llm": (ORANGE, "s"),
+    "tova": (GREEN, "^"),
+    "distillcache": (PINK, "D"),
+    "h2o": (SKY, "v"),
+    "snapkv": (VERMILLION, "P"),
+    "knorm": (WINE, "X"),
+    "expected_attention": (OLIVE, "*"),
+    "random": (GREY, "h"),
+    "memdecay": (INDIGO, "<"),
+    "qevict": (TEAL, ">"),
+    "quant": (BROWN, "p"),
+    "compactor": (GREEN, "D"),
+    "leverage": (PINK, "^"),
+    "cap": (SKY, "s"),
+    "kvzip": (VERMILLION, "o"),
+    "lagkv": (OLIVE, "v"),
+    "non_causal_attention": (GREY, "P"),
+    "keydiff": (INDIGO, "X"),
+    "pyramidkv": (TEAL, "*"),
+    "cur": (BROWN, "h"),
+    "andpro": (OLIVE, "s"),
+    "lowrank": (INDIGO, "o"),
+    "varrate": (SKY, "D"),
+}
 
 
 @dataclass(frozen=True)
 class Style:
-    """How one press is drawn, the same in every plot of a report."""
+    """How one press is drawn, the same in every plot of every report."""
 
     color: str
     marker: str
     linestyle: str
 
 
+def press_style(press: str) -> Style:
+    """A press's look: its own from PRESS_LOOKS; any other press, and any variant of one (a label with
+    arguments, `kvp(agents=...)`, or an older learned state, `kvp@58260c05679a`), a colour and a marker
+    from a stable hash of its label, dashed for a variant. Two such presses may share a colour (12 x 12
+    looks), never a press of PRESS_LOOKS its exact look."""
+    if press in PRESS_LOOKS:
+        return Style(*PRESS_LOOKS[press], "-")
+    digest = int.from_bytes(hashlib.sha1(press.encode()).digest()[:8], "big")
+    taken = set(PRESS_LOOKS.values())
+    looks = [(color, marker) for color in PALETTE for marker in MARKERS if (color, marker) not in taken]
+    variant = "(" in press or "@" in press
+    return Style(*looks[digest % len(looks)], "--" if variant else "-")
+
+
 def press_styles(presses: list[str]) -> dict[str, Style]:
-    """A colour and a marker per press; past the palette, colours repeat with another marker and dashes."""
-    return {
-        press: Style(PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)], "-" if i < len(PALETTE) else "--")
-        for i, press in enumerate(presses)
-    }
+    return {press: press_style(press) for press in presses}
+
+
+def wrapped_title(text: str, width_inches: float, points: float = 10) -> str:
+    """`text` broken into lines that fit `width_inches` at `points` (a character is about 0.6 em wide in
+    the default sans-serif), each of its own lines kept apart."""
+    characters = max(20, int(width_inches * 72 / (0.6 * points)))
+    return "\n".join(textwrap.fill(line, characters) for line in text.split("\n"))
 
 
 def new_figure(width: float, height: float):
@@ -57,15 +102,16 @@ def plain_ticks(axis) -> None:
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
 
 
-def draw_press(ax, x: pd.Series, score: pd.Series, half_width: pd.Series, label: str, style: Style) -> None:
+def draw_press(ax, x: pd.Series, score: pd.Series, low: pd.Series, high: pd.Series, label: str, style: Style):
     """One press: its line and markers, and its 95 % interval as a band (a bar for a lone point)."""
     ax.plot(
         x, score, color=style.color, marker=style.marker, linestyle=style.linestyle, label=label, markersize=6
     )
     if len(x) > 1:
-        ax.fill_between(x, score - half_width, score + half_width, color=style.color, alpha=0.15, linewidth=0)
+        ax.fill_between(x, low, high, color=style.color, alpha=0.15, linewidth=0)
     else:
-        ax.errorbar(x, score, yerr=half_width, color=style.color, capsize=3, linestyle="none")
+        error = [(score - low).fillna(0).tolist(), (high - score).fillna(0).tolist()]
+        ax.errorbar(x, score, yerr=error, color=style.color, capsize=3, linestyle="none")
 
 
 def finish_score_axes(ax, board: Leaderboard, title: str) -> None:
@@ -75,57 +121,76 @@ def finish_score_axes(ax, board: Leaderboard, title: str) -> None:
     ax.set_ylim(-3, 103)  # the full score range, so plots of different sweeps compare at a glance
     plain_ticks(ax.yaxis)
     ax.set_ylabel("average score (mean of task means)")
-    ax.set_title(f"{board.title}\n{title}; shaded: 95 % interval", fontsize="medium")
+    width = ax.figure.get_figwidth()
+    ax.figure.suptitle(wrapped_title(f"{board.title}\n{title}; shaded: 95 % interval", width), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
-def plot_scores(board: Leaderboard, styles: dict[str, Style], path: Path) -> Path:
+def view_lines(ax, view: ScoreView, styles: dict[str, Style]) -> None:
+    """One line per press of a view, in its order, over the view's values."""
+    for press in view.average.index:
+        score = view.average.loc[press].dropna()
+        low, high = (frame.loc[press, score.index] for frame in (view.low, view.high))
+        draw_press(ax, pd.Series(score.index, index=score.index), score, low, high, press, styles[press])
+
+
+def scores_figure(board: Leaderboard, styles: dict[str, Style]):
     """Average score vs compression ratio, one line per press with its 95 % band, dashed line at no
     compression."""
     figure = new_figure(8, 4.8)
     ax = figure.subplots()
-    for press in board.average.index:
-        score = board.average.loc[press].dropna()
-        half_width = Z95 * board.stderr.loc[press, score.index]
-        draw_press(ax, score.index, score, half_width, press, styles[press])
-    ax.set_xticks(list(board.average.columns))
+    view_lines(ax, board.ratio, styles)
+    ax.set_xticks(list(board.ratio.average.columns))
     plain_ticks(ax.xaxis)
     ax.set_xlabel("compression ratio (fraction of KV entries removed)")
     finish_score_axes(ax, board, "average score vs compression ratio")
-    figure.savefig(path, dpi=110)
-    return path
+    return figure
 
 
-def plot_memory(board: Leaderboard, styles: dict[str, Style], path: Path) -> Path:
+def budget_figure(board: Leaderboard, styles: dict[str, Style]):
+    """Average score vs absolute budget (KV entries kept per head and layer) on a log2 axis, as KVP's paper
+    draws accuracy against KV cache size (its Figure 2)."""
+    figure = new_figure(8, 4.8)
+    ax = figure.subplots()
+    view_lines(ax, board.budget, styles)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(board.budget.average.columns))
+    plain_ticks(ax.xaxis)
+    ax.minorticks_off()
+    ax.set_xlabel("budget (KV entries kept per head and layer, log scale)")
+    finish_score_axes(ax, board, "average score vs absolute budget")
+    return figure
+
+
+def memory_figure(board: Leaderboard, styles: dict[str, Style]):
     """Average score vs measured memory fraction: evictors and codecs on one axis."""
     figure = new_figure(8, 4.8)
     ax = figure.subplots()
-    points = board.memory_view.points
+    points = board.memory_points
     best_first = points.groupby("press")["average"].max().sort_values(ascending=False).index
     for press in best_first:
         mine = points[points["press"] == press].sort_values("memory")
-        draw_press(ax, mine["memory"], mine["average"], Z95 * mine["stderr"], press, styles[press])
+        draw_press(ax, mine["memory"], mine["average"], mine["low"], mine["high"], press, styles[press])
     ax.set_xlim(0, 1.05)
     plain_ticks(ax.xaxis)
     ax.set_xlabel("memory fraction (KV bytes stored / uncompressed 16-bit cache)")
     finish_score_axes(ax, board, "average score vs memory")
-    figure.savefig(path, dpi=110)
-    return path
+    return figure
 
 
 def breakdown(board: Leaderboard, ratio: float, table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Task x press values of `table` (default the mean scores) at one ratio, the no-compression reference
     first when there is one."""
     table = board.task_scores if table is None else table
-    presses_at_ratio = board.average.index[board.average[ratio].notna()]
-    at_ratio = table.xs(ratio, level="ratio").loc[presses_at_ratio]
+    average = board.ratio.average
+    at_ratio = table.xs(ratio, level="ratio").loc[average.index[average[ratio].notna()]]
     if board.reference is not None:
         at_ratio = pd.concat([table.loc[[(REFERENCE_PRESS, 0.0)]].droplevel("ratio"), at_ratio])
     return at_ratio.T.rename_axis(index="task", columns="press")
 
 
-def plot_heatmap(table: pd.DataFrame, title: str, path: Path) -> Path:
+def heatmap_figure(table: pd.DataFrame, title: str):
     import seaborn as sns
 
     figure = new_figure(2.8 + 0.95 * table.shape[1], 2.0 + 0.42 * table.shape[0])
@@ -145,6 +210,12 @@ def plot_heatmap(table: pd.DataFrame, title: str, path: Path) -> Path:
     for label in ax.get_xticklabels():
         label.set_horizontalalignment("right")
         label.set_rotation_mode("anchor")
-    ax.set_title(title, fontsize="medium")
-    figure.savefig(path, dpi=100)
+    # Over the whole figure (the colour bar's width included), wrapped to it: a title over the heatmap's
+    # axes alone ran past a narrow figure's edges and was cut.
+    figure.suptitle(wrapped_title(title, figure.get_figwidth()), fontsize=10)
+    return figure
+
+
+def save(figure, path: Path, dpi: int = 110) -> Path:
+    figure.savefig(path, dpi=dpi)
     return path

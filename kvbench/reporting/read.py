@@ -82,21 +82,67 @@ def read_runs(rows_file: Path) -> list[Run]:
     ]
 
 
-def with_report_columns(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows with the fields older rows lack filled in, and the fractions the report reads:
-    protocol_label, memory (the budget asked, NaN for a ratio run), kept_fraction, memory_ratio (kv_bytes
-    / kv_bytes_full, or kv_kept / kv_total without bytes) and kept_bytes (kv_bytes, else the legacy
-    kv_bytes_kept)."""
+# Bytes of one element in each compute dtype a run may record: rows written before `kv_bytes` counted the
+# cache in the compute dtype (`kv_bytes_kept`), which the report converts to the 16-bit store of `kv_bytes`.
+DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+PART_KEYS = ("question", "turn")  # meta keys of the protocols that ask one context several questions
+
+
+def compute_dtypes(runs: list[Run]) -> dict[tuple[str, str], str]:
+    """(results folder, model) -> the compute dtype its runs record, where they all record the same one."""
+    dtypes: dict[tuple[str, str], set] = {}
+    for run in runs:
+        key = (run.results_dir, run.config.get("model"))
+        dtypes.setdefault(key, set()).add(run.config.get("dtype"))
+    return {key: found.pop() for key, found in dtypes.items() if len(found) == 1 and None not in found}
+
+
+def sixteen_bit_bytes(rows: pd.DataFrame, runs: list[Run]) -> pd.Series:
+    """KV bytes kept per row, as a 16-bit store holds them: `kv_bytes` where the row records it; for older
+    rows, their `kv_bytes_kept` (the tensors in the compute dtype the row's runs record) scaled to 16 bits;
+    NaN where neither is known. Without this, a table would put a float32 row at twice the bytes of a newer
+    row that kept as many entries (the reference report did: 29.1 vs 14.5 MiB at 75 % kept)."""
+    dtypes = compute_dtypes(runs)
+    element = [
+        DTYPE_BYTES.get(dtypes.get((source, model)), float("nan"))
+        for source, model in zip(rows["source"], rows["model"], strict=True)
+    ]
+    legacy = rows["kv_bytes_kept"] * 2 / pd.Series(element, index=rows.index, dtype=float)
+    return rows["kv_bytes"].fillna(legacy)
+
+
+def context_units(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per row: the independent unit its score belongs to, and its question or turn (NaN for others). The
+    questions or turns of one context share that context's cache, so they are one unit (the context,
+    `sample_id` "<context id>/<j>"); every other row is its own unit (its sample)."""
+    metas = rows["meta"] if "meta" in rows else pd.Series([None] * len(rows), index=rows.index)
+    parts = [
+        next((meta[key] for key in PART_KEYS if isinstance(meta, dict) and key in meta), None)
+        for meta in metas
+    ]
+    units = [
+        str(sample).rsplit("/", 1)[0] if part is not None else str(sample)
+        for sample, part in zip(rows["sample_id"], parts, strict=True)
+    ]
+    return pd.Series(units, index=rows.index), pd.to_numeric(pd.Series(parts, index=rows.index))
+
+
+def with_report_columns(rows: pd.DataFrame, runs: list[Run]) -> pd.DataFrame:
+    """The rows with the fields older rows lack filled in, and the columns the report reads: protocol_label,
+    memory (the memory budget asked, NaN otherwise), budget (the entries per head asked, NaN otherwise),
+    kept_fraction, memory_ratio (kv_bytes / kv_bytes_full, or kv_kept / kv_total without bytes),
+    kept_bytes (`sixteen_bit_bytes`), unit and part (`context_units`)."""
     rows = rows.copy()
     missing = pd.Series([None] * len(rows), index=rows.index, dtype=object)
     protocol, args = rows.get("protocol", missing), rows.get("protocol_args", missing)
     rows["protocol"] = [p if isinstance(p, str) and p else DEFAULT_PROTOCOL for p in protocol]
     rows["protocol_label"] = [protocol_label(p, a) for p, a in zip(protocol, args, strict=True)]
-    for column in ("memory", "kv_bytes", "kv_bytes_full", "kv_bytes_kept"):
+    for column in ("memory", "budget", "kv_bytes", "kv_bytes_full", "kv_bytes_kept"):
         rows[column] = pd.to_numeric(rows.get(column, missing), errors="coerce")
     rows["kept_fraction"] = rows["kv_kept"] / rows["kv_total"]
     rows["memory_ratio"] = (rows["kv_bytes"] / rows["kv_bytes_full"]).fillna(rows["kept_fraction"])
-    rows["kept_bytes"] = rows["kv_bytes"].fillna(rows["kv_bytes_kept"])
+    rows["kept_bytes"] = sixteen_bit_bytes(rows, runs)
+    rows["unit"], rows["part"] = context_units(rows)
     return rows
 
 

@@ -1,89 +1,149 @@
-"""Statistics of a leaderboard: each config's mean and interval, and differences paired by sample
-(every press minus the runner-up, or minus a chosen press).
+"""Statistics of a leaderboard: each config's mean and 95 % interval, and differences paired by sample (every
+press minus the runner-up, or minus a chosen press).
+
+The choices, each made for small samples (a sweep of 2 samples a task is common):
+
+- A config's average is the mean over tasks of its per-task means, so every task weighs the same whatever
+  its samples. Its interval is Student's t with Welch-Satterthwaite degrees of freedom: the tasks are
+  independent strata, each of variance var_t / n_t, and the degrees of freedom follow from how the
+  variance splits among them (n - 1 for a single task). At n = 2 the t quantile is 12.7, not 1.96: a
+  normal approximation there claims ten times the confidence the samples hold. Undefined (no interval)
+  where a task holds fewer than 2 samples.
+- Where every score of a config is 0 or 100 (a pass/fail task), Wilson's score interval of the pass rate
+  instead, on the Kish effective sample size tasks^2 / sum(1 / n_t) (the pooled count when every task
+  holds as many samples): t is zero-width at 0 % or 100 % however few the samples, Wilson is not, and it
+  holds at 1 sample a task.
+- A paired difference (two presses on the same samples) is a t interval as above, on the per-sample
+  differences.
+- Every interval is clipped to the range its value can take: [0, 100] for a score, [-100, 100] for a
+  difference.
+- The independent units are the samples, except under the protocols that ask one context several questions
+  (multi-question, multi-turn): those questions share one compressed cache, so their scores are averaged
+  per context first and the contexts are the units (`read.context_units`). Pairs are still counted by
+  question.
 """
+
+import math
 
 import pandas as pd
 
-Z95 = 1.96  # 95 % confidence half-width = Z95 x standard error
+CONFIDENCE = 0.95
+SCORE_RANGE = (0.0, 100.0)
+PASS_FAIL_SCORES = (0.0, 100.0)
+DIFFERENCE_RANGE = (-100.0, 100.0)
+
+
+def clipped(low: float, high: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    return max(low, bounds[0]), min(high, bounds[1])
+
+
+def t_interval(per_task: pd.DataFrame, bounds: tuple[float, float]) -> tuple[float, float]:
+    """The 95 % t interval of the mean of per-task means; `per_task` has columns mean, count and var (over
+    units). NaN, NaN below 2 units in a task."""
+    from scipy.stats import t
+
+    if per_task.empty or (per_task["count"] < 2).any():
+        return float("nan"), float("nan")
+    estimate = per_task["mean"].mean()
+    variances = per_task["var"] / per_task["count"]
+    total = variances.sum()
+    if total == 0:  # every unit alike in every task: nothing to widen
+        return clipped(estimate, estimate, bounds)
+    freedom = total**2 / (variances**2 / (per_task["count"] - 1)).sum()
+    half_width = t.ppf((1 + CONFIDENCE) / 2, freedom) * math.sqrt(total) / len(per_task)
+    return clipped(estimate - half_width, estimate + half_width, bounds)
+
+
+def wilson_interval(average: float, counts: pd.Series) -> tuple[float, float]:
+    """The 95 % Wilson interval of a pass rate `average` (0-100), the mean of per-task rates over tasks of
+    `counts` samples each, on the Kish effective sample size."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    effective = len(counts) ** 2 / (1 / counts).sum()
+    low, high = proportion_confint(average / 100 * effective, effective, 1 - CONFIDENCE, method="wilson")
+    return clipped(100 * low, 100 * high, SCORE_RANGE)
+
+
+def score_interval(scores: pd.DataFrame) -> tuple[float, float, float, int]:
+    """Average, 95 % interval and units of one config's rows (columns task, unit, score)."""
+    by_unit = scores.groupby(["task", "unit"])["score"].agg(["mean", "size"])
+    per_task = by_unit["mean"].groupby(level="task").agg(["mean", "count", "var"])
+    average = per_task["mean"].mean()
+    pass_fail = scores["score"].isin(PASS_FAIL_SCORES).all() and (by_unit["size"] == 1).all()
+    if pass_fail:
+        low, high = wilson_interval(average, per_task["count"])
+    else:
+        low, high = t_interval(per_task, SCORE_RANGE)
+    return average, low, high, int(per_task["count"].sum())
 
 
 def config_stats(rows: pd.DataFrame, key: str) -> pd.DataFrame:
-    """Per (press, `key`) config: the average (mean over tasks of the per-task means, so every task weighs the
-    same whatever its samples), its standard error (a mean of independent task means has variance
-    sum(var_t / n_t) / tasks^2; NaN unless every task holds 2+ samples), its samples, and the means over its
-    samples of the memory fraction, the kept-entry fraction and the bytes kept."""
-    cells = rows.groupby(["press", key, "task"])["score"].agg(["mean", "count", "var"])
-    task_means = cells["mean"].unstack("task")
-    variance = (cells["var"] / cells["count"]).unstack("task")
-    stderr = variance.sum(axis=1) ** 0.5 / variance.shape[1]
-    configs = rows.groupby(["press", key])
-    return pd.DataFrame(
-        {
-            "average": task_means.mean(axis=1),
-            "stderr": stderr.where(variance.notna().all(axis=1)),
-            "samples": configs.size(),
-            "memory": configs["memory_ratio"].mean(),
-            "kept_fraction": configs["kept_fraction"].mean(),
-            "kept_bytes": configs["kept_bytes"].mean(),
+    """Per (press, `key`) config: the average (mean of the per-task means), its 95 % interval (low, high),
+    its samples (rows) and units, and the means over its samples of the memory fraction, the kept-entry
+    fraction and the bytes kept."""
+    records = {}
+    for config, group in rows.groupby(["press", key]):
+        average, low, high, units = score_interval(group)
+        records[config] = {
+            "average": average,
+            "low": low,
+            "high": high,
+            "samples": len(group),
+            "units": units,
+            "memory": group["memory_ratio"].mean(),
+            "kept_fraction": group["kept_fraction"].mean(),
+            "kept_bytes": group["kept_bytes"].mean(),
         }
-    )
+    index = pd.MultiIndex.from_tuples(list(records), names=["press", key])
+    columns = ["average", "low", "high", "samples", "units", "memory", "kept_fraction", "kept_bytes"]
+    return pd.DataFrame(list(records.values()), index=index, columns=columns)
 
 
-def paired_difference(cell: pd.DataFrame, press: str, other: str) -> tuple[float, float, int]:
+def paired_difference(cell: pd.DataFrame, press: str, other: str) -> tuple[float, float, float, int]:
     """`press` minus `other` on the samples both scored in `cell` (the rows of one ratio or budget), paired
-    by (task, sample): the mean over tasks of the per-task mean difference, its standard error (as
-    `config_stats` computes them; NaN below 2 pairs in a task) and the number of pairs."""
-    scores = [
-        cell[cell["press"] == name].groupby(["task", "sample_id"])["score"].mean() for name in (press, other)
-    ]
+    by (task, sample): the mean over tasks of the per-task mean difference, its 95 % t interval (low, high;
+    NaN below 2 units in a task) and the number of pairs."""
+    index = ["task", "unit", "sample_id"]
+    scores = [cell[cell["press"] == name].groupby(index)["score"].mean() for name in (press, other)]
     difference = (scores[0] - scores[1]).dropna()
     if difference.empty:
-        return float("nan"), float("nan"), 0
-    per_task = difference.groupby(level="task").agg(["mean", "count", "var"])
-    stderr = (per_task["var"] / per_task["count"]).sum() ** 0.5 / len(per_task)
-    return (
-        per_task["mean"].mean(),
-        stderr if (per_task["count"] >= 2).all() else float("nan"),
-        len(difference),
-    )
+        return float("nan"), float("nan"), float("nan"), 0
+    by_unit = difference.groupby(level=["task", "unit"]).mean()
+    per_task = by_unit.groupby(level="task").agg(["mean", "count", "var"])
+    low, high = t_interval(per_task, DIFFERENCE_RANGE)
+    return per_task["mean"].mean(), low, high, len(difference)
 
 
 def paired_lead(rows: pd.DataFrame, average: pd.DataFrame, key: str) -> pd.DataFrame:
-    """Per column of `average` (a ratio or a memory budget): the best press, the runner-up, and the best's
-    lead on the samples both scored (`paired_difference`). Pairing removes what the two presses share (how
-    hard a sample is), so a lead can be told apart from noise where the two intervals of the leaderboard
-    overlap."""
+    """Per column of `average` (a ratio or a budget): the best press, the runner-up, and the best's lead on
+    the samples both scored (`paired_difference`). Pairing removes what the two presses share (how hard a
+    sample is), so a lead can be told apart from noise where the two intervals of the leaderboard overlap."""
     leads = []
     for column in average.columns:
         ranked = average[column].dropna().sort_values(ascending=False)
         if len(ranked) < 2:
             continue
         best, runner_up = ranked.index[:2]
-        lead, stderr, pairs = paired_difference(rows[rows[key] == column], best, runner_up)
+        lead, low, high, pairs = paired_difference(rows[rows[key] == column], best, runner_up)
         leads.append(
-            {
-                key: column,
-                "best": best,
-                "runner-up": runner_up,
-                "lead": lead,
-                "stderr": stderr,
-                "pairs": pairs,
-            }
+            {key: column, "best": best, "runner-up": runner_up, "lead": lead, "low": low, "high": high}
+            | {"pairs": pairs}
         )
-    return pd.DataFrame(leads, columns=[key, "best", "runner-up", "lead", "stderr", "pairs"])
+    return pd.DataFrame(leads, columns=[key, "best", "runner-up", "lead", "low", "high", "pairs"])
 
 
 def paired_versus(rows: pd.DataFrame, average: pd.DataFrame, key: str, baseline: str) -> pd.DataFrame:
     """Every other press's paired difference to `baseline` (`paired_difference`) at each column of
-    `average` both were scored at: columns press, `key`, difference, stderr, pairs."""
+    `average` both were scored at: columns press, `key`, difference, low, high, pairs."""
     found = []
     for column in average.columns:
         if pd.isna(average[column].get(baseline)):
             continue
         cell = rows[rows[key] == column]
         for press in average[column].dropna().index.drop(baseline):
-            difference, stderr, pairs = paired_difference(cell, press, baseline)
+            difference, low, high, pairs = paired_difference(cell, press, baseline)
             found.append(
-                {key: column, "press": press, "difference": difference, "stderr": stderr, "pairs": pairs}
+                {key: column, "press": press, "difference": difference, "low": low, "high": high}
+                | {"pairs": pairs}
             )
-    return pd.DataFrame(found, columns=["press", key, "difference", "stderr", "pairs"])
+    return pd.DataFrame(found, columns=["press", key, "difference", "low", "high", "pairs"])
