@@ -34,7 +34,7 @@ uv run kvbench report results/reference-{confirm,third,fourth} results/reference
 # README "A fifth held-out suite, and agents trained on KVZip's target"; TRAINING "Agents trained on reconstruction attention"
 uv run kvbench report results/reference-fifth results/reference-fifth-more --out reports/reference-fifth --versus kvp
 uv run kvbench report results/reference results/reference-reconstruction-agents --out reports/reference-reconstruction-agents --versus kvp
-uv run kvbench report results/reference-heldout results/reference-confirm results/reference-reconstruction-agents-seen --out reports/reference-reconstruction-agents-seen --versus kvp --presses "kvp,kvp(agents=agents/ruler-reconstruction),streaming_llm,knorm"
+uv run kvbench report results/reference-heldout results/reference-confirm results/reference-reconstruction-agents-seen --out reports/reference-reconstruction-agents-seen --versus kvp --presses "kvp,kvp(agents=/work/agents/ruler-reconstruction),streaming_llm,knorm"
 uv run kvbench report results/reference-{confirm,third,fourth,fifth} --out reports/reference-after-choice-fifth --versus kvp --presses kvp,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
 # README "A sixth held-out suite, and the agents shipped now"; TRAINING "The mixed-target agents, and the sixth suite"
 uv run kvbench report results/reference-sixth --out reports/reference-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,tova,streaming_llm,knorm,snapkv,h2o,expected_attention,distillcache

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +16,7 @@ from scipy.stats import ttest_ind
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
 from kvbench.reporting.command import report
-from kvbench.reporting.plots import PRESS_LOOKS, press_style, press_styles
+from kvbench.reporting.plots import PRESS_LOOKS, heatmap_figure, press_style, press_styles, scores_figure
 from kvbench.reporting.read import collect, split_press_labels
 from kvbench.results import ResultsStore, Row, config_id
 
@@ -651,3 +652,143 @@ def test_versus_covers_the_memory_view(tmp_path):
         0.25,
         pytest.approx(-10.0),
     )
+
+
+def test_intervals_are_right_at_small_n_and_clipped_to_the_score_range(tmp_path):
+    """Textbook values: t at 2 and 3 samples, Wilson for pass/fail scores (pooled when the tasks hold as many
+    samples), and plot bands inside 0-100 where the t interval runs past it."""
+    scores = {
+        ("spread", 0.25): {"t1": [20, 80]},  # t(1) = 12.71 x 30: far past both ends, clipped to [0, 100]
+        ("spread", 0.5): {"t1": [20, 80]},
+        ("three", 0.5): {"t1": [40, 50, 60]},  # 50 ± t(2) x 10 / sqrt(3) = 4.303 x 5.774 = 24.8
+        ("zero", 0.5): {"t1": [0] * 10},  # Wilson for 0 of 10: [0, 27.8], where t says [0, 0]
+        ("three_of_five", 0.5): {"t1": [100, 100, 100, 0, 0]},  # Wilson for 3 of 5: [23.1, 88.2]
+        ("pooled", 0.5): {"t1": [100, 0, 0], "t2": [100, 100, 0]},  # 3 of 6 pooled: [18.8, 81.2]
+    }
+    [board] = build_leaderboards(collect([write_results(tmp_path / "r", rows_of(scores))]).rows, [])
+    view = board.ratio
+
+    def interval(press):
+        return round(view.low.at[press, 0.5], 1), round(view.high.at[press, 0.5], 1)
+
+    assert interval("spread") == (0.0, 100.0)
+    assert interval("three") == (25.2, 74.8)
+    assert interval("zero") == (0.0, 27.8)
+    assert interval("three_of_five") == (23.1, 88.2)
+    assert interval("pooled") == (18.8, 81.2)
+    readme = (render_report([tmp_path / "r"], tmp_path / "report") / "README.md").read_text()
+    # `*`: fewer samples than the fullest config (zero's 10).
+    assert "| spread | 50.0 [0.0, 100.0]* | 50.0 [0.0, 100.0]* |" in readme
+    assert "| zero |  | 0.0 [0.0, 27.8]* (n=10) |" in readme
+
+    figure = scores_figure(board, press_styles(board.presses))
+    bands = [path for collection in figure.axes[0].collections for path in collection.get_paths()]
+    assert bands and all(0 <= y <= 100 for path in bands for y in path.vertices[:, 1])
+
+
+def test_plot_titles_fit_inside_their_figures(tmp_path):
+    """A long title over a narrow heatmap (two presses) and over a score plot stays inside the figure."""
+    long_title = (
+        "Qwen/Qwen2.5-7B-Instruct, ruler-1k, heldout, confirm, length 1024, decode-time (interval=16)"
+    )
+    table = pd.DataFrame({"none": [90.0, 80.0], "kvp": [70.0, 60.0]}, index=["t1", "t2"])
+    heatmap = heatmap_figure(table, f"{long_title}\nratio 0.5: mean score per task")
+    rows = [row | {"model": "Qwen/Qwen2.5-7B-Instruct"} for row in rows_of(SCORES)]
+    [board] = build_leaderboards(collect([write_results(tmp_path / "r", rows)]).rows, [])
+    board.suite = "ruler-1k, heldout, confirm, a suite with a long name"
+    for figure in (heatmap, scores_figure(board, press_styles(board.presses))):
+        figure.canvas.draw()
+        title = figure.get_suptitle() and figure._suptitle.get_window_extent(figure.canvas.get_renderer())
+        assert title and 0 <= title.x0 and title.x1 <= figure.bbox.width, (title, figure.bbox)
+        assert "\n" in figure.get_suptitle()
+
+
+def test_bytes_of_older_rows_are_counted_at_16_bits_in_one_unit(tmp_path):
+    """Rows written before kv_bytes counted the cache at the compute dtype (kv_bytes_kept, float32: 512 B an
+    entry at head_dim 64): the report scales them by the dtype their runs record, so they match newer rows
+    that kept as many entries (kv_bytes, 256 B an entry); rows whose runs do not say stay without bytes."""
+    old = [
+        row
+        | {"kv_bytes_kept": row["kv_kept"] * 512, "kv_total": 5000, "kv_kept": int(5000 * (1 - row["ratio"]))}
+        for row in rows_of({("none", 0.0): {"t1": [100]}, ("old", 0.5): {"t1": [50]}})
+    ]
+    for row in old:
+        row["kv_bytes_kept"] = row["kv_kept"] * 512
+    new = [
+        row | {"kv_total": 5000, "kv_kept": 2500, "kv_bytes": 2500 * 256, "kv_bytes_full": 5000 * 256}
+        for row in rows_of({("new", 0.5): {"t1": [60]}})
+    ]
+    write_results(tmp_path / "old", old, {"tasks": ["t1"], "dtype": "float32"})
+    write_results(tmp_path / "new", new)
+    write_results(tmp_path / "unrecorded", rows_of({("other", 0.5): {"t1": [40]}}))  # no runs/*.json
+    collected = collect([tmp_path / "old", tmp_path / "new", tmp_path / "unrecorded"])
+    [board] = build_leaderboards(collected.rows, collected.runs)
+    kept = board.ratio.kept["kept_bytes"]
+    assert kept[("none", 0.0)] == 5000 * 256 and kept[("old", 0.5)] == kept[("new", 0.5)] == 2500 * 256
+    assert pd.isna(kept[("other", 0.5)])
+    readme = (
+        render_report([tmp_path / n for n in ("old", "new", "unrecorded")], tmp_path / "rep") / "README.md"
+    )
+    table = readme.read_text().split("### KV cache kept")[1].split("###")[0]
+    # 1.2 MiB and 625 KiB written in one unit: 0.6 MiB.
+    assert "100.0% (memory 1, 1.2 MiB)" in table and "50.0% (memory 0.5, 0.6 MiB)" in table
+    assert "KiB" not in table and "| other |  | 50.0% (memory 0.5) |" in table
+
+
+def markdown_tables(readme: str) -> list[list[list[str]]]:
+    """Every table of a README as rows of cell texts, the bold markers dropped (HTML writes <strong>)."""
+    tables = []
+    for block in readme.split("\n\n"):
+        lines = block.strip().splitlines()
+        if len(lines) >= 2 and lines[0].startswith("| ") and set(lines[1]) <= set("|-"):
+            rows = [lines[0]] + lines[2:]
+            tables.append(
+                [[cell.strip().replace("**", "") for cell in row.strip("|").split(" | ")] for row in rows]
+            )
+    return tables
+
+
+class PageTables(HTMLParser):
+    """The cell texts of every <table> of a page, and its text outside <pre> and <code>."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.text, self.cell, self.quoted = [], [], None, 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.cell = []
+        elif tag in ("pre", "code"):
+            self.quoted += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.tables[-1][-1].append("".join(self.cell).strip())
+            self.cell = None
+        elif tag in ("pre", "code"):
+            self.quoted -= 1
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+        if not self.quoted:
+            self.text.append(data)
+
+
+def test_the_html_page_renders_the_markdown_tables_cell_for_cell(tmp_path):
+    """index.html, without a browser: the same tables as README.md, cell for cell, the --versus cells in
+    <strong> instead of Markdown's asterisks, and no Markdown left in its text."""
+    results = write_results(tmp_path / "results", rows_of(SCORES) + memory_rows()[-6:])
+    out = render_report([results], tmp_path / "report", versus="knorm")
+    page = (out / "index.html").read_text()
+    parsed = PageTables()
+    parsed.feed(page)
+    tables = markdown_tables((out / "README.md").read_text())
+    assert len(tables) >= 8 and parsed.tables == tables
+    assert "<strong>" in page
+    text = "".join(parsed.text)
+    assert "**" not in text and "`" not in text and "](" not in text

@@ -37,6 +37,11 @@ class Cell:
     note: str = ""
     strong: bool = False
 
+    @property
+    def numeric(self) -> bool:
+        """A number (a score, an interval, a count): HTML never breaks it across lines; a name may break."""
+        return re.match(r"[+-]?\d", self.text) is not None
+
     def markdown(self) -> str:
         if not self.text:
             return ""
@@ -548,7 +553,9 @@ def kept_blocks(view: ScoreView, has_bytes: bool, heading: str) -> list:
         axis=1,
     ).unstack(view.axis)
     presses = [REFERENCE_PRESS, *view.average.index]
-    cells = cells.reindex([press for press in presses if press in cells.index])
+    values = [value for value in cells.columns if value not in view.average.columns]  # the reference's
+    cells = cells.reindex(index=[press for press in presses if press in cells.index])
+    cells = cells[values + list(view.average.columns)]  # in the view's order: most memory first
     return [
         Heading(heading, 3),
         Paragraph(
