@@ -143,3 +143,25 @@ def test_rows_without_a_score_stay_off_the_score_boards(tmp_path):
     only = write_results(tmp_path / "only", perplexity)
     readme = (render_report([only], tmp_path / "only-report") / "README.md").read_text()
     assert "Rows without a score (4 under perplexity" in readme and "\n## " not in readme
+
+
+def test_rows_of_lm_eval_tasks_without_a_length_get_their_board(tmp_path):
+    """lm-eval's tasks size their own samples (length None) and write protocol query-aware: a board of
+    their own, beside kvbench's query-aware rows at a length, not dropped."""
+    rows = [
+        row | {"protocol": "query-aware", "config_id": row["config_id"] + "qa"}
+        for length in (None, 1024)
+        for row in rows_of(
+            {("none", 0.0): {"t1": [100]}, ("knorm", 0.5): {"t1": [40 if length else 20]}}, length=length
+        )
+    ]
+    results = write_results(tmp_path / "r", rows)
+    boards = build_leaderboards(collect([results]).rows, [])
+    assert [(board.length, board.protocol, board.ratio.average.at["knorm", 0.5]) for board in boards] == [
+        (1024, "query-aware", 40.0),
+        (None, "query-aware", 20.0),
+    ]
+    out = render_report([results], tmp_path / "report")
+    readme = (out / "README.md").read_text()
+    assert "## smollm2-135m, 1 task, each task's own length, query-aware" in readme
+    assert (out / "smollm2-135m-query-aware-scores.png").is_file()

@@ -80,7 +80,7 @@ class Table:
 
     @property
     def header(self) -> list[str]:
-        return [self.frame.index.name or ""] + [as_cell(column).text for column in self.frame.columns]
+        return [str(self.frame.index.name or "")] + [as_cell(column).text for column in self.frame.columns]
 
     @property
     def rows(self) -> list[tuple[str, list[Cell]]]:
@@ -217,7 +217,7 @@ def slug(text: str) -> str:
 
 def file_stem(board: Leaderboard) -> str:
     """Plot file names: model and length, and the protocol when it is not the default one."""
-    stem = f"{slug(board.model)}-{board.length}"
+    stem = slug(board.model) + ("" if board.length is None else f"-{board.length}")
     return stem if board.protocol == DEFAULT_PROTOCOL else f"{stem}-{slug(board.protocol)}"
 
 

@@ -42,7 +42,7 @@ class Leaderboard:
     """Everything the report says about one (model, length, protocol)."""
 
     model: str
-    length: int
+    length: int | None  # None: rows of lm-eval tasks, which size their own samples
     protocol: str  # the protocol and its arguments, e.g. "decode-time (interval=16)"
     suite: str  # the suites the runs named, or the number of tasks
     task_scores: pd.DataFrame  # ratio view: index (press, ratio), columns task: mean score per task
@@ -66,7 +66,8 @@ class Leaderboard:
 
     @property
     def title(self) -> str:
-        return f"{self.model}, {self.suite}, length {self.length}, {self.protocol}"
+        length = "each task's own length" if self.length is None else f"length {self.length}"
+        return f"{self.model}, {self.suite}, {length}, {self.protocol}"
 
     @property
     def presses(self) -> list[str]:
@@ -274,7 +275,7 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = 
     turns = any(isinstance(meta, dict) and "turn" in meta for meta in metas)
     return Leaderboard(
         model=rows["model"].iloc[0],
-        length=rows["length"].iloc[0],
+        length=None if pd.isna(rows["length"].iloc[0]) else int(rows["length"].iloc[0]),
         protocol=rows["protocol_label"].iloc[0],
         suite=suite_of(rows, runs),
         task_scores=task_scores,
@@ -301,6 +302,7 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = 
 def runs_for(rows: pd.DataFrame, runs: list[Run]) -> list[Run]:
     """The runs recorded next to these rows that ran their model at their length with their protocol."""
     model, length, protocol = rows["model"].iloc[0], rows["length"].iloc[0], rows["protocol_label"].iloc[0]
+    length = None if pd.isna(length) else int(length)
     sources = set(rows["source"])
     return [
         run
@@ -333,6 +335,5 @@ def build_leaderboards(rows: pd.DataFrame, runs: list[Run], versus: str | None =
         for p in rows["protocol"]
     ]
     keys = ["model", "length", "protocol_order", "protocol_label"]
-    return [
-        build_leaderboard(group, runs_for(group, runs), versus) for _, group in rows.groupby(keys, sort=True)
-    ]
+    groups = rows.groupby(keys, sort=True, dropna=False)  # rows of lm-eval tasks have no length: kept
+    return [build_leaderboard(group, runs_for(group, runs), versus) for _, group in groups]
