@@ -215,16 +215,18 @@ def prepare_plan(
     return plan, llm, tokenizer
 
 
-def questions_per_context(configs: list[Config]) -> int:
-    """How many questions each context of a plan carries: 1, or the K of its multi-question or multi-turn
-    configs (a plan's configs must agree: they share its samples)."""
+def questions_per_context(configs: list[Config]) -> int | None:
+    """How many questions each context of a plan carries under its multi-question or multi-turn configs
+    (a plan's configs must agree: they share its samples); None for the one-question protocols."""
     counts = {
-        dict(c.protocol_args)[PROTOCOL_ARGS[c.protocol][0]] if c.protocol in MULTI_QUESTION_PROTOCOLS else 1
+        dict(c.protocol_args)[PROTOCOL_ARGS[c.protocol][0]]
+        if c.protocol in MULTI_QUESTION_PROTOCOLS
+        else None
         for c in configs
     }
     if len(counts) > 1:
         raise BadInput("configs of one run must ask the same number of questions per context")
-    return counts.pop() if counts else 1
+    return counts.pop() if counts else None
 
 
 def asked(config: Config, sample: Sample) -> list[Sample]:
@@ -244,7 +246,7 @@ def check_lengths(configs: list[Config], lengths: dict[str, int]) -> None:
                     "nothing would be evicted"
                 )
     questions = questions_per_context(configs)
-    if questions > 1:
+    if questions is not None:
         check_combinable(list(lengths), max(lengths.values()), questions)
 
 
@@ -252,7 +254,7 @@ def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
     """Every sample of the plan, task by task (RULER's are sized with the model's tokenizer); under the
     multi-question protocols, contexts combining K samples of the plan's tasks (`load_combined_samples`)."""
     questions = questions_per_context(plan.configs)
-    if questions > 1:
+    if questions is not None:
         return load_combined_samples(
             plan.tasks,
             length=plan.task_length(plan.tasks[0]),
