@@ -247,7 +247,8 @@ def check_lengths(configs: list[Config], lengths: dict[str, int]) -> None:
                 )
     questions = questions_per_context(configs)
     if questions is not None:
-        check_combinable(list(lengths), max(lengths.values()), questions)
+        turns = any(config.protocol == "multi-turn" for config in configs)
+        check_combinable(list(lengths), max(lengths.values()), questions, turns=turns)
 
 
 def plan_samples(plan: Plan, tokenizer) -> list[Sample]:

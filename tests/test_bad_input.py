@@ -291,9 +291,14 @@ CASES = [
         "cannot run under the multi-question protocol",
     ),
     (
-        [*RUN, "--protocol", "multi-question", "--task", "longbench/qasper", "--length", "4096", *OUT],
+        [*RUN, "--protocol", "multi-question", "--task", "longbench/qasper", "--task", "vt", *OUT],
         2,
-        "LongBench contexts are not combined",
+        "LongBench task 'longbench/qasper' cannot share contexts with tasks of other families",
+    ),
+    (
+        [*RUN[:2], "knorm", "--ratio", "0.5", "--protocol", "multi-turn", "--task", "longbench/trec", *OUT],
+        2,
+        "task 'longbench/trec' is a raw prompt without the chat template: it has no turns to take",
     ),
     # sweep
     (["sweep", "--presses", "", "--ratios", "0.5", *OUT], 2, "must each name at least one value"),

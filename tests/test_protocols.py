@@ -3,6 +3,7 @@ query-aware and compress-once-answer-many against kvpress's pipeline, multi-turn
 absolute budgets against the entries kept."""
 
 import contextlib
+import json
 import random
 
 import pytest
@@ -11,12 +12,13 @@ from kvpress import DecodingPress, KVPressTextGenerationPipeline
 from kvpress.utils import compute_n_kept
 from test_engine import decoded_token_ids, pipeline_token_ids, word_soup_sample
 
+import kvbench
 from kvbench import adapter
 from kvbench.config import Config
 from kvbench.engine import budget_entries, evaluate_sample, sized_config
 from kvbench.models import embedded_folder, load_tokenizer
 from kvbench.presses import config_press, needs_eager
-from kvbench.tasks import combine_samples
+from kvbench.tasks import combine_samples, load_combined_samples
 from kvbench.tasks.prompt import tokenize_sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -184,3 +186,59 @@ def test_a_budget_keeps_its_entries_per_head_whatever_the_context_length(tokeniz
             assert result["kv_kept"] == 40 * layers * heads
             assert result["kv_total"] == length * layers * heads
             assert result["kv_bytes"] * length == result["kv_bytes_full"] * 40
+
+
+def longbench_rows(path) -> None:
+    """Two documents of qasper, the first asked three questions, the second one."""
+    rows = [
+        {"input": question, "context": context, "answers": [answer], "length": 50, "dataset": "qasper"}
+        | {"language": "en", "all_classes": None, "_id": f"id{index}"}
+        for index, (context, question, answer) in enumerate(
+            [
+                ("The red box holds 3 stones. The blue box holds 5.", "Red box?", "3"),
+                ("A river runs north of the hill.", "Which way?", "north"),
+                ("The red box holds 3 stones. The blue box holds 5.", "Blue box?", "5"),
+                ("The red box holds 3 stones. The blue box holds 5.", "All boxes?", "8"),
+            ]
+        )
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def test_longbench_questions_are_grouped_by_context_one_row_each(tiny_llama_dir, tmp_path):
+    longbench_rows(tmp_path / "qasper.jsonl")
+    setup = dict(
+        tasks=["longbench/qasper"], length=400, data_dir=tmp_path, model=str(tiny_llama_dir), progress=False
+    )
+    frame = kvbench.run("knorm", 0.5, protocol="multi-question", questions=2, out=tmp_path / "out", **setup)
+    assert list(frame["sample_id"]) == ["2q-id0/0", "2q-id0/1", "2q-id1/0"]  # up to 2 questions a context
+    assert [refs[0] for refs in frame["references"]] == ["3", "5", "north"]
+    assert [meta["question"] for meta in frame["meta"]] == [0, 1, 0]
+    # The questions of one context share its compressed cache.
+    assert frame["kv_kept"].iloc[0] == frame["kv_kept"].iloc[1] != frame["kv_kept"].iloc[2]
+    again = kvbench.run("knorm", 0.5, protocol="multi-question", questions=2, out=tmp_path / "out", **setup)
+    assert list(again["prediction"]) == list(frame["prediction"])  # resumed: nothing recomputed, same rows
+
+
+def test_contexts_rotate_the_tasks_and_each_turn_is_a_row_of_its_own_sample(
+    tiny_llama_dir, tokenizer, tmp_path
+):
+    setup = dict(
+        tasks=["niah_single_1", "niah_single_3"], length=1600, samples=2, model=str(tiny_llama_dir), progress=False
+    )
+    frame = kvbench.run("knorm", 0.5, protocol="multi-turn", turns=3, out=tmp_path / "out", **setup)
+    contexts = load_combined_samples(
+        ["niah_single_1", "niah_single_3"], length=1600, samples=2, questions=3, seed=0, tokenizer=tokenizer
+    )
+    parts = [part for context in contexts for part in context.parts]
+    assert [part.task for part in parts] == ["niah_single_1", "niah_single_3"] * 3
+    assert list(frame["task"]) == [part.task for part in parts]
+    assert list(frame["references"]) == [part.references for part in parts]
+    assert list(frame["sample_id"]) == ["3q-0/0", "3q-0/1", "3q-0/2", "3q-1/0", "3q-1/1", "3q-1/2"]
+    assert [meta["turn"] for meta in frame["meta"]] == [0, 1, 2, 0, 1, 2]
+    for name, turns in frame.groupby(frame["sample_id"].str[:4]):
+        # Each turn is asked of a cache that has seen more; knorm holds half of it.
+        assert turns["context_tokens"].is_monotonic_increasing and turns["context_tokens"].nunique() == 3, (
+            name
+        )
+        assert (turns["kv_kept"] < turns["kv_total"]).all()

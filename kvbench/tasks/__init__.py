@@ -1,7 +1,7 @@
 """Task registry: RULER, agent traces and the text/held-out kinds (generated offline), LongBench (hub or local
 JSONL), YAML suites."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -83,13 +83,22 @@ def names_its_key(task: str) -> bool:
     return task in ruler.TASKS and ruler.family(task) in ("niah", "vt", "qa")
 
 
-def check_combinable(names: list[str], length: int | None, questions: int) -> None:
+def check_combinable(names: list[str], length: int | None, questions: int, *, turns: bool = False) -> None:
     """Fail before any work if `questions` samples of the tasks `names` (cycled) cannot share one context
     of `length` tokens: each part gets length // questions tokens, at least its task's minimum; a task
-    whose question does not name its key may appear once per context."""
-    for name in names:
-        if name in longbench.TASKS:
-            raise BadInput(f"task {name!r}: LongBench contexts are not combined into multi-question contexts")
+    whose question does not name its key may appear once per context. LongBench tasks group their own
+    questions by context instead (`group_by_context`), and cannot be mixed with other tasks; those asked
+    without the chat template have no turns to take (`turns`: the multi-turn protocol)."""
+    bench = [name for name in names if name in longbench.TASKS]
+    if bench:
+        if len(bench) < len(names):
+            raise BadInput(f"LongBench task {bench[0]!r} cannot share contexts with tasks of other families")
+        raw = [name for name in bench if longbench.parse_task(name)[0] in longbench.NO_CHAT_TEMPLATE]
+        if turns and raw:
+            raise BadInput(
+                f"task {raw[0]!r} is a raw prompt without the chat template: it has no turns to take"
+            )
+        return
     repeated = [name for name in names if not names_its_key(name)]
     if len(names) < questions and repeated:
         raise BadInput(
@@ -136,6 +145,25 @@ def combine_samples(parts: list[Sample], sample_id: str) -> Sample:
     )
 
 
+def group_by_context(samples: list[Sample], questions: int) -> list[Sample]:
+    """LongBench's questions grouped by their context (several rows of a dataset ask about one document):
+    one sample per distinct context, in order of first appearance, holding up to `questions` of its
+    questions as parts (a context asked once is a context of one question). Ids: "<questions>q-<first
+    question's id>"."""
+    groups: dict[str, list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.context, []).append(sample)
+    return [
+        replace(
+            group[0],
+            id=f"{questions}q-{group[0].id}",
+            meta={"parts": [part.id for part in group[:questions]]},
+            parts=group[:questions],
+        )
+        for group in groups.values()
+    ]
+
+
 def load_combined_samples(
     names: list[str],
     *,
@@ -148,7 +176,19 @@ def load_combined_samples(
 ) -> list[Sample]:
     """`samples` contexts of `questions` parts each: the k-th context's j-th part is a sample of task
     names[(k + j) % len(names)] (the tasks rotate, so each is asked at every position of a context),
-    sized to length // questions tokens, and no sample is used twice. Ids: "<questions>q-<k>"."""
+    sized to length // questions tokens, and no sample is used twice. Ids: "<questions>q-<k>". LongBench
+    tasks: each task's first `samples` contexts, its questions grouped by context (`group_by_context`)."""
+    if names[0] in longbench.TASKS:  # (`check_combinable`: then all are)
+        return [
+            combined
+            for name in names
+            for combined in group_by_context(
+                load_samples(
+                    name, length=length, samples=10**9, seed=seed, tokenizer=tokenizer, data_dir=data_dir
+                ),
+                questions,
+            )[:samples]
+        ]
     part_length = length // questions
     drawn = {name: [] for name in names}
     plan = [[names[(k + j) % len(names)] for j in range(questions)] for k in range(samples)]

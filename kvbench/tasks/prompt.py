@@ -99,7 +99,7 @@ def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> 
         prompt.part_question_ids = [
             encode(tokenizer, part.question + question_suffix + part.answer_prefix) for part in sample.parts
         ]
-        prompt.turn_close_ids = encode(tokenizer, turn_close)
+        prompt.turn_close_ids = encode(tokenizer, turn_close) if turn_close is not None else None
     return prompt
 
 
