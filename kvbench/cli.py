@@ -376,13 +376,16 @@ def sweep(
 @main.command(name="presses")
 def list_presses():
     """List every press: name, what it does, what it needs."""
-    from kvbench.presses import list_presses
+    from kvbench.presses import NOT_REGISTERED, list_presses
 
     specs = list_presses()
     width = max(len(spec.name) for spec in specs)
     for spec in specs:
         needs = f"  [needs: {', '.join(spec.needs)}]" if spec.needs else ""
         click.echo(f"{spec.name:<{width}}  {spec.description}{needs}")
+    click.echo("kvpress presses not in the registry:")
+    for name, reason in NOT_REGISTERED.items():
+        click.echo(f"  {name}: {reason}")
 
 
 @main.command(name="tasks")

@@ -429,9 +429,14 @@ def run_alone(model, run: Run, max_new_tokens: int) -> None:
         run.result.update(kv_counts(model, prompt.context_ids.shape[1], held, run.press))
         if moves_positions(press):
             context_length = cache.get_seq_length()
+        # Layers of different lengths (kvcompose, simlayerkv, per-layer ratios): the model would mask every
+        # layer as the first; the decoder's masks give each layer its own (as for pyramidkv in a batch).
+        masks = None
+        if len({layer.keys.shape[2] for layer in cache.layers}) > 1:
+            cache, masks = pad_caches([cache], prompt.question_ids.shape[1] + max_new_tokens)
         start = clock(model)
         with press(model) if compresses_decoding(press) else contextlib.nullcontext():
-            decoder = BatchedDecoder(model, cache, attention=None)
+            decoder = BatchedDecoder(model, cache, masks, attention=None)
             (tokens,) = decoder.decode(prompt.question_ids, context_length, max_new_tokens)
         run.answers.append({"tokens": tokens, "decode_s": clock(model) - start})
     finally:
