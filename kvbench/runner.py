@@ -292,7 +292,8 @@ def plan_units(plan: Plan, samples: list[Sample]) -> list[Unit]:
 def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
     """The rows of a unit before scoring: which config on which sample (and its content), one per config
     and question. A question of a multi-question context is a row of its own task, with sample id
-    "<context id>/<j>" and meta {"question" (or "turn"): j, "context": the context's id, "part": the sample's own id}."""
+    "<context id>/<j>" and meta {"question" (or "turn"): j, "context": the context's id, "part": the
+    sample's own id}."""
     sample, content = unit.sample, unit.sample.content_hash()
     rows = []
     for config in unit.configs:
