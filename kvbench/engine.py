@@ -118,14 +118,22 @@ def check_protocol(config: Config) -> None:
     for name, value in args.items():
         if not isinstance(value, int) or value < 1:
             raise BadInput(f"--{name} must be a whole number of at least 1, got {value}")
-    if config.protocol != "query-agnostic" and config.press != "none":
-        press = config_press(config)
-        if compresses_decoding(press) or not is_shareable(press):
-            raise BadInput(
-                f"press {config.press!r} cannot run under the {config.protocol} protocol: it changes the "
-                "forward or compresses while decoding by itself; kvpress's DecodingPress takes scorers"
-            )
-        decoding_press(press, 1, 1)  # a press kvpress's DecodingPress does not take fails here
+    if config.protocol != "query-agnostic":
+        check_compresses_live(config)
+
+
+def check_compresses_live(config: Config) -> None:
+    """Fail before any work if the config's press cannot compress a cache as it grows (kvpress's
+    DecodingPress around it), which every protocol but query-agnostic asks, live-cache perplexity too."""
+    if config.press == "none":
+        return
+    press = config_press(config)
+    if compresses_decoding(press) or not is_shareable(press):
+        raise BadInput(
+            f"press {config.press!r} cannot run under the {config.protocol} protocol: it changes the "
+            "forward or compresses while decoding by itself; kvpress's DecodingPress takes scorers"
+        )
+    decoding_press(press, 1, 1)  # a press kvpress's DecodingPress does not take fails here
 
 
 def prepare_press(press: BasePress | None, model, prompt: Prompt) -> None:
