@@ -166,15 +166,24 @@ def perplexity_configs(
 
 
 def check_presses(configs: list[Config]) -> list:
-    """Fail before any work if a press cannot run here, takes bad arguments or cannot compress a growing
-    cache; the presses, built (None for `none`)."""
+    """Fail before any work if a press cannot run here, takes bad arguments, cannot compress a growing
+    cache, or scores with the queries of a window longer than a chunk (SnapKV: DecodingPress hands it the
+    hidden states of the last chunk only); the presses, built (None for `none`)."""
     for config in configs:
         check_press_runnable(config.press)
         check_compresses_live(config)
-    return [
+    presses = [
         build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
         for config in configs
     ]
+    for config, press in zip(configs, presses, strict=True):
+        window, every = getattr(press, "window_size", None), dict(config.protocol_args)["every"]
+        if isinstance(window, int) and window >= every:
+            raise BadInput(
+                f"press {config.press!r} scores with the queries of its last {window} tokens, more than a "
+                f"chunk holds: give --every above {window}, or --press-arg window_size=N below --every"
+            )
+    return presses
 
 
 # ---- Texts ----

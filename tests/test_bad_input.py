@@ -304,6 +304,7 @@ CASES = [
         "press 'adakv' cannot run under the perplexity protocol",
     ),
     ([*PPL[:2], "nope", "--budget", "64", *OUT], 2, "unknown press 'nope'"),
+    ([*PPL[:2], "snapkv", "--budget", "64", *OUT], 2, "give --every above 64, or --press-arg window_size"),
     ([*PPL, "--budget", "64", "--source", "poetry", *OUT], 2, "unknown text source 'poetry'"),
     ([*PPL, "--budget", "64", "--source", ",", *OUT], 2, "--source must name at least one of"),
     ([*PPL, "--budget", "64", "--texts", "0", *OUT], 2, "--texts must be a whole number of at least 1"),
