@@ -157,7 +157,7 @@ def keep_cache_order(press: ScorerPress) -> None:
         index = torch.arange(keys.shape[2], device=scores.device, dtype=torch.float32)
         return torch.where(chosen, -index, -index - 2 * keys.shape[2])
 
-    press.score = score_in_cache_order  # ty: ignore[invalid-assignment] (shadows the method on this press)
+    press.score = score_in_cache_order  # shadows the method on this press
 
 
 @contextlib.contextmanager
@@ -383,15 +383,16 @@ def pad_caches(caches: list[DynamicCache], room: int) -> tuple[DynamicCache, tor
     return batch, padding.to(caches[0].layers[0].keys.device)
 
 
-def empty_batch(model, batch_size: int, room: int) -> DynamicCache:
-    """A batched cache with nothing in it yet and `room` entries per row (the streaming protocol's start)."""
+def empty_batch(model, batch_size: int, room: int, held: int = 0) -> DynamicCache:
+    """A batched cache with nothing in it yet and `room` entries per row (the streaming protocol's start);
+    with `held`, its first entries count as held, zeros for the caller to mask (the perplexity's start)."""
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     shape = (batch_size, config.num_key_value_heads, room, head_dim)
     cache = DynamicCache()
     for _ in range(config.num_hidden_layers):
         keys, values = (torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(2))
-        cache.layers.append(BufferedLayer(keys, values, 0))
+        cache.layers.append(BufferedLayer(keys, values, held))
     return cache
 
 

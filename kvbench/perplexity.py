@@ -523,11 +523,8 @@ def evaluate_text(
             presses[row] = decoding_press(run.press, interval=1, target_size=target, buffer_size=1)
     with torch.no_grad():
         # One masked entry ahead of the text, so that DecodingPress takes the first chunk for a step too.
-        cache = empty_batch(model, len(runs), length + 1)
-        for layer in cache.layers:
-            layer.set_length(1)
-        layers = len(cache.layers)
-        masks = torch.zeros(layers, len(runs), 1, dtype=torch.bool, device=model.device)
+        cache = empty_batch(model, len(runs), length + 1, held=1)
+        masks = torch.zeros(len(cache.layers), len(runs), 1, dtype=torch.bool, device=model.device)
         decoder = BatchedDecoder(model, cache, masks, presses, attention_rows(runs, presses))
         nll = torch.empty(len(runs), length - 1, dtype=torch.float64, device=model.device)
         start = clock(model)

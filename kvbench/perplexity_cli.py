@@ -20,7 +20,11 @@ from kvbench.perplexity import perplexity as measure
 @click.command()
 @click.option("--presses", required=True, help="Comma-separated press names, e.g. streaming_llm,snapkv,kvp.")
 @click.option("--ratios", default=None, help="Comma-separated ratios in [0, 1) of the text read so far.")
-@click.option("--memory", default=None, help="Instead: comma-separated memory budgets in (0, 1].")
+@click.option(
+    "--memory",
+    default=None,
+    help="Instead: comma-separated memory budgets in (0, 1] of the whole text's 16-bit cache.",
+)
 @click.option(
     "--budget",
     "budgets",
@@ -75,9 +79,10 @@ def perplexity(presses, ratios, memory, budgets, press_args, **options):
     """Perplexity of long texts with each press's KV cache held at its budget as the text is read.
 
     Each text is teacher-forced through the model --every tokens at a time, all configs in one batch; after
-    each chunk every config's cache is compressed back to its budget (an absolute --budget per head, or a
-    ratio or memory of the text read so far). Records each (config, text)'s mean NLL and its NLL per --span
-    tokens in OUT/rows.jsonl (protocol perplexity; `kvbench report` draws it), plus no compression.
+    each chunk every config's cache is compressed back to its budget (an absolute --budget per head, a ratio
+    of the text read so far, or a memory of the whole text's cache). Records each (config, text)'s mean NLL
+    and its NLL per --span tokens in OUT/rows.jsonl (protocol perplexity; `kvbench report` draws it), plus
+    no compression.
 
     \b
     Examples:

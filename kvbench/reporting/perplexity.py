@@ -132,7 +132,7 @@ def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style
         ),
     ]
     keys = ["model", "length", "protocol_label", "task"]
-    for (model, length, protocol, task), group in rows.groupby(keys, sort=True):
+    for (model, length, protocol, task), group in rows.groupby(keys, sort=True):  # ty: ignore[not-iterable]
         title = f"{model}, {task}, length {length}, {protocol}"
         stem = f"perplexity-{slug(model)}-{length}-{slug(protocol)}-{slug(task)}"
         full = group.loc[group["press"] == REFERENCE_PRESS, "nll"]
