@@ -40,6 +40,10 @@ LAZY_COMMANDS = {
         "kvbench.lmeval:lm_eval_command",
         "Run lm-eval tasks with every request answered under a press.",
     ),
+    "perplexity": (
+        "kvbench.perplexity_cli:perplexity",
+        "Perplexity of long texts with each press's KV cache held at its budget as the text is read.",
+    ),
 }
 
 

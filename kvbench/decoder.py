@@ -62,7 +62,8 @@ class BatchedDecoder:
 
     def feed(self, input_ids: torch.Tensor, position: int | torch.Tensor, **kwargs) -> torch.Tensor:
         """Feed `input_ids` (batch or 1, n) on top of every row at positions from `position` on (one for
-        all rows, or one per row); the logits of the last one, per row."""
+        all rows, or one per row); the logits of the last one, per row (of every one with
+        `every_position=True`: the perplexity's)."""
         if self.masks is not None:
             new = self.masks.new_ones(*self.masks.shape[:2], input_ids.shape[1])
             self.masks = torch.cat([self.masks, new], dim=2)

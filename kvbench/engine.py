@@ -162,8 +162,16 @@ def check_protocol(config: Config) -> None:
             f"press {config.press!r} is a codec: it stores every entry in fewer bits, so it takes --memory, "
             "not an absolute --budget of kept entries"
         )
-    if config.protocol in ("query-agnostic", "query-aware") or config.press == "none":
-        return  # every press runs as kvpress's pipeline runs it, the question compressed or not
+    if config.protocol not in ("query-agnostic", "query-aware"):
+        check_compresses_live(config)
+
+
+def check_compresses_live(config: Config) -> None:
+    """Fail before any work if the config's press cannot compress a cache as it grows (kvpress's
+    DecodingPress around it), which every protocol but query-agnostic and query-aware asks (multi-question
+    only shares the prefill), live-cache perplexity too."""
+    if config.press == "none":
+        return
     press = config_press(config)
     if compresses_decoding(press) or not is_shareable(press):
         raise BadInput(
@@ -187,8 +195,8 @@ def check_query_window(config: Config, press: BasePress) -> None:
     windows = [p.window_size for p in pressed_tree(press) if isinstance(p, SnapKVPress)]
     if not windows:
         return
-    steps = {**dict(config.protocol_args), "turns": SHORTEST_TURN}
-    name = PROTOCOLS[config.protocol][0]
+    steps = {"turns": SHORTEST_TURN} if config.protocol == "multi-turn" else dict(config.protocol_args)
+    name = next(iter(steps))
     if max(windows) >= steps[name]:
         raise BadInput(
             f"press {config.press!r} scores with its last {max(windows)} queries, but a {config.protocol} "

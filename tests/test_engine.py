@@ -455,9 +455,9 @@ def decode_time_reference(monkeypatch, model, tokenizer, sample, config: Config)
     prefill = config_press(config)
     target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * (1 - config.ratio))
     interval = dict(config.protocol_args)["interval"]
-    decoding = DecodingPress(
-        base_press=config_press(Config(config.press, 0.0)), compression_interval=interval, target_size=target
-    )
+    base = config_press(Config(config.press, 0.0))
+    adapter.keep_cache_order(base)  # as the engine's decoding presses do (kvpress issue #173)
+    decoding = DecodingPress(base_press=base, compression_interval=interval, target_size=target)
     pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     calls = decoded_token_ids(monkeypatch, tokenizer)
     eager = needs_eager(config.press)

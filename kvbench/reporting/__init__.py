@@ -14,7 +14,8 @@ memory view at the budget its press was built with (1 - ratio, as the press regi
 
 One concern a module, each importing only those before it: read (rows, runs, labels), stats (means,
 intervals, paired differences), boards (the leaderboards and their views), plots, blocks (the document),
-render (markdown, HTML, `render_report`), command (`kvbench report`).
+render (markdown, HTML, `render_report`), command (`kvbench report`); perplexity (before render) draws the
+rows of `kvbench perplexity`, which hold NLLs rather than scores, in a section of their own.
 """
 
 from kvbench.reporting.render import render_report

@@ -12,6 +12,7 @@ import pandas as pd
 from kvbench.errors import BadInput
 from kvbench.reporting.blocks import Code, Heading, Image, Paragraph, Table, leaderboard_blocks
 from kvbench.reporting.boards import build_leaderboards
+from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
 from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
 
@@ -124,7 +125,8 @@ def render_report(
     collected = collect(result_dirs, recursive, every_state)
     if presses:
         collected = only_presses(collected, presses)
-    boards = build_leaderboards(collected.rows, collected.runs, versus)
+    perplexity = is_perplexity(collected.rows)  # NLLs, not scores: a section of their own
+    boards = build_leaderboards(collected.rows[~perplexity], collected.runs, versus)
     names = sorted(
         {press for board in boards for press in board.average.index}
         | {press for board in boards if board.memory_view for press in board.memory_view.average.index}
@@ -138,6 +140,7 @@ def render_report(
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))
     for board in boards:
         blocks += leaderboard_blocks(board, out_dir, styles)
+    blocks += perplexity_blocks(collected.rows[perplexity], out_dir, styles)
     title = "kvbench report"
     (out_dir / "README.md").write_text(to_markdown(title, blocks))
     (out_dir / "index.html").write_text(to_html(title, blocks))
