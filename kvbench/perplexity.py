@@ -492,6 +492,7 @@ def evaluate_text(
             config,
             seed_press(config_press(config), f"{text.source}/{text.id}/{config!r}"),
             needs_eager(config.press, dict(config.press_args)),
+            prompt,
         )
         for config in (configs[index] for index in order)
     ]
@@ -534,7 +535,7 @@ def evaluate_text(
         {
             "nll": float(nll[row].mean()),
             "meta": {"span": span, "span_nll": span_nll[row].tolist()},
-            **kv_counts(model, prompt, (int(kept[row]), None), run.press),
+            **kv_counts(model, length, (int(kept[row]), None), run.press),
             "prefill_s": seconds,
         }
         for row, run in enumerate(runs)

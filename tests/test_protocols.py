@@ -141,6 +141,7 @@ def plain_multi_turn_loop(model, tokenizer, sample, config: Config) -> list[list
         compressing = contextlib.nullcontext()
         if press is not None:
             press.compression_ratio = 0.0  # the DecodingPress sets it
+            adapter.keep_cache_order(press)  # as the engine's decoding presses do (kvpress issue #173)
             target = budget_entries(config, seen + fed.shape[1])
             compressing = DecodingPress(base_press=press, compression_interval=1, target_size=target)(model)
         with compressing:
