@@ -37,7 +37,7 @@ from kvpress import (
     SnapKVPress,
     TOVAPress,
 )
-from kvpress.utils import get_prerope_query_states
+from kvpress.utils import compute_n_kept, get_prerope_query_states
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, create_causal_mask, sdpa_mask
@@ -126,12 +126,38 @@ def decoding_press(
         )
     if isinstance(press, ScorerPress) and not codec:  # (a scorer, unless it is a codec)
         press.compression_ratio = 0.0  # (DecodingPress warns of a ratio it will override)
+        keep_cache_order(press)
     return (CodecDecodingPress if codec else DecodingPress)(
         base_press=press,
         compression_interval=interval,
         target_size=target_size,
         hidden_states_buffer_size=buffer_size,
     )
+
+
+def keep_cache_order(press: ScorerPress) -> None:
+    """Let `press` keep the entries it keeps in cache order, when kvpress's own ScorerPress.compress runs it.
+
+    That compress gathers the top-k entries in the order of their scores (torch.topk), not of the cache
+    (kvpress issue #173, an oversight by its maintainers' word). One compression does not care, attention
+    is order-free; but a cache compressed again and again (DecodingPress: decode-time, streaming,
+    perplexity) is then scored in a scrambled order, and presses that score by index drop the wrong
+    entries: from the second compression on, StreamingLLM's sinks and window were arbitrary entries. The
+    press's own scores still choose the entries kept; once chosen, they are rewritten to ranks that fall
+    with the index (the dropped ones below them all), so that kvpress's top-k returns the same entries in
+    cache order. Presses with a compress of their own are left as they are."""
+    if type(press).compress is not ScorerPress.compress or "score" in vars(press):
+        return
+    score = press.score
+
+    def score_in_cache_order(module, hidden_states, keys, values, attentions, kwargs):
+        scores = score(module, hidden_states, keys, values, attentions, kwargs)
+        kept = scores.topk(compute_n_kept(keys.shape[2], press.compression_ratio), dim=-1).indices
+        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, kept, True)
+        index = torch.arange(keys.shape[2], device=scores.device, dtype=torch.float32)
+        return torch.where(chosen, -index, -index - 2 * keys.shape[2])
+
+    press.score = score_in_cache_order  # shadows the method on this press
 
 
 @contextlib.contextmanager
@@ -357,15 +383,16 @@ def pad_caches(caches: list[DynamicCache], room: int) -> tuple[DynamicCache, tor
     return batch, padding.to(caches[0].layers[0].keys.device)
 
 
-def empty_batch(model, batch_size: int, room: int) -> DynamicCache:
-    """A batched cache with nothing in it yet and `room` entries per row (the streaming protocol's start)."""
+def empty_batch(model, batch_size: int, room: int, held: int = 0) -> DynamicCache:
+    """A batched cache with nothing in it yet and `room` entries per row (the streaming protocol's start);
+    with `held`, its first entries count as held, zeros for the caller to mask (the perplexity's start)."""
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     shape = (batch_size, config.num_key_value_heads, room, head_dim)
     cache = DynamicCache()
     for _ in range(config.num_hidden_layers):
         keys, values = (torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(2))
-        cache.layers.append(BufferedLayer(keys, values, 0))
+        cache.layers.append(BufferedLayer(keys, values, held))
     return cache
 
 
@@ -461,13 +488,27 @@ AttentionInterface.register(BATCHED_ATTENTION, grouped_sdpa)
 AttentionMaskInterface.register(BATCHED_ATTENTION, sdpa_mask)
 
 
-def batched_logits(model, cache, input_ids: torch.Tensor, position: int, masks, **kwargs) -> torch.Tensor:
-    """The last position's logits of every row, with `input_ids` fed on top of the batched `cache` at
-    positions from `position` on. `masks` (layers, batch, entries incl. the new ones), True on real
-    entries, or None when nothing is padded; when layers differ (per-layer cache lengths, e.g. PyramidKV),
-    each attention layer gets its own mask through a pre-hook, since the model builds a single mask."""
+def batched_logits(
+    model,
+    cache,
+    input_ids: torch.Tensor,
+    position: int | torch.Tensor,
+    masks,
+    every_position: bool = False,
+    **kwargs,
+) -> torch.Tensor:
+    """The last position's logits of every row (with `every_position`, every fed position's: batch x n x
+    vocabulary), with `input_ids` fed on top of the batched `cache` at positions from `position` on (one
+    for all rows, or a tensor of one per row). `masks` (layers, batch, entries incl. the new ones), True on
+    real entries, or None when nothing is padded; when layers differ (per-layer cache lengths, e.g.
+    PyramidKV), each attention layer gets its own mask through a pre-hook, since the model builds a single
+    mask."""
     device = model.device
-    positions = torch.arange(position, position + input_ids.shape[1], device=device)
+    steps = torch.arange(input_ids.shape[1], device=device)
+    if torch.is_tensor(position):
+        positions = position.to(device).unsqueeze(1) + steps
+    else:
+        positions = (steps + position).expand(len(input_ids), -1)
     per_layer = masks is not None and not (masks == masks[:1]).all()
     layer_masks = []
     if per_layer:
@@ -488,13 +529,14 @@ def batched_logits(model, cache, input_ids: torch.Tensor, position: int, masks, 
         return args, kwargs
 
     with attention_hooks(model, use_layer_mask, pre=True) if per_layer else contextlib.nullcontext():
-        return model(
+        logits = model(
             input_ids=input_ids,
             past_key_values=cache,
-            position_ids=positions.expand(len(input_ids), -1),
+            position_ids=positions,
             attention_mask=masks[0].long() if masks is not None and not per_layer else None,
             **kwargs,
-        ).logits[:, -1]
+        ).logits
+    return logits if every_position else logits[:, -1]
 
 
 def compress_rows(rows: list[tuple[int, BasePress, bool]], masks: torch.Tensor):

@@ -45,3 +45,13 @@ class Config:
     protocol: str = DEFAULT_PROTOCOL
     protocol_args: tuple[tuple[str, int], ...] = ()
     budget: int | None = None
+
+
+def budget_label(ratio: float, memory: float | None = None, budget: int | None = None) -> str:
+    """How a config's budget reads in tables: `budget=64`, `memory=0.25`, or its ratio (a frame's missing
+    values, NaN, count as not given)."""
+    if budget is not None and budget == budget:
+        return f"budget={int(budget)}"
+    if memory is not None and memory == memory:
+        return f"memory={memory:g}"
+    return f"{ratio:g}"

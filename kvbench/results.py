@@ -114,6 +114,9 @@ class Row:
     kv_bytes_full: int | None = None  # ... of the full cache
     prefill_s: float | None = None  # this config's share of the shared prefill, plus its own compression
     decode_s: float | None = None  # its share of the batched decoding
+    # `kvbench perplexity` (protocol "perplexity", score None): the mean negative log-likelihood in nats per
+    # predicted token of the text (its perplexity is exp(nll)); per-span means are in `meta`.
+    nll: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # the sample's, e.g. LongBench-E's length bucket
     extra: dict[str, Any] = field(default_factory=dict)  # fields of other versions, kept as read
 
@@ -443,7 +446,7 @@ def results_files(paths, recursive: bool = True) -> list[Path]:
 
 
 NUMERIC_FIELDS = ("ratio", "memory", "budget", "score", "context_tokens", "kv_kept", "kv_total", "kv_bytes")
-NUMERIC_FIELDS += ("kv_bytes_full", "prefill_s", "decode_s")
+NUMERIC_FIELDS += ("kv_bytes_full", "prefill_s", "decode_s", "nll")
 
 
 def load_rows(paths):

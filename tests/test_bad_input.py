@@ -28,6 +28,7 @@ LM_EVAL = ["lm-eval", "--press", "snapkv", "--ratio", "0.5", "--tasks", "kvbench
 DATAGEN = ["kvp", "datagen", "--out", "{tmp}/out"]
 TRAIN = ["kvp", "train", "--out", "{tmp}/out"]
 OUT = ["--out", "{tmp}/out"]
+PPL = ["perplexity", "--presses", "streaming_llm"]
 REAL_WRITE, REAL_LOAD_MODEL = os.write, models.load_model
 
 # (arguments, exit code, what the one line must name). "{tmp}" is the test's folder of prepared files.
@@ -92,8 +93,8 @@ CASES = [
     ([*RUN, "--batch-configs", "0", *OUT], 2, "--batch-configs"),
     ([*RUN, "--seed", "x", *OUT], 2, "'x' is not a valid integer"),
     ([*RUN, "--bogus", *OUT], 2, "No such option '--bogus'"),
-    ([*RUN[:2], "snapkv", *OUT], 2, "give one of --ratio or --memory"),
-    ([*RUN, "--memory", "0.5", *OUT], 2, "give one of --ratio or --memory"),
+    ([*RUN[:2], "snapkv", *OUT], 2, "give exactly one of --ratio, --memory or --budget"),
+    ([*RUN, "--memory", "0.5", *OUT], 2, "give exactly one of --ratio, --memory or --budget"),
     ([*RUN[:3], "--memory", "0", *OUT], 2, "memory must be in (0, 1]"),
     ([*RUN[:3], "--memory", "1.5", *OUT], 2, "memory must be in (0, 1]"),
     ([*RUN[:3], "--memory", "-0.1", *OUT], 2, "memory must be in (0, 1]"),
@@ -248,6 +249,58 @@ CASES = [
         2,
         "cannot run under the streaming",
     ),
+    # run: absolute budgets
+    ([*RUN, "--budget", "64", *OUT], 2, "give exactly one of --ratio, --memory or --budget"),
+    ([*RUN[:3], "--budget", "0", *OUT], 2, "budget must be at least 1 KV entry per head, got 0"),
+    ([*RUN[:3], "--budget", "12.5", *OUT], 2, "budget must be a whole number of KV entries per head"),
+    ([*RUN[:3], "--budget", "1024", *OUT], 2, "--budget 1024 is not below the 512-token context of task"),
+    ([*RUN[:2], "quant", "--budget", "64", *OUT], 2, "is a codec: it stores every entry in fewer bits"),
+    ([*SWEEP[:3], "--budget", "64,-1", *OUT], 2, "budget must be at least 1 KV entry per head, got -1"),
+    ([*SWEEP[:3], "--budget", "64,64", *OUT], 2, "duplicate configs"),
+    # run: questions and turns
+    ([*RUN, "--questions", "2", *OUT], 2, "--questions applies to --protocol multi-question"),
+    ([*RUN, "--protocol", "multi-turn", "--questions", "2", *OUT], 2, "--questions applies to --protocol"),
+    ([*RUN, "--protocol", "multi-question", "--questions", "0", *OUT], 2, "--questions must be at least 1"),
+    (
+        [*RUN, "--protocol", "multi-question", "--task", "heldout_story_place", "--length", "4096", *OUT],
+        2,
+        "task 'heldout_story_place' asks about the one line of its kind",
+    ),
+    (
+        [*RUN, "--protocol", "multi-question", "--suite", "heldout", "--length", "1024", *OUT],
+        2,
+        "gives each of 4 questions 256 tokens, below the minimum of task",
+    ),
+    (
+        [*RUN, "--protocol", "multi-turn", "--task", "niah_single_1", *OUT],
+        2,
+        "press 'snapkv' scores with its last 64 queries, but a multi-turn step feeds as few as 8 tokens",
+    ),
+    (
+        [*RUN, "--protocol", "decode-time", *OUT],
+        2,
+        "scores with its last 64 queries, but a decode-time step feeds 16 tokens",
+    ),
+    (
+        [*RUN[:2], "kvzip", "--ratio", "0.5", "--protocol", "multi-turn", *OUT],
+        2,
+        "cannot run under the multi-turn",
+    ),
+    (
+        [*RUN[:2], "adakv", "--ratio", "0.5", "--protocol", "multi-question", *OUT],
+        2,
+        "cannot run under the multi-question protocol",
+    ),
+    (
+        [*RUN, "--protocol", "multi-question", "--task", "longbench/qasper", "--task", "vt", *OUT],
+        2,
+        "LongBench task 'longbench/qasper' cannot share contexts with tasks of other families",
+    ),
+    (
+        [*RUN[:2], "knorm", "--ratio", "0.5", "--protocol", "multi-turn", "--task", "longbench/trec", *OUT],
+        2,
+        "task 'longbench/trec' is a raw prompt without the chat template: it has no turns to take",
+    ),
     # sweep
     (["sweep", "--presses", "", "--ratios", "0.5", *OUT], 2, "must each name at least one value"),
     (["sweep", "--presses", "snapkv,snapkv", "--ratios", "0.5", *OUT], 2, "duplicate configs"),
@@ -256,8 +309,8 @@ CASES = [
     ([*SWEEP[:4], "0.5,1.5", *OUT], 2, "ratio must be in [0, 1), got 1.5"),
     ([*SWEEP[:4], "0.5,x", *OUT], 2, "ratio must be a number in [0, 1), got 'x'"),
     ([*SWEEP[:3], "--memory", "0.5,2", *OUT], 2, "memory must be in (0, 1]"),
-    ([*SWEEP, "--memory", "0.5", *OUT], 2, "give one of --ratios or --memory"),
-    ([*SWEEP[:3], *OUT], 2, "give one of --ratios or --memory"),
+    ([*SWEEP, "--memory", "0.5", *OUT], 2, "give exactly one of --ratios, --memory or --budget"),
+    ([*SWEEP[:3], *OUT], 2, "give exactly one of --ratios, --memory or --budget"),
     ([*SWEEP[:3], "--memory", "0.5,0.5", *OUT], 2, "duplicate configs"),
     (["sweep", "--presses", "snapkv,nope", "--ratios", "0.5", *OUT], 2, "unknown press 'nope'"),
     (
@@ -281,6 +334,49 @@ CASES = [
     ([*SWEEP, "--ray-gpus", "1", *OUT], 2, "--ray-gpus applies to a sweep with --ray"),
     ([*SWEEP, "--ray", "127.0.0.1:1", *OUT], 2, "cannot reach the Ray cluster at 127.0.0.1:1"),
     ([*RUN, "--ray", *OUT], 2, "No such option '--ray'"),
+    # perplexity
+    ([*PPL, "--budget", "0", *OUT], 2, "budget must be at least 1 KV entry per head, got 0"),
+    ([*PPL, "--budget", "lots", *OUT], 2, "budget must be a whole number of KV entries per head, got 'lots'"),
+    (
+        [*PPL, "--budget", "64", "--every", "0", *OUT],
+        2,
+        "--every must be a whole number of at least 1, got 0",
+    ),
+    (
+        [*PPL, "--budget", "4096", "--length", "2048", *OUT],
+        2,
+        "budget 4096 is above the texts' --length 2048",
+    ),
+    ([*PPL, "--budget", "64", "--ratios", "0.5", *OUT], 2, "give one of --ratios, --memory or --budget"),
+    ([*PPL, *OUT], 2, "give one of --ratios, --memory or --budget"),
+    ([*PPL, "--budget", "64,64", *OUT], 2, "duplicate configs"),
+    (
+        [*PPL[:2], "adakv", "--budget", "64", *OUT],
+        2,
+        "press 'adakv' cannot run under the perplexity protocol",
+    ),
+    ([*PPL[:2], "nope", "--budget", "64", *OUT], 2, "unknown press 'nope'"),
+    ([*PPL[:2], "snapkv", "--budget", "64", *OUT], 2, "scores with its last 64 queries, but a perplexity step feeds 16 tokens"),
+    ([*PPL, "--budget", "64", "--source", "poetry", *OUT], 2, "unknown text source 'poetry'"),
+    ([*PPL, "--budget", "64", "--source", ",", *OUT], 2, "--source must name at least one of"),
+    ([*PPL, "--budget", "64", "--texts", "0", *OUT], 2, "--texts must be a whole number of at least 1"),
+    ([*PPL, "--budget", "64", "--span", "0", *OUT], 2, "--span must be a whole number of at least 1"),
+    ([*PPL, "--budget", "64", "--length", "20000", *OUT], 2, "--length 20000 exceeds the 8192-token context"),
+    (
+        [*PPL, "--budget", "64", "--data-dir", "{tmp}/nope", *OUT],
+        2,
+        "--data-dir '{tmp}/nope' is not a folder",
+    ),
+    ([*PPL, "--budget", "64", "--data-dir", "{tmp}/empty", *OUT], 2, "empty' holds no .txt or .jsonl file"),
+    ([*PPL, "--budget", "64", "--data-dir", "{tmp}/blank", *OUT], 2, "blank' holds no text"),
+    ([*PPL, "--budget", "64", "--data-dir", "{tmp}/shorttext", *OUT], 2, "(the longest has 4)"),
+    (
+        [*PPL, "--budget", "64", "--data-dir", "{tmp}/badtext", *OUT],
+        2,
+        'b.jsonl:2: not a JSON object with a "text"',
+    ),
+    ([*PPL, "--budget", "64", "--out", "{tmp}/text.txt"], 2, "text.txt' is a file"),
+    ([*PPL, "--budget", "64", "--device", "bogus", *OUT], 2, "unknown device 'bogus'"),
     # presses, tasks, unknown commands
     (["presses", "extra"], 2, "unexpected extra argument (extra)"),
     (["presses", "--bogus"], 2, "No such option '--bogus'"),
@@ -436,6 +532,14 @@ def make_files(tmp: Path) -> None:
         json.dumps({k: v for k, v in good.items() if k != "length"}) + "\n"
     )
     (tmp / "lb" / "musique.jsonl").write_text("[1, 2]\n")
+    for name, files in (  # local texts for `kvbench perplexity` that hold none it can read
+        ("blank", {"a.txt": "  \n", "b.jsonl": json.dumps({"text": " "}) + "\n\n"}),
+        ("shorttext", {"a.txt": "A short text."}),
+        ("badtext", {"b.jsonl": json.dumps({"text": ""}) + "\n" + json.dumps({"body": "x"}) + "\n"}),
+    ):
+        (tmp / name).mkdir()
+        for file, content in files.items():
+            (tmp / name / file).write_text(content)
     with ResultsStore(tmp / "scored") as store:  # one well-formed row
         store.append(Row("c", "m", "knorm", 0.5, "t", 1024, 0, "s0", content_hash="h", score=1.0))
     (tmp / "results").mkdir()

@@ -98,9 +98,10 @@ def registry_configs(model, tmp_path) -> list[Config]:
     # pyramidkv, chunkkv: per-layer cache lengths, which kvpress's pipeline decodes only with flash attention;
     # test_per_layer_cache_lengths_decode_in_the_same_batch checks them against a stepwise reference.
     # memdecay reads the context's regions, which kvpress's pipeline does not give: test_memdecay runs it
-    # in the engine under every protocol.
-    skipped = {"none", "pyramidkv", "chunkkv", "memdecay"} | {
-        name for name, spec in PRESSES.items() if "hub" in spec.needs
+    # in the engine under every protocol. kvcompose (per-layer lengths) and the presses set by a knob of
+    # their own, not a ratio: tests/test_kvpress_presses.py.
+    skipped = {"none", "pyramidkv", "chunkkv", "memdecay", "kvcompose"} | {
+        name for name, spec in PRESSES.items() if "hub" in spec.needs or spec.knob
     }
     configs = [Config("none", 0.0)]
     for name in sorted(PRESSES.keys() - skipped):
@@ -454,9 +455,9 @@ def decode_time_reference(monkeypatch, model, tokenizer, sample, config: Config)
     prefill = config_press(config)
     target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * (1 - config.ratio))
     interval = dict(config.protocol_args)["interval"]
-    decoding = DecodingPress(
-        base_press=config_press(Config(config.press, 0.0)), compression_interval=interval, target_size=target
-    )
+    base = config_press(Config(config.press, 0.0))
+    adapter.keep_cache_order(base)  # as the engine's decoding presses do (kvpress issue #173)
+    decoding = DecodingPress(base_press=base, compression_interval=interval, target_size=target)
     pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     calls = decoded_token_ids(monkeypatch, tokenizer)
     eager = needs_eager(config.press)

@@ -78,7 +78,11 @@ def question_rows(protocol, args, key, scores):
                     row
                     | {
                         "sample_id": f"t1-{context}/{question}",
-                        "meta": {key: question},
+                        "meta": {
+                            key: question,
+                            "context": f"t1-{context}",
+                            "part": f"t1-{context}-{question}",
+                        },
                         "protocol": protocol,
                         "protocol_args": args,
                         "config_id": row["config_id"] + protocol,
@@ -125,24 +129,25 @@ def test_multi_turn_scores_by_turn(tmp_path):
 
 
 def test_rows_without_a_score_stay_off_the_score_boards(tmp_path):
-    """Perplexity rows record no score: they neither break the report nor count as zeros on any board."""
+    """Rows that record no score (a protocol whose rows measure something else) neither break the report
+    nor count as zeros on any board; the report says how many it left out."""
     scored = rows_of({("none", 0.0): {"t1": [100, 80]}, ("knorm", 0.5): {"t1": [60, 40]}})
-    perplexity = [
-        row | {"score": None, "protocol": "perplexity", "config_id": row["config_id"] + "ppl"}
+    unscored = [
+        row | {"score": None, "protocol": "decode-time", "config_id": row["config_id"] + "d"}
         for row in rows_of({("none", 0.0): {"t1": [0, 0]}, ("knorm", 0.5): {"t1": [0, 0]}})
     ]
     unscored_agnostic = make_row("tova", 0.5, "t1", 0, None)  # a row of the default protocol, no score
-    results = write_results(tmp_path / "r", scored + perplexity + [unscored_agnostic])
+    results = write_results(tmp_path / "r", scored + unscored + [unscored_agnostic])
     [board] = build_leaderboards(collect([results]).rows, [])
     assert board.protocol == "query-agnostic" and board.ratio.average.to_dict() == {0.5: {"knorm": 50.0}}
     assert board.ratio.samples.at["knorm", 0.5] == 2
     readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "Rows without a score (4 under perplexity, 1 under query-agnostic, e.g. perplexity rows)" in readme
-    assert "perplexity" not in readme.split("## ")[1].splitlines()[0]
+    assert "Rows without a score (4 under decode-time, 1 under query-agnostic" in readme
+    assert "decode-time" not in readme.split("\n## ")[1].splitlines()[0] and readme.count("\n## ") == 1
 
-    only = write_results(tmp_path / "only", perplexity)
+    only = write_results(tmp_path / "only", unscored)
     readme = (render_report([only], tmp_path / "only-report") / "README.md").read_text()
-    assert "Rows without a score (4 under perplexity" in readme and "\n## " not in readme
+    assert "Rows without a score (4 under decode-time" in readme and "\n## " not in readme
 
 
 def test_rows_of_lm_eval_tasks_without_a_length_get_their_board(tmp_path):

@@ -3,7 +3,7 @@
 A results folder holds its rows (one per config and sample, see kvbench.results) and `runs/*.json` (one
 record per invocation: command, config, versions, git commit). Reports never average across models,
 context lengths or protocols: there is one leaderboard per (model, length, protocol with its arguments);
-rows without a score (perplexity) are on none of them.
+the rows of `kvbench perplexity` (NLLs, not scores) are on none of them: they get a section of their own.
 
 Each leaderboard has up to three views. The ratio view ranks evictors by compression ratio (fraction of KV
 entries removed, kvpress's meaning). The budget view ranks configs given an absolute budget (`budget=N`:
@@ -20,7 +20,8 @@ One concern a module, each importing only those before it: read (rows, runs, lab
 intervals right at small n, paired differences), boards (the leaderboards and their views), plots, blocks
 (the document: headings, paragraphs, tables of cells), render (markdown, and HTML through
 templates/report.html.j2, from the same blocks; `render_report`), browser (headless Chromium: the
-screenshot), command (`kvbench report`).
+screenshot), command (`kvbench report`); perplexity (before render) draws the rows of `kvbench
+perplexity`, which hold NLLs rather than scores, in a section of their own.
 """
 
 from kvbench.reporting.render import render_report

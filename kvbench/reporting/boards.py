@@ -315,13 +315,14 @@ def runs_for(rows: pd.DataFrame, runs: list[Run]) -> list[Run]:
 
 
 def unscored_note(rows: pd.DataFrame) -> str | None:
-    """What the leaderboards leave out: rows that record no score (perplexity rows), by protocol."""
+    """What the leaderboards leave out: rows that record no score, by protocol (perplexity rows have a
+    section of their own, and never reach here)."""
     unscored = rows[pd.to_numeric(rows["score"], errors="coerce").isna()]
     if unscored.empty:
         return None
-    protocols = with_report_columns(unscored, [])["protocol_label"].value_counts().sort_index()
+    protocols = with_report_columns(unscored)["protocol_label"].value_counts().sort_index()
     counted = ", ".join(f"{count} under {protocol}" for protocol, count in protocols.items())
-    return f"Rows without a score ({counted}, e.g. perplexity rows) are on no score leaderboard."
+    return f"Rows without a score ({counted}) are on no leaderboard."
 
 
 def build_leaderboards(rows: pd.DataFrame, runs: list[Run], versus: str | None = None) -> list[Leaderboard]:

@@ -88,7 +88,7 @@ DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 PART_KEYS = ("question", "turn")  # meta keys of the protocols that ask one context several questions
 
 
-def compute_dtypes(runs: list[Run]) -> dict[tuple[str, str], str]:
+def compute_dtypes(runs: list[Run] | tuple) -> dict[tuple[str, str], str]:
     """(results folder, model) -> the compute dtype its runs record, where they all record the same one."""
     dtypes: dict[tuple[str, str], set] = {}
     for run in runs:
@@ -97,7 +97,7 @@ def compute_dtypes(runs: list[Run]) -> dict[tuple[str, str], str]:
     return {key: found.pop() for key, found in dtypes.items() if len(found) == 1 and None not in found}
 
 
-def sixteen_bit_bytes(rows: pd.DataFrame, runs: list[Run]) -> pd.Series:
+def sixteen_bit_bytes(rows: pd.DataFrame, runs: list[Run] | tuple) -> pd.Series:
     """KV bytes kept per row, as a 16-bit store holds them: `kv_bytes` where the row records it; for older
     rows, their `kv_bytes_kept` (the tensors in the compute dtype the row's runs record) scaled to 16 bits;
     NaN where neither is known. Without this, a table would put a float32 row at twice the bytes of a newer
@@ -113,21 +113,19 @@ def sixteen_bit_bytes(rows: pd.DataFrame, runs: list[Run]) -> pd.Series:
 
 def context_units(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """Per row: the independent unit its score belongs to, and its question or turn (NaN for others). The
-    questions or turns of one context share that context's cache, so they are one unit (the context,
-    `sample_id` "<context id>/<j>"); every other row is its own unit (its sample)."""
+    questions or turns of one context share that context's cache, so they are one unit, the context (meta
+    "context", as the runner records it); every other row is its own unit (its sample)."""
     metas = rows["meta"] if "meta" in rows else pd.Series([None] * len(rows), index=rows.index)
-    parts = [
-        next((meta[key] for key in PART_KEYS if isinstance(meta, dict) and key in meta), None)
-        for meta in metas
-    ]
+    metas = [meta if isinstance(meta, dict) else {} for meta in metas]
+    parts = [next((meta[key] for key in PART_KEYS if key in meta), None) for meta in metas]
     units = [
-        str(sample).rsplit("/", 1)[0] if part is not None else str(sample)
-        for sample, part in zip(rows["sample_id"], parts, strict=True)
+        str(meta.get("context", sample)) if part is not None else str(sample)
+        for sample, meta, part in zip(rows["sample_id"], metas, parts, strict=True)
     ]
     return pd.Series(units, index=rows.index), pd.to_numeric(pd.Series(parts, index=rows.index))
 
 
-def with_report_columns(rows: pd.DataFrame, runs: list[Run]) -> pd.DataFrame:
+def with_report_columns(rows: pd.DataFrame, runs: list[Run] | tuple = ()) -> pd.DataFrame:
     """The rows with the fields older rows lack filled in, and the columns the report reads: protocol_label,
     memory (the memory budget asked, NaN otherwise), budget (the entries per head asked, NaN otherwise),
     kept_fraction, memory_ratio (kv_bytes / kv_bytes_full, or kv_kept / kv_total without bytes),

@@ -10,8 +10,9 @@ from pathlib import Path
 from kvbench.errors import BadInput
 from kvbench.reporting.blocks import Code, Heading, Image, Paragraph, Table, leaderboard_blocks
 from kvbench.reporting.boards import build_leaderboards, unscored_note
+from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
-from kvbench.reporting.read import collect, only_presses
+from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
 
 TEMPLATES = Path(__file__).parent / "templates"
 TITLE = "kvbench report"
@@ -84,18 +85,21 @@ def render_report(
     collected = collect(result_dirs, recursive, every_state)
     if presses:
         collected = only_presses(collected, presses)
-    boards = build_leaderboards(collected.rows, collected.runs, versus)
+    perplexity = is_perplexity(collected.rows)  # NLLs, not scores: a section of their own
+    scored = collected.rows[~perplexity]
+    boards = build_leaderboards(scored, collected.runs, versus)
     names = sorted({press for board in boards for press in board.presses})
     if versus and versus not in names:
         raise BadInput(f"--versus {versus!r} is not a press of these results (they hold {', '.join(names)})")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = [Paragraph("Results folders: " + ", ".join(f"`{d}`" for d in collected.dirs))]
-    notes = [*collected.notes, unscored_note(collected.rows)]
+    notes = [*collected.notes, unscored_note(scored)]
     blocks += [Paragraph(note) for note in notes if note]
-    styles = press_styles(names)
+    styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
     for board in boards:
         blocks += leaderboard_blocks(board, out_dir, styles)
+    blocks += perplexity_blocks(collected.rows[perplexity], out_dir, styles)
     (out_dir / "README.md").write_text(to_markdown(TITLE, blocks))
     (out_dir / "index.html").write_text(to_html(TITLE, blocks))
     return out_dir
