@@ -20,6 +20,7 @@ of their own that follows the pipeline's flow for that single config.
 import contextlib
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -252,7 +253,7 @@ def decode_time_press(run: Run, context_length: int):
     return decoding_press(run.press, interval, budget_entries(run.config, context_length))
 
 
-def run_shared(model, runs: list[Run], max_new_tokens: int, questions: list[Sample] = ()) -> None:
+def run_shared(model, runs: list[Run], max_new_tokens: int, questions: Sequence[Sample] = ()) -> None:
     """One uncompressed prefill (of the runs' common prompt) whose hooks fill every run's compressed cache,
     then the question, or each of `questions` under the multi-question protocols, decoded for every run as
     one batch."""
@@ -371,9 +372,10 @@ def close_turn(model, run: Run, fed: torch.Tensor, position: int) -> DynamicCach
     decoder.feed(fed, position, logits_to_keep=1)
     held = decoder.real_entries()[:, 0].tolist()
     kept = DynamicCache()
-    for layer, real in zip(cache.layers, held, strict=True):
+    for layer, real in zip(cache.layers, held, strict=True):  # the real entries are right-aligned
+        length = layer.keys.shape[2]
         kept.layers.append(
-            layer_holding(layer.keys[:, :, layer.length - real :], layer.values[:, :, layer.length - real :])
+            layer_holding(layer.keys[:, :, length - real :], layer.values[:, :, length - real :])
         )
     return kept
 

@@ -356,7 +356,7 @@ CASES = [
         "press 'adakv' cannot run under the perplexity protocol",
     ),
     ([*PPL[:2], "nope", "--budget", "64", *OUT], 2, "unknown press 'nope'"),
-    ([*PPL[:2], "snapkv", "--budget", "64", *OUT], 2, "scores with its last 64 queries, but a perplexity step feeds 16 tokens"),
+    ([*PPL[:2], "snapkv", "--budget", "64", *OUT], 2, "its last 64 queries, but a perplexity step feeds 16"),
     ([*PPL, "--budget", "64", "--source", "poetry", *OUT], 2, "unknown text source 'poetry'"),
     ([*PPL, "--budget", "64", "--source", ",", *OUT], 2, "--source must name at least one of"),
     ([*PPL, "--budget", "64", "--texts", "0", *OUT], 2, "--texts must be a whole number of at least 1"),

@@ -97,7 +97,7 @@ def test_compress_once_answer_many_answers_as_the_pipeline_given_the_list_of_que
         with adapter.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
             pipeline(
                 sample.context,
-                questions=[part.question for part in sample.parts],
+                questions=[part.question for part in sample.questions()],
                 answer_prefix=sample.answer_prefix,
                 press=config_press(config),
                 max_new_tokens=sample.max_new_tokens,
@@ -235,7 +235,7 @@ def test_contexts_rotate_the_tasks_and_each_turn_is_a_row_of_its_own_sample(
     contexts = load_combined_samples(
         ["niah_single_1", "niah_single_3"], length=1600, samples=2, questions=3, seed=0, tokenizer=tokenizer
     )
-    parts = [part for context in contexts for part in context.parts]
+    parts = [part for context in contexts for part in context.questions()]
     assert [part.task for part in parts] == ["niah_single_1", "niah_single_3"] * 3
     assert list(frame["task"]) == [part.task for part in parts]
     assert list(frame["references"]) == [part.references for part in parts]
