@@ -100,10 +100,10 @@ def parse_int(
         number = int(text) if text is not None else int(value)
     except ValueError:
         raise error(f"{what} must be a whole number {bounds}, got {value!r}".replace("  ", " ")) from None
-    low = -INT64 if low is None else low
-    high = INT64 - 1 if high is None else high
-    if not low <= number <= high:
-        raise error(f"{what} must be a whole number in [{low}, {high}], got {number}")
+    if low is not None and number < low:
+        raise error(f"{what} must be at least {low}, got {number}")
+    if number > (INT64 - 1 if high is None else high) or number < -INT64:
+        raise error(f"{what} must be at most {INT64 - 1 if high is None else high}, got {number}")
     return number
 
 

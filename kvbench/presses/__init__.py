@@ -6,6 +6,7 @@ KV entries removed. Wrappers (adakv, chunkkv, ...) wrap the scorer named by `inn
 
 import dataclasses
 import importlib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -226,10 +227,14 @@ def parse_press_args(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise BadInput(f"press argument {pair!r} is not key=value")
+        if key.strip() in args:
+            raise BadInput(f"press argument {key.strip()!r} is given twice")
         try:
             args[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
             raise BadInput(f"press argument {pair!r}: cannot read the value {value!r}") from None
+        if isinstance(args[key.strip()], float) and not math.isfinite(args[key.strip()]):
+            raise BadInput(f"press argument {pair!r}: {value} is not a finite number")
     return args
 
 
@@ -320,7 +325,7 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
         return spec.factory(ratio, **press_args)
     except KvbenchError:
         raise
-    except TypeError as error:
+    except (TypeError, AssertionError) as error:  # AssertionError: kvpress's checks (AdaKV wraps a scorer)
         raise BadInput(f"bad press argument for {name!r}: {error}") from None
     except ValueError as error:  # the press's own check of its arguments (a value, a budget it cannot reach)
         raise BadInput(str(error)) from None
