@@ -500,7 +500,7 @@ def run_record(lm: KVBenchLM, rows: list[Row], *, limit, length, started: str) -
 
 @click.command(name="lm-eval")
 @click.option("--press", required=True, help="Press name (see `kvbench presses`).")
-@click.option("--ratio", required=True, type=float, help="Fraction of KV entries removed, in [0, 1).")
+@click.option("--ratio", required=True, help="Fraction of KV entries removed, in [0, 1).")
 @click.option(
     "--press-arg", "press_args", multiple=True, metavar="KEY=VALUE", help="Press parameter (repeatable)."
 )

@@ -8,6 +8,7 @@ import click
 from kvbench.errors import NoResults
 from kvbench.reporting.read import split_press_labels
 from kvbench.reporting.render import render_report
+from kvbench.results import check_folder_writable
 
 
 @click.command()
@@ -51,6 +52,7 @@ def report(
     every_state: bool,
 ):
     """Leaderboards, per-task tables and plots from one or more results folders."""
+    check_folder_writable(out, "--out folder")  # before any row is read
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
