@@ -126,6 +126,27 @@ class Number(click.ParamType):
         return f"FLOAT {text.removeprefix('in ')}" if text else "FLOAT"
 
 
+@functools.cache
+def json_adapter(schema):
+    """pydantic's validator of `schema`, built once; pydantic is imported here, when a first file is read."""
+    import pydantic
+
+    return pydantic.TypeAdapter(schema)
+
+
+def check_json(schema, text: str | bytes, where: str, error: type[Exception] = BadInput):
+    """The JSON document `text` as `schema`: a dataclass whose `__pydantic_config__` is STRICT (each nested
+    one too), or a list or dict of them; `error` with one line if it is not JSON or does not fit: where,
+    the first bad field, what is wrong with it. JSON mode, so arrays fill tuple fields and objects fill
+    dataclasses, as JSON can only say them; fields a schema does not name are ignored."""
+    import pydantic
+
+    try:
+        return json_adapter(schema).validate_json(text)
+    except pydantic.ValidationError as failure:
+        raise error(f"{where}: {describe(failure)}" if where else describe(failure)) from None
+
+
 def check(schema, value: Any, where: str, error: type[Exception] = BadInput):
     """`value` validated against `schema`, a pydantic model: the model's instance; `error` with one line if
     it does not fit: where, the first bad field, what is wrong with it."""
@@ -165,4 +186,6 @@ def describe(failure) -> str:
     more = failure.error_count() - 1
     message = first["msg"][0].lower() + first["msg"][1:]
     text = f"field {where!r}: {message}" if where else message
-    return f"{text} (got {got})" + (f"; {more} more bad field{'s' if more > 1 else ''}" if more else "")
+    if first["type"] != "missing":  # a missing field's input is the object that lacks it
+        text += f" (got {got})"
+    return text + (f"; {more} more bad field{'s' if more > 1 else ''}" if more else "")

@@ -342,7 +342,7 @@ CASES = [
         2,
         "{tmp}/kvpdata-future holds no reconstruction scores, which --utility reconstruction trains on",
     ),
-    ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (bad field 'model')"),
+    ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (field 'model': field required)"),
     (
         [*TRAIN, "--data", "{tmp}/kvpdata-x", "--data", "{tmp}/kvpdata-y"],
         2,
