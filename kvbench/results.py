@@ -135,7 +135,8 @@ class Row:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the row, `extra` merged back in."""
         data = asdict(self)
-        return {**data, **data.pop("extra")}
+        extra = data.pop("extra")  # popped first: `{**data, **data.pop(...)}` kept an "extra" key in every row
+        return {**data, **extra}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Row":
@@ -154,24 +155,20 @@ class Row:
 
 
 def check_folder_writable(folder: Path, what: str) -> None:
-    """Raise BadInput if `folder` (`what`, e.g. "report folder") cannot be created or written, without
+    """Raise BadInput if `folder` (`what`, e.g. "--out folder") cannot be created or written, without
     creating anything: a name too long, a file or a dangling link on the way, a folder that refuses a file
     (read-only, /proc)."""
     folder = Path(folder)
     probe = folder
-    while not probe.exists():
-        if probe.is_symlink():
-            raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a dangling link")
-        probe = probe.parent
+    try:
+        while not probe.exists():
+            if probe.is_symlink():
+                raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a dangling link")
+            probe = probe.parent
+    except OSError as error:  # a name longer than the file system takes
+        raise BadInput(f"{what} {str(folder)!r} is not writable: {error.strerror}") from None
     if not probe.is_dir():
         raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a file")
-    try:
-        name_max, path_max = os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
-    except (OSError, ValueError):  # a file system that does not say: nothing to check against
-        name_max = path_max = None
-    long_names = [part for part in folder.parts if name_max and len(os.fsencode(part)) > name_max]
-    if long_names or (path_max and len(os.fsencode(str(folder.absolute()))) + 32 > path_max):
-        raise BadInput(f"{what} {str(folder)!r} is not writable: its name is too long")
     try:  # a real probe: os.access says yes to root even on a read-only file system
         tempfile.TemporaryFile(dir=probe).close()
     except OSError:
