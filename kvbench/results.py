@@ -135,7 +135,7 @@ class Row:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the row, `extra` merged back in."""
         data = asdict(self)
-        extra = data.pop("extra")  # popped first: `{**data, **data.pop(...)}` kept an "extra" key in every row
+        extra = data.pop("extra")  # first: `{**data, **data.pop(...)}` wrote an "extra" key in every row
         return {**data, **extra}
 
     @classmethod
@@ -438,7 +438,12 @@ def suppress_os_error() -> Generator[None, None, None]:
 
 
 def parse_rows(lines: Iterable[str], path: Path) -> list[Row]:
-    """The rows of some lines of `path`; bad lines are skipped with one warning (how many, the first)."""
+    """The rows of some lines of `path`; bad lines are skipped with one warning (how many, the first).
+
+    A line of valid JSON whose fields have the wrong types or values out of range (`Row`'s schema) is
+    skipped like a corrupt line, not refused with an error: the store is append-only and shared by writers,
+    so one damaged line must not make a whole folder unreadable to the report or a resumed run; the row's
+    key cannot be trusted, so a resumed run computes it again; and the line stays in the file as it is."""
     rows, bad = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
