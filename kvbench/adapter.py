@@ -461,13 +461,20 @@ AttentionInterface.register(BATCHED_ATTENTION, grouped_sdpa)
 AttentionMaskInterface.register(BATCHED_ATTENTION, sdpa_mask)
 
 
-def batched_logits(model, cache, input_ids: torch.Tensor, position: int, masks, **kwargs) -> torch.Tensor:
+def batched_logits(
+    model, cache, input_ids: torch.Tensor, position: int | torch.Tensor, masks, **kwargs
+) -> torch.Tensor:
     """The last position's logits of every row, with `input_ids` fed on top of the batched `cache` at
-    positions from `position` on. `masks` (layers, batch, entries incl. the new ones), True on real
-    entries, or None when nothing is padded; when layers differ (per-layer cache lengths, e.g. PyramidKV),
-    each attention layer gets its own mask through a pre-hook, since the model builds a single mask."""
+    positions from `position` on (one for all rows, or a tensor of one per row). `masks` (layers, batch,
+    entries incl. the new ones), True on real entries, or None when nothing is padded; when layers differ
+    (per-layer cache lengths, e.g. PyramidKV), each attention layer gets its own mask through a pre-hook,
+    since the model builds a single mask."""
     device = model.device
-    positions = torch.arange(position, position + input_ids.shape[1], device=device)
+    steps = torch.arange(input_ids.shape[1], device=device)
+    if torch.is_tensor(position):
+        positions = position.to(device).unsqueeze(1) + steps
+    else:
+        positions = (steps + position).expand(len(input_ids), -1)
     per_layer = masks is not None and not (masks == masks[:1]).all()
     layer_masks = []
     if per_layer:
@@ -491,7 +498,7 @@ def batched_logits(model, cache, input_ids: torch.Tensor, position: int, masks, 
         return model(
             input_ids=input_ids,
             past_key_values=cache,
-            position_ids=positions.expand(len(input_ids), -1),
+            position_ids=positions,
             attention_mask=masks[0].long() if masks is not None and not per_layer else None,
             **kwargs,
         ).logits[:, -1]

@@ -184,9 +184,12 @@ def protocol_options(command):
             type=click.Choice(list(PROTOCOL_ARGS)),
             default="query-agnostic",
             show_default=True,
-            help="query-agnostic: compress the context once, then ask. decode-time: also compress every "
-            "--interval decoding steps back to the budget. streaming: feed the context --chunk tokens at a "
-            "time, compressing back under the budget after each, then ask.",
+            help="query-agnostic: compress the context once, then ask. query-aware: the question is "
+            "compressed with the context. decode-time: also compress every --interval decoding steps back "
+            "to the budget. streaming: feed the context --chunk tokens at a time, compressing back under the "
+            "budget after each, then ask. multi-question: compress once, answer --questions questions from "
+            "that cache. multi-turn: --turns turns whose questions and answers stay in the cache, compressed "
+            "back to the budget after each.",
         ),
         click.option(
             "--interval",
@@ -195,6 +198,14 @@ def protocol_options(command):
             help="decode-time: decoding steps between compressions [16].",
         ),
         click.option("--chunk", type=int, default=None, help="streaming: context tokens per chunk [256]."),
+        click.option(
+            "--questions",
+            type=int,
+            default=None,
+            help="multi-question: questions per context [4] (from as many samples of the tasks, one "
+            "context).",
+        ),
+        click.option("--turns", type=int, default=None, help="multi-turn: turns per context [4]."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -267,6 +278,11 @@ def print_summary(frame, out: Path) -> None:
     help="Instead of --ratio: the fraction of the 16-bit full cache the press may store, in (0, 1].",
 )
 @click.option(
+    "--budget",
+    default=None,
+    help="Instead of --ratio: KV entries kept per head (and per layer), whatever the context length.",
+)
+@click.option(
     "--press-arg",
     "press_args",
     multiple=True,
@@ -276,7 +292,7 @@ def print_summary(frame, out: Path) -> None:
 @protocol_options
 @task_options
 @model_options
-def run(press, ratio, memory, press_args, **options):
+def run(press, ratio, memory, budget, press_args, **options):
     """Score one press at one compression ratio (or memory budget) on a suite or tasks.
 
     The context is prefilled and compressed, then the question is answered greedily on top of the
@@ -288,11 +304,14 @@ def run(press, ratio, memory, press_args, **options):
       kvbench run --press snapkv --ratio 0.5 --task niah_single_1 --samples 4
       kvbench run --press quant --memory 0.25                 # a codec at a quarter of the cache's bytes
       kvbench run --press knorm --ratio 0.75 --protocol streaming --chunk 128
+      kvbench run --press snapkv --budget 128 --protocol query-aware   # KVP's paper's protocol
     """
     from kvbench.presses import parse_press_args
     from kvbench.runner import run as run_press
 
-    frame = run_press(press, ratio, memory=memory, press_args=parse_press_args(press_args), **options)
+    frame = run_press(
+        press, ratio, memory=memory, budget=budget, press_args=parse_press_args(press_args), **options
+    )
     print_summary(frame, options["out"])
 
 
@@ -306,6 +325,12 @@ def run(press, ratio, memory, press_args, **options):
     "cache), e.g. 0.5,0.25,0.1. Evictors run at ratio 1 - memory, codecs solve their own knobs.",
 )
 @click.option(
+    "--budget",
+    default=None,
+    help="Instead of --ratios: comma-separated absolute budgets, KV entries kept per head (and per layer), "
+    "e.g. 64,128,256,512.",
+)
+@click.option(
     "--press-arg",
     "press_args",
     multiple=True,
@@ -316,7 +341,9 @@ def run(press, ratio, memory, press_args, **options):
 @task_options
 @model_options
 @ray_options
-def sweep(presses, ratios, memory, press_args, ray_address, ray_workers, ray_cpus, ray_gpus, **options):
+def sweep(
+    presses, ratios, memory, budget, press_args, ray_address, ray_workers, ray_cpus, ray_gpus, **options
+):
     """Score every press at every ratio or memory budget (plus no compression) on a suite or tasks.
 
     One uncompressed prefill per sample serves every config that compresses inside kvpress's hook;
@@ -328,13 +355,21 @@ def sweep(presses, ratios, memory, press_args, ray_address, ray_workers, ray_cpu
       kvbench sweep --presses kvp,snapkv,h2o,tova --ratios 0.25,0.5,0.75,0.9 --suite ruler-1k
       kvbench sweep --presses kvp,snapkv,quant,varrate --memory 0.5,0.25,0.1 --suite ruler-1k
       kvbench sweep --presses kvp,snapkv --ratios 0.5 --suite ruler-4k --ray auto --ray-gpus 1 --device cuda
+      kvbench sweep --presses kvp,snapkv,tova --budget 64,128,256 --protocol query-aware --suite ruler-1k
+      kvbench sweep --presses kvp,knorm --ratios 0.5 --protocol multi-question --suite heldout --length 2048
     """
     from kvbench.presses import parse_press_args
     from kvbench.runner import sweep as sweep_presses
 
     executor = ray_executor(ray_address, ray_workers, ray_cpus, ray_gpus)
     frame = sweep_presses(
-        presses, ratios, memory=memory, press_args=parse_press_args(press_args), executor=executor, **options
+        presses,
+        ratios,
+        memory=memory,
+        budget=budget,
+        press_args=parse_press_args(press_args),
+        executor=executor,
+        **options,
     )
     print_summary(frame, options["out"])
 
@@ -342,13 +377,16 @@ def sweep(presses, ratios, memory, press_args, ray_address, ray_workers, ray_cpu
 @main.command(name="presses")
 def list_presses():
     """List every press: name, what it does, what it needs."""
-    from kvbench.presses import list_presses
+    from kvbench.presses import NOT_REGISTERED, list_presses
 
     specs = list_presses()
     width = max(len(spec.name) for spec in specs)
     for spec in specs:
         needs = f"  [needs: {', '.join(spec.needs)}]" if spec.needs else ""
         click.echo(f"{spec.name:<{width}}  {spec.description}{needs}")
+    click.echo("kvpress presses not in the registry:")
+    for name, reason in NOT_REGISTERED.items():
+        click.echo(f"  {name}: {reason}")
 
 
 @main.command(name="tasks")

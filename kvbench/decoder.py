@@ -60,9 +60,9 @@ class BatchedDecoder:
         finally:
             self.attended = False
 
-    def feed(self, input_ids: torch.Tensor, position: int, **kwargs) -> torch.Tensor:
-        """Feed `input_ids` (batch or 1, n) on top of every row at positions from `position` on; the
-        logits of the last one, per row."""
+    def feed(self, input_ids: torch.Tensor, position: int | torch.Tensor, **kwargs) -> torch.Tensor:
+        """Feed `input_ids` (batch or 1, n) on top of every row at positions from `position` on (one for
+        all rows, or one per row); the logits of the last one, per row."""
         if self.masks is not None:
             new = self.masks.new_ones(*self.masks.shape[:2], input_ids.shape[1])
             self.masks = torch.cat([self.masks, new], dim=2)
@@ -97,8 +97,11 @@ class BatchedDecoder:
             return lengths.expand(-1, len(self.active))
         return self.masks.sum(-1)
 
-    def decode(self, question_ids: torch.Tensor, position: int, max_new_tokens: int) -> list[list[int]]:
-        """Feed the question on top of each row, then decode greedily; one token list per row.
+    def decode(
+        self, question_ids: torch.Tensor, position: int | torch.Tensor, max_new_tokens: int
+    ) -> list[list[int]]:
+        """Feed the question on top of each row, then decode greedily; one token list per row. `position`:
+        the question's first position, for all rows or one per row (rows that have seen different turns).
 
         As in the pipeline, a stream stops after emitting a stop token from its second token on (the
         pipeline never checks the first one).
@@ -114,7 +117,10 @@ class BatchedDecoder:
                     if not running.any():
                         break
                     if not running.all():
-                        next_ids = next_ids[self.keep_rows(running.tolist())]
+                        keep = self.keep_rows(running.tolist())
+                        next_ids = next_ids[keep]
+                        if torch.is_tensor(position):
+                            position = position[keep]
                 next_ids = self.feed(next_ids.unsqueeze(1), position + step).argmax(-1)
                 for row, token in zip(self.active.tolist(), next_ids.tolist(), strict=True):
                     tokens[row].append(token)

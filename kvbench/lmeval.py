@@ -133,10 +133,10 @@ class KVBenchLM(HFLM):
         self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
         self.protocols: dict[str, str] = {}  # task -> the protocol its requests ran under
 
-    def new_run(self) -> Run:
+    def new_run(self, prompt: Prompt | None = None) -> Run:
         """A fresh press per request, as `kvbench run` builds one per sample (stateful presses start over)."""
         config = Config(self.press_name, self.compression_ratio, tuple(sorted(self.press_args.items())))
-        return Run(config, seed_press(config_press(config), f"lm-eval/{config!r}"), self.eager)
+        return Run(config, seed_press(config_press(config), f"lm-eval/{config!r}"), self.eager, prompt)
 
     @property
     def run_config(self) -> dict:
@@ -190,7 +190,7 @@ class KVBenchLM(HFLM):
             if kwargs["do_sample"]:
                 raise BadInput("the kvbench model decodes greedily; this task asks for sampling (do_sample)")
             prompt, protocol = self.split_prompt(text, request.task_name, request.doc)
-            result = generate(self.model, self.new_run(), prompt, kwargs["max_gen_toks"])
+            result = generate(self.model, self.new_run(prompt), kwargs["max_gen_toks"])
             # The engine stops at EOS only; other stop strings cut the text afterwards.
             answer = self.tok_decode(result.pop("tokens"))
             answers.append(
@@ -262,14 +262,14 @@ def available_device(device: str) -> str:
     return device
 
 
-def generate(model, run: Run, prompt: Prompt, max_new_tokens: int) -> dict:
-    """Greedy tokens and measurements for one prompt under one press, along the engine's path for it."""
+def generate(model, run: Run, max_new_tokens: int) -> dict:
+    """Greedy tokens and measurements for the run's prompt under its press, along the engine's path."""
     with torch.no_grad():
         if is_shareable(run.press):
-            run_shared(model, prompt, [run], max_new_tokens)
+            run_shared(model, [run], max_new_tokens)
         else:
-            run_alone(model, prompt, run, max_new_tokens)
-    return run.result
+            run_alone(model, run, max_new_tokens)
+    return {**run.result, **run.answers[0]}
 
 
 class CompressedContext:
@@ -287,7 +287,7 @@ class CompressedContext:
                 language_model(model)(input_ids=prefix, past_key_values=self.cache)
         self.measurements = {
             "prefill_s": time.perf_counter() - start,
-            **kv_counts(model, Prompt(prefix, None), cache_entries(self.cache, masked_entries(model)), press),
+            **kv_counts(model, prefix.shape[1], cache_entries(self.cache, masked_entries(model)), press),
         }
         self.layer_lengths = [layer.keys.shape[2] for layer in self.cache.layers]
         self.position = prefix.shape[1]

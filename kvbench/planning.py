@@ -49,11 +49,27 @@ def parse_memory(value: float | str) -> float:
     return memory
 
 
-def protocol_of(protocol: str, interval: int | None = None, chunk: int | None = None) -> tuple[str, tuple]:
-    """(protocol, protocol_args) after validation: each argument belongs to its protocol."""
+def parse_budget(value: int | str) -> int:
+    """An absolute budget: KV entries kept per head (and per layer), a whole number of at least 1 that fits
+    in 64 bits, as rows store it (`validation.parse_int`)."""
+    try:
+        budget = parse_int(value, "budget")
+    except BadInput:
+        raise BadInput(f"budget must be a whole number of KV entries per head, got {value!r}") from None
+    if budget < 1:
+        raise BadInput(f"budget must be at least 1 KV entry per head, got {value}")
+    return budget
+
+
+PROTOCOL_OPTIONS = ("interval", "chunk", "questions", "turns")  # each protocol's argument, by its option
+
+
+def protocol_of(protocol: str, **given: int | None) -> tuple[str, tuple]:
+    """(protocol, protocol_args) after validation: each argument (`PROTOCOL_OPTIONS`) belongs to its
+    protocol, and takes the protocol's default when not given."""
     if protocol not in PROTOCOL_ARGS:
         raise BadInput(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOL_ARGS)})")
-    given = {name: value for name, value in (("interval", interval), ("chunk", chunk)) if value is not None}
+    given = {name: value for name, value in given.items() if value is not None}
     wanted = PROTOCOL_ARGS[protocol]
     for name in given:
         if wanted is None or wanted[0] != name:
@@ -71,10 +87,16 @@ def budget_configs(
     memories: Sequence[float],
     protocol: tuple[str, tuple] = (DEFAULT_PROTOCOL, ()),
     press_args: tuple = (),
+    budgets: Sequence[int] = (),
 ) -> list[Config]:
-    """The configs of one press: one per ratio, or one per memory budget (evictors at ratio 1 - memory,
-    codecs solving their own knobs for it)."""
+    """The configs of one press: one per ratio, per memory budget (evictors at ratio 1 - memory, codecs
+    solving their own knobs for it), or per absolute budget (each sample's ratio set from its length)."""
     name, protocol_args = protocol
+    if budgets:
+        return [
+            Config(press, 0.0, press_args, protocol=name, protocol_args=protocol_args, budget=b)
+            for b in budgets
+        ]
     if memories:
         codec = PRESSES[press].codec if press in PRESSES else False
         return [
@@ -90,17 +112,20 @@ def configs_for_run(
     memory: float | str | None = None,
     press_args: dict | None = None,
     protocol: str = DEFAULT_PROTOCOL,
-    interval: int | None = None,
-    chunk: int | None = None,
+    budget: int | str | None = None,
+    **protocol_args: int | None,
 ) -> list[Config]:
-    """The one config of `kvbench run`: a press at a ratio or at a memory budget."""
-    if (ratio is None) == (memory is None):
-        raise BadInput("give one of --ratio or --memory")
-    if press == "none" and (memory is not None or parse_ratio(ratio) != 0):
+    """The one config of `kvbench run`: a press at a ratio, a memory budget or an absolute budget.
+    `protocol_args`: the protocol's argument by its option name (`PROTOCOL_OPTIONS`)."""
+    if sum(value is not None for value in (ratio, memory, budget)) != 1:
+        raise BadInput("give exactly one of --ratio, --memory or --budget")
+    if press == "none" and (ratio is None or parse_ratio(ratio) != 0):
         raise BadInput("press 'none' compresses nothing: give --ratio 0")
     args = tuple(sorted((press_args or {}).items()))
-    ratios, memories = ([parse_ratio(ratio)], []) if memory is None else ([], [parse_memory(memory)])
-    return budget_configs(press, ratios, memories, protocol_of(protocol, interval, chunk), args)
+    ratios = [parse_ratio(ratio)] if ratio is not None else []
+    memories = [parse_memory(memory)] if memory is not None else []
+    budgets = [parse_budget(budget)] if budget is not None else []
+    return budget_configs(press, ratios, memories, protocol_of(protocol, **protocol_args), args, budgets)
 
 
 def configs_for_sweep(
@@ -108,32 +133,33 @@ def configs_for_sweep(
     ratios: Sequence[float | str] | str | None = None,
     memory: Sequence[float | str] | str | None = None,
     protocol: str = DEFAULT_PROTOCOL,
-    interval: int | None = None,
-    chunk: int | None = None,
     press_args: dict | None = None,
+    budget: Sequence[int | str] | str | int | None = None,
+    **protocol_args: int | None,
 ) -> list[Config]:
-    """The grid of `kvbench sweep`: no compression, then every press at every ratio (or memory budget).
-    `press_args` go to every press of the grid (e.g. another set of KVP agents), never to `none`.
+    """The grid of `kvbench sweep`: no compression, then every press at every ratio (or memory budget, or
+    absolute budget). `press_args` go to every press of the grid (e.g. another set of KVP agents), never to
+    `none`. `protocol_args`: the protocol's argument by its option name (`PROTOCOL_OPTIONS`).
 
     Each list may also be given as comma-separated text ("knorm,snapkv", "0.25,0.5"). A codec asked for a
     memory it cannot reach (2-bit codes still cost more than 10 %) is left out of the grid with a
     KvbenchWarning; `configs_for_run` refuses such a budget instead.
     """
-    if (ratios is None) == (memory is None):
-        raise BadInput("give one of --ratios or --memory")
+    if sum(value is not None for value in (ratios, memory, budget)) != 1:
+        raise BadInput("give exactly one of --ratios, --memory or --budget")
     names = [str(name).strip() for name in split(presses) if str(name).strip()]
     ratio_values = [parse_ratio(value) for value in split(ratios) if str(value).strip()]
     memory_values = [parse_memory(value) for value in split(memory) if str(value).strip()]
-    if not names or not (ratio_values or memory_values):
-        raise BadInput("--presses and --ratios (or --memory) must each name at least one value")
-    protocol_ = protocol_of(protocol, interval, chunk)
+    budget_values = [parse_budget(value) for value in split(budget) if str(value).strip()]
+    if not names or not (ratio_values or memory_values or budget_values):
+        raise BadInput("--presses and --ratios (or --memory, or --budget) must each name at least one value")
+    protocol_ = protocol_of(protocol, **protocol_args)
+    args = tuple(sorted((press_args or {}).items()))
     configs = [Config("none", 0.0, protocol=protocol_[0], protocol_args=protocol_[1])] + [
         config
         for name in names
         if name != "none"
-        for config in budget_configs(
-            name, ratio_values, memory_values, protocol_, tuple(sorted((press_args or {}).items()))
-        )
+        for config in budget_configs(name, ratio_values, memory_values, protocol_, args, budget_values)
     ]
     if len(set(configs)) != len(configs):
         raise BadInput("duplicate configs: each press and ratio may appear once")

@@ -21,7 +21,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvbench import models, provenance
-from kvbench.config import DEFAULT_PROTOCOL, Config
+from kvbench.config import DEFAULT_PROTOCOL, MULTI_QUESTION_PROTOCOLS, PROTOCOL_ARGS, Config
 from kvbench.errors import BadInput
 from kvbench.planning import (
     check_configs,
@@ -33,7 +33,14 @@ from kvbench.planning import (
     task_lengths,
 )
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
-from kvbench.tasks import Sample, check_data, load_samples, score_sample
+from kvbench.tasks import (
+    Sample,
+    check_combinable,
+    check_data,
+    load_combined_samples,
+    load_samples,
+    score_sample,
+)
 from kvbench.validation import parse_int
 
 CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
@@ -88,16 +95,22 @@ def run(
     ratio: float | str | None = None,
     *,
     memory: float | str | None = None,
+    budget: int | str | None = None,
     press_args: dict | None = None,
     protocol: str = DEFAULT_PROTOCOL,
     interval: int | None = None,
     chunk: int | None = None,
+    questions: int | None = None,
+    turns: int | None = None,
     **setup,
 ) -> pd.DataFrame:
-    """Score one press at one compression ratio (fraction of KV entries removed) or memory budget
-    (fraction of the 16-bit full cache) on a suite or tasks; the rows of this run, as `kvbench run` scores
-    them. `setup`: the keywords of `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
-    return run_configs(configs_for_run(press, ratio, memory, press_args, protocol, interval, chunk), **setup)
+    """Score one press at one compression ratio (fraction of KV entries removed), memory budget (fraction
+    of the 16-bit full cache) or absolute budget (KV entries kept per head) on a suite or tasks; the rows of
+    this run, as `kvbench run` scores them. `interval`, `chunk`, `questions`, `turns`: the protocol's
+    argument. `setup`: the keywords of `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
+    protocol_args = {"interval": interval, "chunk": chunk, "questions": questions, "turns": turns}
+    configs = configs_for_run(press, ratio, memory, press_args, protocol, budget, **protocol_args)
+    return run_configs(configs, **setup)
 
 
 def sweep(
@@ -105,16 +118,20 @@ def sweep(
     ratios: Sequence[float | str] | str | None = None,
     *,
     memory: Sequence[float | str] | str | None = None,
+    budget: Sequence[int | str] | str | int | None = None,
     protocol: str = DEFAULT_PROTOCOL,
     interval: int | None = None,
     chunk: int | None = None,
+    questions: int | None = None,
+    turns: int | None = None,
     press_args: dict | None = None,
     **setup,
 ) -> pd.DataFrame:
-    """Score every press at every ratio (or memory budget), plus no compression, as `kvbench sweep` does;
-    the rows of this sweep. `press_args` go to every press but `none`. `setup`: the keywords of
-    `prepare_plan`."""
-    configs = configs_for_sweep(presses, ratios, memory, protocol, interval, chunk, press_args)
+    """Score every press at every ratio (or memory budget, or absolute budget), plus no compression, as
+    `kvbench sweep` does; the rows of this sweep. `press_args` go to every press but `none`. `setup`: the
+    keywords of `prepare_plan`."""
+    protocol_args = {"interval": interval, "chunk": chunk, "questions": questions, "turns": turns}
+    configs = configs_for_sweep(presses, ratios, memory, protocol, press_args, budget, **protocol_args)
     return run_configs(configs, **setup)
 
 
@@ -171,12 +188,15 @@ def prepare_plan(
     limit = models.context_limit(model)
     names, asked = task_plan.tasks, task_plan.length
     lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None
+    if lengths is not None:
+        check_lengths(configs, lengths)
     if executor is not None:
         executor.start()  # e.g. a Ray cluster joined (or started) and checked before the model loads
     # The engine switches to eager attention itself for the configs that need attention weights.
     llm, tokenizer = models.load_model(model, device="cpu" if executor else device, dtype=dtype)
     if lengths is None:  # a hub model whose config was not at hand: its context is known now
         lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
+        check_lengths(configs, lengths)
     plan = Plan(
         configs=key_by_learned_state(llm, configs, presses),
         tasks=names,
@@ -196,8 +216,56 @@ def prepare_plan(
     return plan, llm, tokenizer
 
 
+def questions_per_context(configs: list[Config]) -> int | None:
+    """How many questions each context of a plan carries under its multi-question or multi-turn configs
+    (a plan's configs must agree: they share its samples); None for the one-question protocols."""
+    counts = {
+        dict(c.protocol_args)[PROTOCOL_ARGS[c.protocol][0]]
+        if c.protocol in MULTI_QUESTION_PROTOCOLS
+        else None
+        for c in configs
+    }
+    if len(counts) > 1:
+        raise BadInput("configs of one run must ask the same number of questions per context")
+    return counts.pop() if counts else None
+
+
+def asked(config: Config, sample: Sample) -> list[Sample]:
+    """The samples whose questions `config` answers of `sample`'s context: its parts under the
+    multi-question protocols, else the sample itself."""
+    return sample.questions() if config.protocol in MULTI_QUESTION_PROTOCOLS else [sample]
+
+
+def check_lengths(configs: list[Config], lengths: dict[str, int]) -> None:
+    """Fail before any work if an absolute budget keeps every entry of a task's context, or if the tasks
+    cannot share the contexts of a multi-question protocol."""
+    for config in configs:
+        for task, length in lengths.items():
+            if config.budget is not None and config.budget >= length:
+                raise BadInput(
+                    f"--budget {config.budget} is not below the {length}-token context of task {task!r}: "
+                    "nothing would be evicted"
+                )
+    questions = questions_per_context(configs)
+    if questions is not None:
+        turns = any(config.protocol == "multi-turn" for config in configs)
+        check_combinable(list(lengths), max(lengths.values()), questions, turns=turns)
+
+
 def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
-    """Every sample of the plan, task by task (RULER's are sized with the model's tokenizer)."""
+    """Every sample of the plan, task by task (RULER's are sized with the model's tokenizer); under the
+    multi-question protocols, contexts combining K samples of the plan's tasks (`load_combined_samples`)."""
+    questions = questions_per_context(plan.configs)
+    if questions is not None:
+        return load_combined_samples(
+            plan.tasks,
+            length=plan.task_length(plan.tasks[0]),
+            samples=plan.samples,
+            questions=questions,
+            seed=plan.seed,
+            tokenizer=tokenizer,
+            data_dir=plan.data_dir,
+        )
     return [
         sample
         for task in plan.tasks
@@ -223,45 +291,57 @@ def plan_units(plan: Plan, samples: list[Sample]) -> list[Unit]:
 
 
 def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
-    """The rows of a unit before scoring: which config on which sample (and its content), one per config."""
+    """The rows of a unit before scoring: which config on which sample (and its content), one per config
+    and question. A question of a multi-question context is a row of its own task, with sample id
+    "<context id>/<j>" and meta {"question" (or "turn"): j, "context": the context's id, "part": the
+    sample's own id}."""
     sample, content = unit.sample, unit.sample.content_hash()
-    return [
-        Row(
-            config_id=config_id(
-                plan.model,
-                config.press,
-                config.ratio,
-                dict(config.press_args),
-                config.press_state,
-                config.memory,
-                config.protocol,
-                dict(config.protocol_args),
-            ),
-            model=plan.model,
-            press=config.press,
-            ratio=config.ratio,
-            task=sample.task,
-            length=plan.task_length(sample.task),
-            seed=plan.seed,
-            sample_id=sample.id,
-            press_args=dict(config.press_args),
-            press_state=config.press_state,
-            memory=config.memory,
-            protocol=config.protocol,
-            protocol_args=dict(config.protocol_args),
-            content_hash=content,
-            references=list(sample.references),
-            meta=sample.meta,
+    rows = []
+    for config in unit.configs:
+        identity = config_id(
+            plan.model,
+            config.press,
+            config.ratio,
+            dict(config.press_args),
+            config.press_state,
+            config.memory,
+            config.protocol,
+            dict(config.protocol_args),
+            config.budget,
         )
-        for config in unit.configs
-    ]
+        for j, part in enumerate(asked(config, sample)):
+            several = config.protocol in MULTI_QUESTION_PROTOCOLS
+            place = {"turn" if config.protocol == "multi-turn" else "question": j, "context": sample.id}
+            place["part"] = part.id  # the sample's own id, as a one-question run of its task names it
+            rows.append(
+                Row(
+                    config_id=identity,
+                    model=plan.model,
+                    press=config.press,
+                    ratio=config.ratio,
+                    task=part.task,
+                    length=plan.task_length(part.task),
+                    seed=plan.seed,
+                    sample_id=f"{sample.id}/{j}" if several else sample.id,
+                    press_args=dict(config.press_args),
+                    press_state=config.press_state,
+                    memory=config.memory,
+                    budget=config.budget,
+                    protocol=config.protocol,
+                    protocol_args=dict(config.protocol_args),
+                    content_hash=content,
+                    references=list(part.references),
+                    meta={**part.meta, **place} if several else part.meta,
+                )
+            )
+    return rows
 
 
 def evaluate_sample(
     model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int
 ) -> list[dict]:
-    """The engine's (kvbench.engine.evaluate_sample), imported when a model first runs: planning, claiming
-    and writing rows need no torch."""
+    """The engine's (kvbench.engine.evaluate_sample: one dict per config and question), imported when a
+    model first runs: planning, claiming and writing rows need no torch."""
     from kvbench import engine
 
     return engine.evaluate_sample(model, tokenizer, sample, configs, batch_configs=batch_configs)
@@ -273,9 +353,10 @@ def evaluate_unit(model, tokenizer, unit: Unit, plan: Plan) -> list[Row]:
     outputs = evaluate_sample(
         model, tokenizer, unit.sample, list(unit.configs), batch_configs=plan.batch_configs
     )
+    parts = [part for config in unit.configs for part in asked(config, unit.sample)]
     return [
-        replace(row, **output, score=score_sample(unit.sample, output["prediction"]))
-        for row, output in zip(unit_rows(plan, unit), outputs, strict=True)
+        replace(row, **output, score=score_sample(part, output["prediction"]))
+        for row, output, part in zip(unit_rows(plan, unit), outputs, parts, strict=True)
     ]
 
 
@@ -329,16 +410,21 @@ def run_plan(
                 }
                 work = []
                 for index in batch:
+                    # A config's rows (one per question) are computed together: any of them claimed.
                     configs = tuple(
                         config
-                        for config, row in zip(units[index].configs, rows_of[index], strict=True)
-                        if row.key in claimed
+                        for config in units[index].configs
+                        if any(
+                            row.key in claimed
+                            for row in unit_rows(plan, Unit(units[index].sample, (config,)))
+                        )
                     )
                     if configs:
                         work.append(Unit(units[index].sample, configs))
                 for scored in compute(work, plan):
                     for row in scored:
-                        store.append(row, force=plan.force)
+                        if row.key in claimed:  # a question another run wrote already is not written twice
+                            store.append(row, force=plan.force)
                     count_done(scored)
                     bar.set_postfix_str(scored[0].task)
                 for index in batch:
@@ -358,12 +444,16 @@ def run_plan(
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     """Score per task (columns) for each (press, budget), plus the average over tasks; the budget is the
-    ratio, or `memory=M` for configs given a memory budget."""
+    ratio, `memory=M` for configs given a memory budget, `budget=N` for those given an absolute one."""
     if frame.empty:
         return pd.DataFrame()
-    memory = frame["memory"] if "memory" in frame else pd.Series(None, index=frame.index, dtype=object)
+
+    def column(name: str) -> pd.Series:
+        return frame[name] if name in frame else pd.Series(None, index=frame.index, dtype=object)
+
     budget = [
-        str(ratio) if pd.isna(m) else f"memory={m}" for ratio, m in zip(frame["ratio"], memory, strict=True)
+        f"budget={int(b)}" if pd.notna(b) else str(ratio) if pd.isna(m) else f"memory={m}"
+        for ratio, m, b in zip(frame["ratio"], column("memory"), column("budget"), strict=True)
     ]
     frame = frame.assign(budget=budget)
     table = frame.pivot_table(index=["press", "budget"], columns="task", values="score", aggfunc="mean")

@@ -98,9 +98,10 @@ def registry_configs(model, tmp_path) -> list[Config]:
     # pyramidkv, chunkkv: per-layer cache lengths, which kvpress's pipeline decodes only with flash attention;
     # test_per_layer_cache_lengths_decode_in_the_same_batch checks them against a stepwise reference.
     # memdecay reads the context's regions, which kvpress's pipeline does not give: test_memdecay runs it
-    # in the engine under every protocol.
-    skipped = {"none", "pyramidkv", "chunkkv", "memdecay"} | {
-        name for name, spec in PRESSES.items() if "hub" in spec.needs
+    # in the engine under every protocol. kvcompose (per-layer lengths) and the presses set by a knob of
+    # their own, not a ratio: tests/test_kvpress_presses.py.
+    skipped = {"none", "pyramidkv", "chunkkv", "memdecay", "kvcompose"} | {
+        name for name, spec in PRESSES.items() if "hub" in spec.needs or spec.knob
     }
     configs = [Config("none", 0.0)]
     for name in sorted(PRESSES.keys() - skipped):

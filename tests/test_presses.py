@@ -14,8 +14,9 @@ from kvbench.presses import PRESSES, UnknownPress, build_press, check_press_runn
 from kvbench.presses.h2o import H2OPress
 
 # Presses that need something this machine lacks (hub files, trained weights or a calibration made for
-# the model: tested in test_kvp*, test_distillcache, test_memdecay).
-NOT_OFFLINE = {name for name, spec in PRESSES.items() if "hub" in spec.needs} | {
+# the model: tested in test_kvp*, test_distillcache, test_memdecay), and those set by a knob of their own at
+# ratio 0 (dms, simlayerkv, per_layer_compression: tested in test_kvpress_presses).
+NOT_OFFLINE = {name for name, spec in PRESSES.items() if "hub" in spec.needs or spec.knob} | {
     "kvp",
     "distillcache",
     "memdecay",
@@ -27,7 +28,7 @@ OFFLINE = sorted(set(PRESSES) - NOT_OFFLINE)
 # What each press that is not a plain scorer does to a prefill of 200 tokens at ratio (or memory) 0.5.
 # Keep every entry and mask half of them, with budgets per head (and per layer for kvzip's and kvgrad's).
 HEAD_MASKS = {"adakv", "andpro", "critical_adakv", "kvzip", "kvgrad"}
-WHOLE_CHUNKS = {"chunkkv", "block", "chunk"}  # drop entries, keep the rest whole
+WHOLE_CHUNKS = {"chunkkv", "entropy_gated_chunkkv", "block", "chunk"}  # drop entries, keep the rest whole
 CODECS = {"quant", "lowrank", "varrate"}  # keep every position, each at fewer bits or a lower rank
 
 
@@ -68,7 +69,9 @@ def test_every_offline_press_keeps_what_it_says(name, tiny_model_dir):
     eager = registry.needs_eager(name)
     model, _ = load_model(tiny_model_dir, attn_implementation="eager" if eager else None)
     ids = torch.randint(3, 1000, (1, 200), generator=torch.Generator().manual_seed(0))
-    full = prefill(model, ids)
+    attention = "eager" if name == "kvcompose" else model.config._attn_implementation
+    with adapter.attention_implementation(model, attention):
+        full = prefill(model, ids)  # (kvcompose prefills in eager attention whatever the model's)
     press = build_press(name, 0.5)
     scores = record_scores(press) if isinstance(press, ScorerPress) else []
     cache = prefill(model, ids, press)
@@ -88,6 +91,16 @@ def test_every_offline_press_keeps_what_it_says(name, tiny_model_dir):
             assert torch.equal(layer.values, at_positions(whole.values, at))
             if name == "chunkkv":  # whole chunks of 20 positions
                 assert all(len(set((head // 20).tolist())) == n_kept // 20 for head in at[0])
+            if name == "entropy_gated_chunkkv":  # chunks of 10, the spiky ones cut to their best 4
+                per_chunk = torch.bincount(at[0, 0] // 10, minlength=20)
+                assert torch.equal(at[0, 0], at[0, 1]) and ((per_chunk == 4) | (per_chunk == 10)).any()
+                assert ((per_chunk > 0) & (per_chunk < 10)).any()
+        elif name == "kvcompose":  # whole entries, as many in each head of a layer (layer sizes: below)
+            assert (at >= 0).all() and torch.equal(layer.values, at_positions(whole.values, at))
+        elif name == "composed":  # snapkv's entries, then think's zeroed key channels
+            at_values = positions(layer.values, whole.values)
+            assert layer.keys.shape[2] == n_kept and (at_values >= 0).all()
+            assert ((layer.keys == 0).all(dim=2).sum(-1) == 8).all()
         elif name == "key_rerotation":  # the inner scorer's entries, keys rotated to new positions
             assert layer.keys.shape[2] == n_kept and (positions(layer.values, whole.values) >= 0).all()
             assert (at < 0).any()
@@ -102,10 +115,12 @@ def test_every_offline_press_keeps_what_it_says(name, tiny_model_dir):
         elif name == "think":  # zeroes half the key channels of each head, keeps every token
             zero = (layer.keys == 0).all(dim=2).sum(-1)
             assert torch.equal(layer.values, whole.values) and (zero == 8).all()
-        elif name == "decoding":  # compresses only while decoding
+        elif name in ("decoding", "cam"):  # compress only while decoding
             assert torch.equal(layer.keys, whole.keys)
         else:
             raise AssertionError(f"no expectation for press {name!r}: say what it keeps")
+    if name == "kvcompose":  # layers of different sizes, half of all entries kept
+        assert sum(layer.keys.shape[2] for layer in cache.layers) == len(cache.layers) * n_kept
     if name in HEAD_MASKS:  # half of the entries masked
         assert adapter.masked_entries(model) == len(cache.layers) * 2 * (200 - n_kept)
     adapter.clear_head_masks(model)

@@ -1,8 +1,10 @@
 """QEvict (arXiv 2608.05326; the authors' "Sticky KV" code): windows of tokens ranked by accumulated attention
 are kept at 16 bits, quantised to int4, or evicted, and re-tiered (promoted, demoted) on every compression."""
 
+import math
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from fractions import Fraction
+from typing import ClassVar, Literal
 
 import torch
 from kvpress import BasePress
@@ -45,7 +47,7 @@ class LayerState:
     value_zero: torch.Tensor  # (rows, n) fp16
     length: int  # tokens seen so far (kept or not)
     local_start: int  # first position of the local zone: positions before it (past the sinks) are windows
-    budget: float  # bytes one row may hold
+    budget: float  # what one row may hold: bytes, or 16-bit token equivalents under the authors' accounting
 
     @classmethod
     def empty(cls, rows: int, head_dim: int, budget: float, device) -> "LayerState":
@@ -267,13 +269,23 @@ class QEvictPress(BasePress):
     - `quant_ratio` = 0.1 (Q_RATIO = 10): of the budget left after sinks and local zone, that share buys
       int4 windows and the rest 16-bit windows (allocator.compute_budget); the int4 tier also gets what the
       whole 16-bit windows leave over, as the authors' complement does.
-    - `memory`: the budget as a fraction of the 16-bit full cache, given by the registry. It stands for the
-      authors' R_RATIO, with two differences: it is a fraction of the context at the first call, not of
-      prompt + max_new_tokens (unknown here), and it counts real bytes (int4 codes, scales and zero-points,
-      one tier byte per kept window) where the authors count int4 tokens as a quarter of a 16-bit token.
-      Windows are therefore rounded down to fit, where the authors round up. The first call's budget is
-      kept for later calls (a fixed cap, as the authors fix theirs at prefill); when the engine sets
-      `compression_ratio` (DecodingPress's target), the budget is instead int(n * (1 - ratio)) 16-bit entries.
+    - `memory`: the budget, given by the registry, read by `accounting`:
+      - "bytes" (kvbench's, the default): a fraction of the 16-bit full cache of the context at the first
+        call, in real bytes (int4 codes, scales and zero-points, one tier byte per kept window), so that
+        QEvict sits on the memory board beside every other press. Windows are rounded down to fit. The first
+        call's budget is kept for later calls (a fixed cap, as the authors fix theirs at prefill); when the
+        engine sets `compression_ratio` (DecodingPress's target), the budget is instead int(n x (1 - ratio))
+        16-bit entries.
+      - "authors": the authors' R_RATIO (allocator.compute_budget), so that rows can be set beside the
+        paper's nominal budgets: floor((prompt + `max_new_tokens`) x memory) 16-bit tokens, the sinks taken
+        out, the local zone local_ratio of the total, quant_ratio of what is left going to int4 tokens
+        counted as a quarter of a 16-bit token each (scales and zero-points not counted), both tiers rounded
+        up to whole windows. `max_new_tokens` is the authors' GENERATION_CONFIG value (512), which they count
+        whatever the task generates. The cap is fixed at the first call and never refused; a DecodingPress
+        target is ignored. The rows' kv_bytes are still the real bytes stored.
+      The difference is the int4 tier's price: at head_dim 64 and window 8 an int4 window stores 512 bytes of
+      codes, 128 of key scales and zero-points (one pair per RoPE channel pair), 32 of value scales and
+      zero-points and a tier byte, 673 bytes against 2048 at 16 bits, 1/3.04, where the authors count 1/4.
     - Scores: at the first call, attention of every prompt query, summed over queries and averaged over the
       query heads of a KV head (the authors' tally_prefill_scores over scores_for_cache, H2O-like); at each
       later call, that of the tokens since the last call, from the cache as it is (so int4 windows are
@@ -296,6 +308,8 @@ class QEvictPress(BasePress):
     local_ratio: float = 0.5
     quant_ratio: float = 0.1
     compression_ratio: float | None = None
+    accounting: Literal["bytes", "authors"] = "bytes"
+    max_new_tokens: int = 512
     layer_bytes: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     states: dict[int, LayerState] = field(default_factory=dict, init=False, repr=False, compare=False)
     shares_prefill: ClassVar[bool] = True
@@ -307,19 +321,38 @@ class QEvictPress(BasePress):
             raise ValueError(f"qevict: window must be >= 1 and sinks >= 0, got {self.window}, {self.sinks}")
         if not (0 <= self.local_ratio <= 1 and 0 <= self.quant_ratio <= 1):
             raise ValueError("qevict: local_ratio and quant_ratio must be in [0, 1]")
+        if self.accounting not in ("bytes", "authors") or self.max_new_tokens < 0:
+            raise ValueError(
+                f"qevict: accounting must be bytes or authors and max_new_tokens >= 0, got "
+                f"{self.accounting!r}, {self.max_new_tokens}"
+            )
 
     def post_init_from_model(self, model):
         self.states.clear()
         self.layer_bytes.clear()
 
+    def first_budget(self, n: int, head_dim: int) -> float:
+        """A row's budget at a sequence's first call of `n` tokens, in the accounting's unit."""
+        if self.accounting == "authors":  # exact rational arithmetic, as the authors' integer percents
+            return math.floor((n + self.max_new_tokens) * Fraction(str(self.memory)))
+        return self.memory * n * 2 * head_dim * 2
+
     def plan(self, state: LayerState, head_dim: int, layer: int) -> tuple[int, int, int]:
         """(local_start, most 16-bit windows, most int4 windows) that fit the budget of one row."""
-        token_bytes = 2 * head_dim * 2
-        local = int(state.budget / token_bytes * self.local_ratio)
         sinks = min(self.sinks, state.length)
-        aligned = sinks - (-max(0, state.length - local - sinks) // self.window) * self.window  # rounded up
-        last_whole = sinks + (state.length - sinks) // self.window * self.window
-        local_start = max(state.local_start, min(aligned, last_whole))
+        if self.accounting == "authors":
+            total = int(state.budget)
+            local = min(math.floor(total * Fraction(str(self.local_ratio))), max(0, total - self.sinks))
+            rest = max(0, total - self.sinks - local)
+            fp_tokens = math.floor(rest * (1 - Fraction(str(self.quant_ratio))))
+            int4_tokens = (rest - fp_tokens) * (16 // BITS)  # an int4 token is a quarter of a 16-bit one
+            return (
+                self.local_start(state, local, sinks),
+                -(-fp_tokens // self.window),
+                -(-int4_tokens // self.window),
+            )
+        token_bytes = 2 * head_dim * 2
+        local_start = self.local_start(state, int(state.budget / token_bytes * self.local_ratio), sinks)
         fixed = (sinks + state.length - local_start) * token_bytes
         if fixed > state.budget:
             raise ValueError(
@@ -331,6 +364,13 @@ class QEvictPress(BasePress):
         fp = int(rest * (1 - self.quant_ratio) // fp_cost)
         int4 = int((rest - fp * fp_cost) // (int4_window_bytes(self.window, head_dim) + TIER_FLAG_BYTES))
         return local_start, fp, int4
+
+    def local_start(self, state: LayerState, local: int, sinks: int) -> int:
+        """The local zone's first position: the first window boundary that leaves at most `local` tokens
+        after it, never before the last call's."""
+        aligned = sinks - (-max(0, state.length - local - sinks) // self.window) * self.window  # rounded up
+        last_whole = sinks + (state.length - sinks) // self.window * self.window
+        return max(state.local_start, min(aligned, last_whole))
 
     def compress(
         self,
@@ -346,12 +386,12 @@ class QEvictPress(BasePress):
         rows = batch * kv_heads
         state = self.states.get(layer)
         if state is None or (hidden_states is not None and hidden_states.shape[1] == n):  # a new sequence
-            state = LayerState.empty(rows, head_dim, self.memory * n * 2 * head_dim * 2, keys.device)
+            state = LayerState.empty(rows, head_dim, self.first_budget(n, head_dim), keys.device)
         new = n - state.positions.shape[1]
         if new < 0:
             raise ValueError(f"qevict: layer {layer}'s cache lost entries between two calls")
         state = state.extend(rows, head_dim, new, keys.device)
-        if self.compression_ratio is not None:
+        if self.compression_ratio is not None and self.accounting == "bytes":
             state.budget = int(n * (1 - self.compression_ratio)) * 2 * head_dim * 2
         count = attentions.shape[-2] if attentions is not None else hidden_states.shape[1]
         query_positions = torch.arange(state.length - min(count, new), state.length, device=keys.device)

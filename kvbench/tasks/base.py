@@ -31,10 +31,20 @@ class Sample:
     # Chat turns that make up the context (role system/user/assistant/tool, content, optional region such as
     # "scratchpad"), rendered with the model's chat template; `context` then is a transcript for display.
     messages: list[dict] | None = None
+    # A context made of several samples' material, each asked in turn (the multi-question and multi-turn
+    # protocols): the samples, whose questions, references and metrics score the answers one by one; the
+    # fields above are then those of the first one.
+    parts: list["Sample"] | None = None
+
+    def questions(self) -> list["Sample"]:
+        """The samples whose questions are asked of this context, in order: its parts, or itself."""
+        return self.parts or [self]
 
     def content_hash(self) -> str:
         """A short digest of the sample's content: every field but the task and the id (the prompt, the
         references, the metric and the meta it may read, e.g. LongBench's classes). Part of a results row's
         key, so regenerated task data with the same ids is scored again, never served old rows."""
         content = {name: value for name, value in asdict(self).items() if name not in ("task", "id")}
+        if self.parts is None:  # a field added after rows were keyed by this hash: absent, it is not hashed
+            del content["parts"]
         return hashlib.sha1(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:12]

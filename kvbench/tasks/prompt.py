@@ -24,6 +24,11 @@ class Prompt:
     regions: torch.Tensor | None = None  # (n,): index in REGIONS of each context token
     # (q,): the question's region ids: "user" up to the assistant header, "assistant" for the answer prefix
     question_regions: torch.Tensor | None = None
+    # A sample with parts (`Sample.parts`): each part's question + answer prefix, fed on top of the context
+    # (the first is `question_ids`), and the tokens that close an assistant turn and open the next user
+    # turn (the multi-turn protocol: what a chat template puts between an answer and the next question).
+    part_question_ids: list[torch.Tensor] | None = None
+    turn_close_ids: torch.Tensor | None = None
 
     def all_regions(self) -> torch.Tensor | None:
         """Region ids of context + question, positions 0..n+q-1: what a region-aware press is told."""
@@ -36,33 +41,39 @@ class Prompt:
 REGIONS = ("system", "user", "assistant", "tool", "scratchpad")
 
 
-def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
+def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> Prompt:
     """Split the prompt as the kvpress pipeline's `preprocess` does, and give each context token its region.
 
     A sample that turns the chat template off (LongBench's trec, triviaqa, ...) is the task's raw prompt,
     tokenized as the task's official code does: the tokenizer's own special tokens, nothing appended. A
     sample made of chat turns (`messages`) is rendered with the template, the question in a last user turn.
+    `query_aware`: the question is part of the context (kvpress's evaluation appends it to the context), and
+    what is fed on top of the compressed cache is the end of the user's turn and the answer prefix.
     """
     messages = sample.messages or [{"role": "user", "content": sample.context}]
+    asked = sample.question if query_aware else ""
     special_tokens = False
+    turn_close = None
     if not sample.chat_template:
-        context, special_tokens, question_suffix = sample.context, True, ""
+        context, special_tokens, question_suffix = sample.context + asked, True, ""
     elif tokenizer.chat_template is not None:
         # The text after the context (end of turn, assistant header) goes with the question.
         separator = "#" * (max(len(message["content"]) for message in messages) + 10)
         turns = [{"role": message["role"], "content": message["content"]} for message in messages]
         if sample.messages:
-            turns.append({"role": "user", "content": separator})
+            turns.append({"role": "user", "content": asked + separator})
         else:
-            turns[-1]["content"] += separator
-        templated = tokenizer.apply_chat_template(
-            turns, add_generation_prompt=True, tokenize=False, enable_thinking=False
-        )
-        context, question_suffix = templated.split(separator)
+            turns[-1]["content"] += asked + separator
+        context, question_suffix = render(tokenizer, turns, add_generation_prompt=True).split(separator)
+        if sample.parts:
+            between = [{"role": "user", "content": "A"}, {"role": "assistant", "content": separator}]
+            between.append({"role": "user", "content": separator + "B"})
+            turn_close = render(tokenizer, between, add_generation_prompt=False).split(separator)[1]
     else:  # a base model: the pipeline's fallback
-        context = (tokenizer.bos_token or "") + "\n\n".join(message["content"] for message in messages)
-        question_suffix = "\n"
-    question = sample.question + question_suffix + sample.answer_prefix
+        joined = "\n\n".join(message["content"] for message in messages)
+        context, question_suffix = (tokenizer.bos_token or "") + joined + asked, "\n"
+        turn_close = "\n\n"
+    question = (sample.question if not query_aware else "") + question_suffix + sample.answer_prefix
     encoded = tokenizer(context, add_special_tokens=special_tokens, return_offsets_mapping=True)
     context_ids = torch.tensor([encoded["input_ids"]])
     regions = token_regions(context, messages, [start for start, _ in encoded["offset_mapping"]])
@@ -83,7 +94,23 @@ def tokenize_sample(tokenizer, sample: Sample) -> Prompt:
     if context_ids.shape[1] > max_length:
         logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
         context_ids, regions = context_ids[:, :max_length], regions[:max_length]
-    return Prompt(context_ids, question_ids, regions, question_regions)
+    prompt = Prompt(context_ids, question_ids, regions, question_regions)
+    if sample.parts:
+        prompt.part_question_ids = [
+            encode(tokenizer, part.question + question_suffix + part.answer_prefix) for part in sample.parts
+        ]
+        prompt.turn_close_ids = encode(tokenizer, turn_close) if turn_close is not None else None
+    return prompt
+
+
+def render(tokenizer, turns: list[dict], *, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        turns, add_generation_prompt=add_generation_prompt, tokenize=False, enable_thinking=False
+    )
+
+
+def encode(tokenizer, text: str) -> torch.Tensor:
+    return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
 
 def token_regions(context: str, messages: list[dict], token_starts: list[int]) -> torch.Tensor:
