@@ -18,7 +18,7 @@ from kvbench.config import DEFAULT_PROTOCOL, PROTOCOL_ARGS, Config
 from kvbench.engine import check_protocol
 from kvbench.errors import BadInput, KvbenchError, KvbenchWarning, UnknownTask
 from kvbench.models import first_line
-from kvbench.presses import PRESSES, build_press, check_press_runnable, config_press, needs_eager, press_state
+from kvbench.presses import PRESSES, build_press, check_press_runnable, config_press, press_state
 from kvbench.validation import parse_float, parse_int
 
 DEFAULT_SUITE = "ruler-smoke"
@@ -210,7 +210,9 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
     tried = set()  # one trial per press, arguments and protocol: at its highest ratio, where presses break
     for config in sorted(configs, key=lambda config: -config.ratio):
         group = (config.press, config.press_args, config.protocol, config.protocol_args)
-        if config.press_args and group not in tried:
+        # Presses that download per model cannot run on the trial model (and were refused if the hub is
+        # unreachable): their arguments are left to the real run.
+        if config.press_args and group not in tried and "hub" not in PRESSES[config.press].needs:
             tried.add(group)
             check_press_args_run(config, min(length or TRIAL_TOKENS, TRIAL_TOKENS))
     return presses
@@ -242,42 +244,53 @@ def check_press_args_run(config: Config, tokens: int = TRIAL_TOKENS) -> None:
 
 
 def trial_run(config: Config, tokens: int) -> None:
-    """The config's press through the engine's own flow (prefill, compression, two decoding steps) on
-    `tokens` random tokens of `trial_model`."""
-    import torch
+    """The config through the engine itself (`engine.evaluate_sample`: prefill, compression, decoding, as
+    its protocol runs them) on a sample of `tokens` random words, with `trial_model`."""
+    import random
 
     from kvbench import engine
-    from kvbench.adapter import attention_implementation, is_shareable, seed_press
-    from kvbench.tasks.prompt import Prompt
+    from kvbench.config import MULTI_QUESTION_PROTOCOLS
+    from kvbench.tasks.base import Sample
 
-    model = trial_model()
-    press = seed_press(config_press(config), "trial")
-    run = engine.Run(config, press, needs_eager(config.press, dict(config.press_args)))
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, model.config.vocab_size, (1, tokens + 4), generator=generator)
-    prompt = Prompt(ids[:, :tokens], ids[:, tokens:])
-    with torch.no_grad():
-        if config.protocol == "streaming":
-            engine.run_streaming(model, prompt, [run], 2)
-        elif is_shareable(press):
-            engine.run_shared(model, prompt, [run], 2)
-        else:
-            with attention_implementation(model, "eager" if run.needs_attentions else "sdpa"):
-                engine.run_alone(model, prompt, run, 2)
+    model, tokenizer = trial_model()
+    words = random.Random(0).choices(TRIAL_WORDS, k=tokens)
+    sample = Sample("trial", "0", " ".join(words), "w1 w2 w3", "w5", ["w4"], 2, "string_match_all")
+    if config.protocol in MULTI_QUESTION_PROTOCOLS:
+        count = dict(config.protocol_args).get("questions", dict(config.protocol_args).get("turns", 2))
+        sample.parts = [dataclasses.replace(sample, question=f"w{i} w2") for i in range(count)]
+    engine.evaluate_sample(model, tokenizer, sample, [config], batch_configs=1)
+
+
+TRIAL_WORDS = [f"w{i}" for i in range(60)]
 
 
 @functools.cache
 def trial_model():
-    """A 1-layer Llama of random weights (seed 0) built from a config, so nothing is downloaded: 4 query
-    heads over 2 KV heads of 8 dims, 64 tokens of vocabulary."""
+    """(model, tokenizer) built in memory, nothing downloaded: a 1-layer Llama of random weights (seed 0),
+    4 query heads over 2 KV heads of 8 dims, and a word-level tokenizer of TRIAL_WORDS (one token a word)
+    with a chat template of its own."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {word: index for index, word in enumerate(specials + TRIAL_WORDS)}
+    words = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    # Turns as words between <s> and </s>: what the multi-turn protocol feeds between a question and the next.
+    turn = "<s> {{ m['content'] }} </s> "
+    tokenizer.chat_template = (
+        "{% for m in messages %}" + turn + "{% endfor %}{% if add_generation_prompt %}<s> {% endif %}"
+    )
     shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
-    shape.update(num_key_value_heads=2, head_dim=8, vocab_size=64, max_position_embeddings=TRIAL_TOKENS + 16)
+    shape.update(num_key_value_heads=2, head_dim=8, vocab_size=len(vocab), eos_token_id=2)
+    shape.update(max_position_embeddings=2 * TRIAL_TOKENS)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return LlamaForCausalLM(LlamaConfig(**shape)).eval()
+        return LlamaForCausalLM(LlamaConfig(**shape)).eval(), tokenizer
 
 
 def check_learned_state(presses: list, model_name: str) -> None:

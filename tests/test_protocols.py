@@ -224,7 +224,11 @@ def test_contexts_rotate_the_tasks_and_each_turn_is_a_row_of_its_own_sample(
     tiny_llama_dir, tokenizer, tmp_path
 ):
     setup = dict(
-        tasks=["niah_single_1", "niah_single_3"], length=1600, samples=2, model=str(tiny_llama_dir), progress=False
+        tasks=["niah_single_1", "niah_single_3"],
+        length=1600,
+        samples=2,
+        model=str(tiny_llama_dir),
+        progress=False,
     )
     frame = kvbench.run("knorm", 0.5, protocol="multi-turn", turns=3, out=tmp_path / "out", **setup)
     contexts = load_combined_samples(

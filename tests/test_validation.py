@@ -14,13 +14,15 @@ from click.testing import CliRunner
 
 from kvbench import models
 from kvbench.cli import main
+from kvbench.config import PROTOCOL_ARGS, Config
 from kvbench.errors import BadInput, KvbenchWarning
-from kvbench.planning import parse_memory, parse_ratio
+from kvbench.planning import parse_memory, parse_ratio, trial_run
 from kvbench.results import REQUIRED_FIELDS, ResultsStore, Row, check_writable, load_rows
 from kvbench.tasks import longbench
 from kvbench.validation import parse_float, parse_int
 
 MUTATIONS = ("wrong type", "missing", "null", "nan", "huge")
+PROTOCOL_CONFIGS = [(name, ((arg[0], 2),) if arg else ()) for name, arg in PROTOCOL_ARGS.items()]
 
 
 def mutate(data: dict, path: tuple, mutation: str) -> dict | None:
@@ -303,6 +305,20 @@ def test_the_python_api_refuses_wrong_types_before_any_work(tmp_path, no_model_l
     with pytest.raises(BadInput, match="the checks passed"):  # a scalar ratio, as run takes
         kvbench.sweep("knorm", 0.5, tasks=["niah_single_1"], out=out)
     assert not out.exists()
+
+
+TRIED = [
+    *[Config("knorm", 0.5, protocol=name, protocol_args=args) for name, args in PROTOCOL_CONFIGS],
+    *[Config(name, 0.5) for name in ("snapkv", "random", "adakv", "chunkkv", "streaming_llm")],
+    Config("quant", 0.0, memory=0.5),
+]
+
+
+@pytest.mark.parametrize("config", TRIED, ids=[f"{c.press}-{c.protocol}" for c in TRIED])
+def test_the_trial_runs_every_protocol_with_a_press_defaults(config, one_thread):
+    """The trial of press arguments blames them only when the press runs there without them: a trial that
+    breaks by itself (the engine's API changed under it) would let every bad argument through."""
+    trial_run(config, 320)
 
 
 def test_check_writable_refuses_a_fifo_without_blocking(tmp_path):
