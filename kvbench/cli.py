@@ -16,6 +16,7 @@ import click
 from kvbench.config import PROTOCOL_ARGS
 from kvbench.errors import BadInput, KvbenchError, KvbenchWarning
 from kvbench.models import EMBEDDED, first_line
+from kvbench.validation import Number
 
 # Commands whose modules are heavy to import (plots, lm-eval, training) load only when called; their one-line
 # help is here so that `kvbench --help` lists them without importing torch.
@@ -237,7 +238,7 @@ def ray_options(command):
         click.option(
             "--ray-cpus", type=click.IntRange(min=1), default=None, help="CPU threads per worker [1]."
         ),
-        click.option("--ray-gpus", type=click.FloatRange(min=0), default=None, help="GPUs per worker [0]."),
+        click.option("--ray-gpus", type=Number(0), default=None, help="GPUs per worker [0]."),
     ]
     for option in reversed(options):
         command = option(command)

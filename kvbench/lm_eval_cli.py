@@ -29,12 +29,20 @@ def with_kvbench_tasks(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    """lm-eval's command line; kvbench's own errors (a bad `--model_args` value: an unknown press, a ratio
+    out of range, a missing model, a bad press argument) are one line and their exit code, as in `kvbench`."""
     from lm_eval.__main__ import cli_evaluate
 
     import kvbench.lmeval  # noqa: F401 (registers the model type `kvbench`)
+    from kvbench.errors import KvbenchError
+    from kvbench.models import first_line
 
     sys.argv = [sys.argv[0], *with_kvbench_tasks(sys.argv[1:])]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except KvbenchError as error:
+        print(f"Error: {first_line(error)}", file=sys.stderr)
+        sys.exit(error.exit_code)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,9 +54,8 @@ from kvbench.config import Config
 from kvbench.engine import Run, cache_entries, kv_counts, run_alone, run_shared
 from kvbench.errors import BadInput, TaskUnavailable, UnknownTask
 from kvbench.models import EMBEDDED, cache_dir, first_line, load_model, load_tokenizer, model_name
-from kvbench.planning import check_learned_state
+from kvbench.planning import check_configs, check_learned_state, parse_ratio
 from kvbench.presses import (
-    check_press_runnable,
     config_press,
     needs_eager,
     parse_press_args,
@@ -111,11 +111,12 @@ class KVBenchLM(HFLM):
                 f"the kvbench model answers one request at a time: batch_size must be 1, not {batch_size}"
             )
         self.press_name = press
-        self.compression_ratio = float(compression_ratio)
+        self.compression_ratio = parse_ratio(compression_ratio)
         self.press_args = {**(press_args or {}), **more_press_args}
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
         self.eager = needs_eager(press, self.press_args)
-        probe = self.new_run().press  # unknown press or bad arguments fail before the model loads
+        check_configs([self.new_run().config])  # unknown press or bad arguments fail before the model loads
+        probe = self.new_run().press
         check_learned_state([probe], pretrained)  # so do agents missing or made for another model
         model, model_tokenizer = load_model(
             pretrained,
@@ -454,7 +455,8 @@ def rows_from_results(results: dict, lm: KVBenchLM) -> list[Row]:
                     content_hash=hashlib.sha1(content.encode()).hexdigest()[:12],
                     prediction=prediction_of(sample),
                     references=[str(t) for t in target] if isinstance(target, list) else [str(target)],
-                    score=float(value) if isinstance(value, (int, float)) else None,
+                    # A metric that is not a finite number (lm-eval's nan for an empty group) is no score.
+                    score=float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None,
                     **lm.stats.get((task, sample["doc_id"]), {}),
                 )
             )
@@ -500,7 +502,7 @@ def run_record(lm: KVBenchLM, rows: list[Row], *, limit, length, started: str) -
 
 @click.command(name="lm-eval")
 @click.option("--press", required=True, help="Press name (see `kvbench presses`).")
-@click.option("--ratio", required=True, type=float, help="Fraction of KV entries removed, in [0, 1).")
+@click.option("--ratio", required=True, help="Fraction of KV entries removed, in [0, 1).")
 @click.option(
     "--press-arg", "press_args", multiple=True, metavar="KEY=VALUE", help="Press parameter (repeatable)."
 )
@@ -550,8 +552,6 @@ def lm_eval_command(
     Example: kvbench lm-eval --press snapkv --ratio 0.5 --tasks niah_single_1,ruler_vt --length 1024
     """
     from kvbench.models import check_device, context_limit, resolve
-    from kvbench.planning import parse_ratio
-    from kvbench.presses import build_press
 
     started = datetime.now(timezone.utc).isoformat()
     ratio = parse_ratio(ratio)
@@ -559,8 +559,8 @@ def lm_eval_command(
     if not names:
         raise BadInput("--tasks must name at least one task")
     # Cheap checks first, so that a typo fails in a second, not after the model loads.
-    check_press_runnable(press)
-    build_press(press, ratio, **parse_press_args(press_args))
+    config = Config(press, ratio, tuple(sorted(parse_press_args(press_args).items())))
+    check_configs([config], length)
     check_writable(out)
     check_device(device)
     resolve(model)

@@ -7,6 +7,8 @@ option that sets it, which is also the keyword of the Python API).
 """
 
 import dataclasses
+import functools
+import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,42 +16,47 @@ from dataclasses import dataclass
 from kvbench import tasks
 from kvbench.config import DEFAULT_PROTOCOL, PROTOCOL_ARGS, Config
 from kvbench.engine import check_protocol
-from kvbench.errors import BadInput, KvbenchWarning, UnknownTask
+from kvbench.errors import BadInput, KvbenchError, KvbenchWarning, UnknownTask
+from kvbench.models import first_line
 from kvbench.presses import PRESSES, build_press, check_press_runnable, config_press, press_state
+from kvbench.validation import parse_float, parse_int
 
 DEFAULT_SUITE = "ruler-smoke"
 DEFAULT_LENGTH = 1024  # RULER tasks named without a suite or a length
 
 
+# Ratios and memory budgets are rounded to this many decimal places: budgets closer than that keep the same
+# entries of any context a model holds (fewer than 1e10 tokens), so 1e-320 is 0 and 0.50000000000001 is 0.5,
+# and a grid that holds both is refused as a duplicate instead of scoring one budget twice.
+BUDGET_DIGITS = 10
+
+
 def parse_ratio(value: float | str) -> float:
-    """A compression ratio (fraction of KV entries removed) in [0, 1), from a number or its text."""
-    try:
-        ratio = float(value)
-    except (TypeError, ValueError):
-        raise BadInput(f"ratio must be a number in [0, 1), got {value!r}") from None
-    if not 0 <= ratio < 1:
-        raise BadInput(f"ratio must be in [0, 1), got {value}")
-    return ratio + 0.0  # -0.0 is 0.0
+    """A compression ratio (fraction of KV entries removed) in [0, 1), from a number or its text, rounded to
+    BUDGET_DIGITS decimal places."""
+    ratio = round(parse_float(value, "ratio", 0, 1, high_open=True), BUDGET_DIGITS) + 0.0  # -0.0 is 0.0
+    if ratio >= 1:
+        raise BadInput(f"ratio must be in [0, 1), got {value} (1 at {BUDGET_DIGITS} decimal places)")
+    return ratio
 
 
 def parse_memory(value: float | str) -> float:
-    """A memory budget (fraction of the 16-bit full cache) in (0, 1], from a number or its text."""
-    try:
-        memory = float(value)
-    except (TypeError, ValueError):
-        raise BadInput(f"memory must be a number in (0, 1], got {value!r}") from None
-    if not 0 < memory <= 1:
-        raise BadInput(f"memory must be in (0, 1] (a fraction of the 16-bit full cache), got {value}")
+    """A memory budget (fraction of the 16-bit full cache) in (0, 1], from a number or its text, rounded to
+    BUDGET_DIGITS decimal places."""
+    memory = round(parse_float(value, "memory", 0, 1, low_open=True), BUDGET_DIGITS)
+    if memory <= 0:
+        raise BadInput(f"memory must be in (0, 1], got {value} (0 at {BUDGET_DIGITS} decimal places)")
     return memory
 
 
 def parse_budget(value: int | str) -> int:
-    """An absolute budget: KV entries kept per head (and per layer), a whole number of at least 1."""
+    """An absolute budget: KV entries kept per head (and per layer), a whole number of at least 1 that fits
+    in 64 bits, as rows store it (`validation.parse_int`)."""
     try:
-        budget = int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
+        budget = parse_int(value, "budget")
+    except BadInput:
         raise BadInput(f"budget must be a whole number of KV entries per head, got {value!r}") from None
-    if isinstance(budget, bool) or budget < 1:
+    if budget < 1:
         raise BadInput(f"budget must be at least 1 KV entry per head, got {value}")
     return budget
 
@@ -71,12 +78,7 @@ def protocol_of(protocol: str, **given: int | None) -> tuple[str, tuple]:
     if wanted is None:
         return protocol, ()
     name, default = wanted
-    value = given.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadInput(f"--{name} must be a whole number, got {value!r}")
-    if value < 1:
-        raise BadInput(f"--{name} must be at least 1, got {value}")
-    return protocol, ((name, value),)
+    return protocol, ((name, parse_int(given.get(name, default), f"--{name}", 1)),)
 
 
 def budget_configs(
@@ -117,6 +119,8 @@ def configs_for_run(
     `protocol_args`: the protocol's argument by its option name (`PROTOCOL_OPTIONS`)."""
     if sum(value is not None for value in (ratio, memory, budget)) != 1:
         raise BadInput("give exactly one of --ratio, --memory or --budget")
+    if press == "none" and (ratio is None or parse_ratio(ratio) != 0):
+        raise BadInput("press 'none' compresses nothing: give --ratio 0")
     args = tuple(sorted((press_args or {}).items()))
     ratios = [parse_ratio(ratio)] if ratio is not None else []
     memories = [parse_memory(memory)] if memory is not None else []
@@ -143,7 +147,7 @@ def configs_for_sweep(
     """
     if sum(value is not None for value in (ratios, memory, budget)) != 1:
         raise BadInput("give exactly one of --ratios, --memory or --budget")
-    names = [name.strip() for name in split(presses) if name.strip()]
+    names = [str(name).strip() for name in split(presses) if str(name).strip()]
     ratio_values = [parse_ratio(value) for value in split(ratios) if str(value).strip()]
     memory_values = [parse_memory(value) for value in split(memory) if str(value).strip()]
     budget_values = [parse_budget(value) for value in split(budget) if str(value).strip()]
@@ -162,10 +166,18 @@ def configs_for_sweep(
     return drop_unreachable_budgets(configs)
 
 
-def split(values: Sequence | str | int | None) -> Sequence:
-    if isinstance(values, int):
+def split(values: Sequence | str | float | None) -> Sequence:
+    """A list given as a sequence, as comma-separated text, or as one value (`sweep("knorm", 0.5)`)."""
+    if values is None:
+        return ()
+    if isinstance(values, str):
+        return values.split(",")
+    if isinstance(values, numbers.Number):
         return [values]
-    return values.split(",") if isinstance(values, str) else (values or ())
+    try:
+        return list(values)
+    except TypeError:  # not a list at all: refused by the parser of its values
+        return [values]
 
 
 def drop_unreachable_budgets(configs: list[Config]) -> list[Config]:
@@ -183,16 +195,102 @@ def drop_unreachable_budgets(configs: list[Config]) -> list[Config]:
     return kept
 
 
-def check_configs(configs: list[Config]) -> list:
+def check_configs(configs: list[Config], length: int | None = None) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, or does not fit its protocol;
-    the presses, built (None for `none`)."""
+    the presses, built (None for `none`). Configs given press arguments are also run on a tiny model at
+    the context `length` (`check_press_args_run`): arguments that build a press but break its prefill (a
+    zero window) fail here too."""
     for config in configs:
         check_press_runnable(config.press)
         check_protocol(config)
-    return [
+    presses = [
         build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
         for config in configs
     ]
+    tried = set()  # one trial per press, arguments and protocol: at its highest ratio, where presses break
+    for config in sorted(configs, key=lambda config: -config.ratio):
+        group = (config.press, config.press_args, config.protocol, config.protocol_args)
+        # Presses that download per model cannot run on the trial model (and were refused if the hub is
+        # unreachable): their arguments are left to the real run.
+        if config.press_args and group not in tried and "hub" not in PRESSES[config.press].needs:
+            tried.add(group)
+            check_press_args_run(config, min(length or TRIAL_TOKENS, TRIAL_TOKENS))
+    return presses
+
+
+# The longest trial context: arguments that fail only past it (a window of 3000 tokens on a 1500-token
+# context) are left to the real run; 2048 tokens keep the eager attention of the trial model under 70 MB.
+TRIAL_TOKENS = 2048
+
+
+def check_press_args_run(config: Config, tokens: int = TRIAL_TOKENS) -> None:
+    """Refuse press arguments that build a press that then fails when it runs (window_size=0, a seed torch
+    cannot take): the config is run on a tiny random-init model (`trial_run`). A failure is blamed on the
+    arguments only when the same press runs there without them: some presses cannot run on a nameless random
+    model at all (KVzip loads the model's tokenizer, learned presses their state for the model), and what
+    the trial cannot judge is left to the real run."""
+    try:
+        trial_run(config, tokens)
+    except Exception as error:
+        try:
+            trial_run(dataclasses.replace(config, press_args=()), tokens)
+        except Exception:
+            return
+        if isinstance(error, KvbenchError):
+            raise error from None
+        args = ", ".join(f"{key}={value!r}" for key, value in config.press_args)
+        where = f"a {tokens}-token prefill of a tiny model"
+        raise BadInput(f"press {config.press!r} fails with {args} on {where}: {first_line(error)}") from None
+
+
+def trial_run(config: Config, tokens: int) -> None:
+    """The config through the engine itself (`engine.evaluate_sample`: prefill, compression, decoding, as
+    its protocol runs them) on a sample of `tokens` random words, with `trial_model`."""
+    import random
+
+    from kvbench import engine
+    from kvbench.config import MULTI_QUESTION_PROTOCOLS
+    from kvbench.tasks.base import Sample
+
+    model, tokenizer = trial_model()
+    words = random.Random(0).choices(TRIAL_WORDS, k=tokens)
+    sample = Sample("trial", "0", " ".join(words), "w1 w2 w3", "w5", ["w4"], 2, "string_match_all")
+    if config.protocol in MULTI_QUESTION_PROTOCOLS:
+        count = dict(config.protocol_args).get("questions", dict(config.protocol_args).get("turns", 2))
+        sample.parts = [dataclasses.replace(sample, question=f"w{i} w2") for i in range(count)]
+    engine.evaluate_sample(model, tokenizer, sample, [config], batch_configs=1)
+
+
+TRIAL_WORDS = [f"w{i}" for i in range(60)]
+
+
+@functools.cache
+def trial_model():
+    """(model, tokenizer) built in memory, nothing downloaded: a 1-layer Llama of random weights (seed 0),
+    4 query heads over 2 KV heads of 8 dims, and a word-level tokenizer of TRIAL_WORDS (one token a word)
+    with a chat template of its own."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {word: index for index, word in enumerate(specials + TRIAL_WORDS)}
+    words = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    # Turns as words between <s> and </s>: what the multi-turn protocol feeds between a question and the next.
+    turn = "<s> {{ m['content'] }} </s> "
+    tokenizer.chat_template = (
+        "{% for m in messages %}" + turn + "{% endfor %}{% if add_generation_prompt %}<s> {% endif %}"
+    )
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    shape.update(num_key_value_heads=2, head_dim=8, vocab_size=len(vocab), eos_token_id=2)
+    shape.update(max_position_embeddings=2 * TRIAL_TOKENS)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(**shape)).eval(), tokenizer
 
 
 def check_learned_state(presses: list, model_name: str) -> None:
@@ -247,12 +345,10 @@ def plan_tasks(
     for name in names:
         if name not in tasks.task_names():
             raise UnknownTask(f"unknown task {name!r} (see `kvbench tasks`)")
-    if length is not None and length < 1:
-        raise BadInput(f"--length must be at least 1, got {length}")
+    length = parse_int(length, "--length", 1) if length is not None else None
     length = length if length is not None else (suite_spec.length if suite_spec else None)
     samples = samples if samples is not None else (suite_spec.samples if suite_spec else 5)
-    if samples < 1:
-        raise BadInput(f"--samples must be at least 1, got {samples}")
+    samples = parse_int(samples, "--samples", 1)
     for name in names:
         minimum = tasks.family_of(name).min_length(name)
         if length is not None and length < minimum:

@@ -17,12 +17,15 @@ samples, Ray's start (seconds) and each worker's model load cost more than they 
 Ray is an optional dependency: `pip install 'kvbench[ray]'`.
 """
 
+import importlib.util
 import logging
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvbench.errors import RayUnavailable
+from kvbench.errors import BadInput, RayUnavailable
+from kvbench.models import first_line
 from kvbench.results import Row
 from kvbench.runner import Plan, Unit, evaluate_unit
 
@@ -76,6 +79,9 @@ class RayExecutor:
     cpus: int = 1
     gpus: float = 0.0
 
+    def __post_init__(self):
+        check_address(self.address)
+
     def __call__(self, units: list[Unit], plan: Plan) -> Iterator[list[Row]]:
         ray = import_ray()
         try:
@@ -107,8 +113,13 @@ class RayExecutor:
             options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
             try:
                 ray.init(address=self.address, **options)
-            except (ConnectionError, RuntimeError) as error:
-                raise RayUnavailable(f"cannot reach the Ray cluster at {self.address}: {error}") from None
+            except Exception as error:  # Ray raises what its start-up met: ConnectionError, TimeoutError, ...
+                where = (
+                    f"reach the Ray cluster at {self.address}"
+                    if self.address
+                    else "start a local Ray cluster"
+                )
+                raise RayUnavailable(f"cannot {where}: {first_line(error)}") from None
         return self.worker_count(ray.cluster_resources())
 
     def worker_count(self, resources: dict) -> int:
@@ -125,6 +136,25 @@ class RayExecutor:
                 f"--ray-workers {self.workers} do not fit the Ray cluster's {held} ({wanted} each)"
             )
         return self.workers or min(fits)
+
+
+# What `--ray ADDRESS` may be: auto (the running cluster Ray finds), HOST:PORT of a head node, or
+# ray://HOST:PORT, a Ray client address.
+ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
+
+
+def check_address(address: str | None) -> None:
+    """Refuse, before Ray starts, an address Ray would fail on after seconds or with a traceback: anything
+    but auto, HOST:PORT and ray://HOST:PORT (an http:// dashboard URL, an empty string), and a ray:// address
+    without Ray's client (kvbench[ray] does not install it: pip install 'ray[client]')."""
+    if address is None:
+        return
+    if not ADDRESS.fullmatch(address):
+        raise BadInput(f"--ray {address!r} is not a Ray address: give auto, HOST:PORT or ray://HOST:PORT")
+    if address.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+        raise RayUnavailable(
+            f"--ray {address} is a Ray client address, which needs: pip install 'ray[client]'"
+        )
 
 
 def check_reachable(address: str | None, timeout: float = 5.0) -> None:

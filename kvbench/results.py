@@ -44,6 +44,7 @@ from filelock import FileLock, Timeout
 
 from kvbench.config import DEFAULT_PROTOCOL
 from kvbench.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
+from kvbench.validation import Count, Int64, Memory, NonNegative, Positive, Ratio, check_fields
 
 ROWS_FILE = "rows.jsonl"
 ROWS_GZ = "rows.jsonl.gz"  # compressed rows, read-only (see the module's docstring)
@@ -84,22 +85,26 @@ def config_id(
 class Row:
     """One scored (config, sample): a line of rows.jsonl, written by `kvbench run`/`sweep` and by the lm-eval
     bridge, read by the report. Fields a row of an older version lacks take their defaults; fields this
-    version does not know (e.g. the legacy `kv_bytes_kept`) are kept in `extra` and written back as read."""
+    version does not know (e.g. the legacy `kv_bytes_kept`) are kept in `extra` and written back as read.
+
+    The annotations are the row's schema (`from_dict` checks them; kvbench.validation): exact JSON types,
+    finite numbers, ratios in [0, 1), memories in (0, 1], counts and seconds not negative, integers of 64
+    bits. No range for `score`: lm-eval's metrics are not all on 0-100."""
 
     # Which config: model, press and budget (see `config_id`).
     config_id: str
     model: str
     press: str
-    ratio: float
+    ratio: Ratio
     # Which sample: task, context length (None: lm-eval tasks that size themselves), seed, id, content.
     task: str
-    length: int | None
-    seed: int
+    length: Positive | None
+    seed: Int64
     sample_id: str
     press_args: dict[str, Any] = field(default_factory=dict)
     press_state: str | None = None  # digest of the press's learned state (KVP agents), if any
-    memory: float | None = None  # the memory budget asked for (fraction of the 16-bit full cache), if any
-    budget: int | None = None  # the absolute budget asked for (KV entries kept per head and layer), if any
+    memory: Memory | None = None  # the memory budget asked for (fraction of the 16-bit full cache), if any
+    budget: Positive | None = None  # the absolute budget asked for (KV entries kept per head and layer)
     protocol: str = DEFAULT_PROTOCOL
     protocol_args: dict[str, Any] = field(default_factory=dict)
     content_hash: str | None = None  # Sample.content_hash; None in rows written before it existed
@@ -107,16 +112,16 @@ class Row:
     prediction: str | None = None
     references: list[str] = field(default_factory=list)
     score: float | None = None  # 0-100
-    context_tokens: int | None = None
-    kv_kept: int | None = None  # KV entries (tokens x layers x KV heads) after compression
-    kv_total: int | None = None  # ... and before
-    kv_bytes: int | None = None  # what a 16-bit store of the compressed cache holds, metadata included
-    kv_bytes_full: int | None = None  # ... of the full cache
-    prefill_s: float | None = None  # this config's share of the shared prefill, plus its own compression
-    decode_s: float | None = None  # its share of the batched decoding
+    context_tokens: Count | None = None
+    kv_kept: Count | None = None  # KV entries (tokens x layers x KV heads) after compression
+    kv_total: Count | None = None  # ... and before
+    kv_bytes: Count | None = None  # what a 16-bit store of the compressed cache holds, metadata included
+    kv_bytes_full: Count | None = None  # ... of the full cache
+    prefill_s: NonNegative | None = None  # its share of the shared prefill, plus its own compression
+    decode_s: NonNegative | None = None  # its share of the batched decoding
     # `kvbench perplexity` (protocol "perplexity", score None): the mean negative log-likelihood in nats per
     # predicted token of the text (its perplexity is exp(nll)); per-span means are in `meta`.
-    nll: float | None = None
+    nll: NonNegative | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # the sample's, e.g. LongBench-E's length bucket
     extra: dict[str, Any] = field(default_factory=dict)  # fields of other versions, kept as read
 
@@ -133,11 +138,13 @@ class Row:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the row, `extra` merged back in."""
         data = asdict(self)
-        return {**data, **data.pop("extra")}
+        extra = data.pop("extra")  # first: `{**data, **data.pop(...)}` wrote an "extra" key in every row
+        return {**data, **extra}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Row":
-        """A row from its JSON object; ValueError when it is not one (not an object, identity missing)."""
+        """A row from its JSON object; ValueError when it is not one: not an object, its identity missing,
+        a field of the wrong type or out of range (the class's annotations). A null field is an absent one."""
         if not isinstance(data, dict):
             raise ValueError("not a results row (a JSON object)")
         missing = [name for name in REQUIRED_FIELDS if data.get(name) is None]
@@ -145,25 +152,58 @@ class Row:
             raise ValueError(f"not a results row (no {', '.join(missing)})")
         known = {item.name for item in fields(cls)} - {"extra"}
         values = {name: value for name, value in data.items() if name in known and value is not None}
+        values = check_fields(cls, values, "", error=ValueError)
         extra = {name: value for name, value in data.items() if name not in known}
         return cls(**{"length": None, "seed": 0, **values}, extra=extra)
 
 
-def check_writable(folder: Path) -> None:
-    """Raise if `folder` cannot be created or written, without creating anything."""
+def check_folder_writable(folder: Path, what: str) -> None:
+    """Raise BadInput if `folder` (`what`, e.g. "--out folder") cannot be created or written, without
+    creating anything: a name too long, a file or a dangling link on the way, a folder that refuses a file
+    (read-only, /proc)."""
     folder = Path(folder)
     probe = folder
-    while not probe.exists():
-        probe = probe.parent
+    try:
+        while not probe.exists():
+            if probe.is_symlink():
+                raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a dangling link")
+            probe = probe.parent
+    except OSError as error:  # a name longer than the file system takes
+        raise BadInput(f"{what} {str(folder)!r} is not writable: {error.strerror}") from None
     if not probe.is_dir():
-        raise BadInput(f"results folder {str(folder)!r} is not writable: {str(probe)!r} is a file")
+        raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a file")
     try:  # a real probe: os.access says yes to root even on a read-only file system
         tempfile.TemporaryFile(dir=probe).close()
     except OSError:
-        raise BadInput(f"results folder {str(folder)!r} is not writable") from None
+        raise BadInput(f"{what} {str(folder)!r} is not writable") from None
+
+
+STORE_FILES = (ROWS_FILE, LOCK_FILE, ROWS_GZ)  # what the store opens as plain files
+STORE_FOLDERS = (RUNS_DIR, CLAIMS_DIR)  # ... and as folders
+
+
+def check_writable(folder: Path) -> None:
+    """Raise BadInput if `folder` cannot be written as a results folder, without creating or changing
+    anything: `check_folder_writable`, and each file and folder the store opens in it is what the store
+    expects (a rows.jsonl or lock that is a folder or a FIFO would fail, or hang, at the first write; `runs`
+    a file; a dangling link) and can be opened for writing."""
+    check_folder_writable(folder, "results folder")
+    folder = Path(folder)
+    for name in (*STORE_FILES, *STORE_FOLDERS):
+        path = folder / name
+        wrong = "a dangling link" if path.is_symlink() and not path.exists() else None
+        if path.exists() and name in STORE_FILES and not path.is_file():
+            wrong = "not a plain file"
+        if path.exists() and name in STORE_FOLDERS and not path.is_dir():
+            wrong = "not a folder"
+        if wrong:
+            raise BadInput(f"results folder {str(folder)!r} is not writable: {str(path)!r} is {wrong}")
     rows = folder / ROWS_FILE
-    if rows.exists() and not os.access(rows, os.W_OK):
-        raise BadInput(f"results file {str(rows)!r} is not writable")
+    if rows.is_file():
+        try:  # opened for appending, never written: its bytes and times stay as they were
+            os.close(os.open(rows, os.O_WRONLY | os.O_APPEND))
+        except OSError:
+            raise BadInput(f"results file {str(rows)!r} is not writable") from None
 
 
 class ResultsStore:
@@ -206,8 +246,11 @@ class ResultsStore:
             yield
 
     def cut_torn_tail(self) -> None:
-        """Drop a last line without its newline: the row being written when a writer was killed. Only
-        under the lock, where no live writer is half-way through a line."""
+        """Drop a last line without its newline when it is torn: the row being written when a writer was
+        killed. A last line that is whole JSON (a row whose newline was lost, e.g. a file written by another
+        tool or edited by hand) is kept and given its newline: a torn write never parses (JSON closes on
+        its last byte), so only a torn one is cut and no row that can be read is ever lost. Only under the
+        lock, where no live writer is half-way through a line."""
         if not self.rows_path.exists() or self.rows_path.stat().st_size == 0:
             return
         with open(self.rows_path, "rb+") as file:
@@ -219,6 +262,11 @@ class ResultsStore:
             file.seek(start)
             tail = file.read()
             cut = tail.rfind(b"\n")
+            if is_json(tail[cut + 1 :]):
+                file.write(b"\n")
+                file.flush()
+                os.fsync(file.fileno())
+                return
             file.truncate(start + cut + 1 if cut >= 0 else start)
 
     def refresh(self, fresh: bool = True) -> None:
@@ -319,6 +367,10 @@ class ResultsStore:
         written since this store opened); True if written. It counts as done only once all its bytes are
         written and fsync'd."""
         line = (json.dumps(row.to_dict(), default=str) + "\n").encode()
+        try:  # the store never writes a row that its readers would skip
+            Row.from_dict(json.loads(line))
+        except ValueError as error:
+            raise ValueError(f"refusing to write a results row that cannot be read back: {error}") from None
         with self.locked():
             self.cut_torn_tail()
             self.refresh()
@@ -372,6 +424,14 @@ def append_line(path: Path, line: bytes) -> int:
     return start + len(line)
 
 
+def is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:  # UnicodeDecodeError included
+        return False
+    return True
+
+
 @contextmanager
 def suppress_os_error() -> Generator[None, None, None]:
     try:
@@ -381,7 +441,12 @@ def suppress_os_error() -> Generator[None, None, None]:
 
 
 def parse_rows(lines: Iterable[str], path: Path) -> list[Row]:
-    """The rows of some lines of `path`; bad lines are skipped with one warning (how many, the first)."""
+    """The rows of some lines of `path`; bad lines are skipped with one warning (how many, the first).
+
+    A line of valid JSON whose fields have the wrong types or values out of range (`Row`'s schema) is
+    skipped like a corrupt line, not refused with an error: the store is append-only and shared by writers,
+    so one damaged line must not make a whole folder unreadable to the report or a resumed run; the row's
+    key cannot be trusted, so a resumed run computes it again; and the line stays in the file as it is."""
     rows, bad = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -469,15 +534,38 @@ def load_rows(paths):
     return frame.drop_duplicates(subset=list(SAMPLE_FIELDS), keep="last").reset_index(drop=True)
 
 
+@dataclass
+class RunRecord:
+    """The schema of a run record (runs/*.json, written whole by `kvbench.provenance.run_record`): the
+    fields readers use, each of its type; other fields pass as they are."""
+
+    command: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    git_commit: str | None = None
+    started: str | None = None
+    finished: str | None = None
+
+
 def load_runs(paths) -> list[dict]:
-    """The run records (command, config, versions) of the results folders under `paths`."""
+    """The run records (command, config, versions) of the results folders under `paths`. A record that is
+    not JSON or does not fit `RunRecord` is skipped with a warning, as a corrupt row is: records describe
+    runs, they hold no results, and one bad file must not hide the others."""
     records = []
     for file in results_files(paths):
         for run in sorted((file.parent / RUNS_DIR).glob("*.json")):
             try:
-                records.append(json.loads(run.read_text()))
-            except (ValueError, UnicodeDecodeError):
-                warnings.warn(f"{run}: skipped a corrupt run record", stacklevel=2)
+                record = json.loads(run.read_text())
+                if not isinstance(record, dict):
+                    raise ValueError("not a JSON object")
+                check_fields(RunRecord, record, "", error=ValueError)
+            except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                warnings.warn(f"{run}: skipped a corrupt run record: {reason}", KvbenchWarning, stacklevel=2)
+                continue
+            records.append(record)
     return records
 
 

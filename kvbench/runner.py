@@ -41,6 +41,7 @@ from kvbench.tasks import (
     load_samples,
     score_sample,
 )
+from kvbench.validation import parse_int
 
 CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
 
@@ -169,14 +170,14 @@ def prepare_plan(
     With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
     and the model loads here on the CPU, only to plan (context lengths, learned state)."""
     task_plan = plan_tasks(suite, tasks, length, samples)
+    seed = parse_int(seed, "--seed")
+    batch_configs = parse_int(batch_configs, "--batch-configs", 1)
     data_dir = Path(data_dir) if data_dir is not None else None
     if data_dir is not None and not data_dir.is_dir():
         raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
     for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
         check_data(name, data_dir)
-    presses = check_configs(configs)  # bad press arguments fail here (`none` takes none)
-    if batch_configs < 1:
-        raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
+    presses = check_configs(configs, task_plan.length)  # bad press arguments fail here
     if dtype not in models.DTYPES:
         raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(models.DTYPES)}")
     check_writable(Path(out))

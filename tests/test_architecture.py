@@ -41,8 +41,9 @@ LAYERS = [
     ("kvbench.results", 1),
     ("kvbench.models", 1),
     ("kvbench.adapter", 1),
-    # 0: vocabulary, errors, provenance, where shipped files are
+    # 0: vocabulary, errors, validation, provenance, where shipped files are
     ("kvbench.config", 0),
+    ("kvbench.validation", 0),
     ("kvbench.errors", 0),
     ("kvbench.provenance", 0),
     ("kvbench.resources", 0),

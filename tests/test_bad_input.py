@@ -330,7 +330,7 @@ CASES = [
     ([*SWEEP, "--model", "{tmp}/empty", *OUT], 2, "has no config.json"),
     # sweep --ray (the cluster's own refusals: tests/test_ray_sweep.py)
     ([*SWEEP, "--ray", "--ray-workers", "0", *OUT], 2, "'--ray-workers': 0 is not in the range"),
-    ([*SWEEP, "--ray", "--ray-gpus", "-1", *OUT], 2, "'--ray-gpus': -1.0 is not in the range"),
+    ([*SWEEP, "--ray", "--ray-gpus", "-1", *OUT], 2, "'--ray-gpus': must be >= 0, got -1"),
     ([*SWEEP, "--ray-gpus", "1", *OUT], 2, "--ray-gpus applies to a sweep with --ray"),
     ([*SWEEP, "--ray", "127.0.0.1:1", *OUT], 2, "cannot reach the Ray cluster at 127.0.0.1:1"),
     ([*RUN, "--ray", *OUT], 2, "No such option '--ray'"),
@@ -438,7 +438,11 @@ CASES = [
         2,
         "{tmp}/kvpdata-future holds no reconstruction scores, which --utility reconstruction trains on",
     ),
-    ([*TRAIN, "--data", "{tmp}/nomodel"], 2, "nomodel/manifest.json is corrupt (bad field 'model')"),
+    (
+        [*TRAIN, "--data", "{tmp}/nomodel"],
+        2,
+        "nomodel/manifest.json is corrupt (field 'model': field required; 1 more bad field)",
+    ),
     (
         [*TRAIN, "--data", "{tmp}/kvpdata-x", "--data", "{tmp}/kvpdata-y"],
         2,
@@ -458,10 +462,122 @@ CASES = [
     (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/empty"], 2, "no kvp data at {tmp}/empty"),
     (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/nope"], 2, "no kvp data at {tmp}/nope"),
     (["kvp", "nope"], 2, "No such command 'nope'"),
+    # numbers: nan and inf refused wherever a float is read (kvbench.validation)
+    ([*RUN[:3], "--memory", "nan", *OUT], 2, "memory must be a finite number in (0, 1], got nan"),
+    ([*RUN[:3], "--memory", "inf", *OUT], 2, "got inf"),
+    ([*SWEEP[:4], "0.5,nan", *OUT], 2, "got nan"),
+    ([*SWEEP, "--ray", "--ray-gpus", "nan", *OUT], 2, "'--ray-gpus': must be a finite number >= 0, got nan"),
+    ([*LM_EVAL[:4], "nan", *LM_EVAL[5:], *OUT], 2, "ratio must be a finite number in [0, 1), got nan"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--lr", "nan"], 2, "'--lr': must be a finite number > 0, got nan"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--lr", "inf"], 2, "'--lr': must be a finite number > 0, got inf"),
+    ([*DATAGEN, "--val-fraction", "nan"], 2, "'--val-fraction': must be a finite number in [0, 1)"),
+    (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--lr", "nan"], 2, "'--lr': must be a finite"),
+    (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--entropy-bonus", "inf"], 2, "got inf"),
+    (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--ratios", "0.5,nan"], 2, "got nan"),
+    (["memdecay", "calibrate", *OUT, "--threshold", "nan"], 2, "'--threshold': must be a finite number > 0"),
+    ([*RUN, "--press-arg", "window_size=.nan", *OUT], 2, "press argument 'window_size=.nan'"),
+    ([*RUN[:2], "h2o", "--ratio", "0.5", "--press-arg", "recent_fraction=.inf", *OUT], 2, "not a finite"),
+    # duplicates: refused in one line, or normalised
+    ([*SWEEP[:3], "--memory", "0.5,0.50000000000001", *OUT], 2, "duplicate configs"),
+    ([*SWEEP[:4], "1e-320,0", *OUT], 2, "duplicate configs"),
+    ([*RUN, "--press-arg", "window_size=32", "--press-arg", "window_size=16", *OUT], 2, "given twice"),
+    ([*SWEEP, "--press-arg", "window_size=32", "--press-arg", "window_size=32", *OUT], 2, "given twice"),
+    ([*RUN[:2], "none", "--ratio", "0.5", *OUT], 2, "press 'none' compresses nothing: give --ratio 0"),
+    ([*RUN[:2], "none", "--memory", "0.5", *OUT], 2, "press 'none' compresses nothing"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--layers", "0,0"], 2, "an index is given twice in '0,0'"),
+    (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--ratios", "0.5,0.5"], 2, "given twice"),
+    # press arguments that build a press and break its prefill: tried on a tiny model before any write
+    ([*RUN, "--press-arg", "window_size=0", *OUT], 2, "press 'snapkv' fails with window_size=0"),
+    ([*RUN, "--press-arg", "window_size=-5", *OUT], 2, "press 'snapkv' fails with window_size=-5"),
+    ([*RUN[:2], "random", *RUN[3:], "--press-arg", "seed=" + "9" * 30, *OUT], 2, "press 'random' fails"),
+    ([*RUN[:2], "adakv", *RUN[3:], "--press-arg", "inner=adakv", *OUT], 2, "requires a ScorerPress"),
+    ([*RUN[:2], "adakv", *RUN[3:], "--press-arg", "inner=quant", *OUT], 2, "requires a ScorerPress"),
+    ([*RUN[:2], "chunkkv", *RUN[3:], "--press-arg", "chunk_length=0", *OUT], 2, "fails with chunk_length=0"),
+    ([*SWEEP, "--press-arg", "window_size=0", *OUT], 2, "press 'snapkv' fails with window_size=0"),
+    ([*LM_EVAL, "--press-arg", "window_size=0", *OUT], 2, "press 'snapkv' fails with window_size=0"),
+    ([*RUN, "--press-arg", "window_size=0", "--out", "{tmp}/results"], 2, "fails with window_size=0"),
+    # the Python API's numbers, through the command line's types they share
+    ([*RUN, "--seed", "9" * 30, *OUT], 2, "--seed must be at most 9223372036854775807"),
+    # commands check --out, --device and the model before they measure or train
+    (["memdecay", "calibrate", "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
+    (["memdecay", "calibrate", *OUT, "--device", "bogus"], 2, "unknown device 'bogus'"),
+    (["memdecay", "calibrate", *OUT, "--model", "{tmp}/empty"], 2, "has no config.json"),
+    (["distillcache", "train", "--out", "{tmp}/text.txt/sub", "--data", "{tmp}/store"], 2, "is a file"),
+    (["distillcache", "train", *OUT, "--data", "{tmp}/store", "--device", "bogus"], 2, "unknown device"),
+    (["kvp", "report", "{tmp}/compact", "--plot", "{tmp}/text.txt/p.png"], 2, "text.txt' is not a folder"),
+    (["kvp", "report", "{tmp}/compact", "--plot", "{tmp}/empty"], 2, "empty' is a directory"),
+    (["kvp", "report", "{tmp}/compact", "--plot", "/proc/kvbench.png"], 2, "--plot folder '/proc'"),
+    (["report", "{tmp}/scored", "--out", "/proc/kvbench-report"], 2, "--out folder '/proc/kvbench-report'"),
+    (["report", "{tmp}/scored", "--out", "/dev/full"], 2, "'/dev/full' is a file"),
+    (["report", "{tmp}/scored", "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
+    # results folders that pass a first look and fail at the first write (or hang on a FIFO)
+    ([*RUN, "--out", "{tmp}/rowsdir"], 2, "rowsdir/rows.jsonl' is not a plain file"),
+    ([*RUN, "--out", "{tmp}/rowsfifo"], 2, "rowsfifo/rows.jsonl' is not a plain file"),
+    ([*RUN, "--out", "{tmp}/lockdir"], 2, "lockdir/rows.jsonl.lock' is not a plain file"),
+    ([*RUN, "--out", "{tmp}/lockfifo"], 2, "lockfifo/rows.jsonl.lock' is not a plain file"),
+    ([*RUN, "--out", "{tmp}/runsfile"], 2, "runsfile/runs' is not a folder"),
+    ([*RUN, "--out", "{tmp}/dangling"], 2, "dangling' is a dangling link"),
+    ([*RUN, "--out", "{tmp}/rowslink"], 2, "rowslink/rows.jsonl' is a dangling link"),
+    ([*RUN, "--out", "{tmp}/" + "x" * 300], 2, "is not writable: File name too long"),
+    ([*RUN, "--out", "/proc/kvbench-results"], 2, "results folder '/proc/kvbench-results' is not writable"),
+    ([*LM_EVAL, "--out", "{tmp}/rowsfifo"], 2, "rowsfifo/rows.jsonl' is not a plain file"),
+    # local task data checked for types, not only for presence
+    (
+        [*RUN, "--task", "longbench/qasper", "--data-dir", "{tmp}/lb", *OUT],
+        2,
+        "qasper.jsonl:1: field 'answers'",
+    ),
+    ([*RUN, "--task", "longbench/narrativeqa", "--data-dir", "{tmp}/lb", *OUT], 2, "narrativeqa.jsonl:1"),
+    (
+        [*RUN, "--task", "longbench/lcc", "--data-dir", "{tmp}/lb", *OUT],
+        2,
+        "lcc.jsonl: holds no LongBench rows",
+    ),
+    ([*RUN, "--task", "longbench/gov_report", "--data-dir", "{tmp}/lb", *OUT], 2, "is also the id of line 1"),
+    ([*RUN, "--task", "longbench/qmsum", "--data-dir", "{tmp}/lb", *OUT], 2, "qmsum.jsonl:1: field '_id'"),
+    (
+        [*RUN, "--task", "qa_1", "--data-dir", "{tmp}/qa", *OUT],
+        2,
+        "dev-v2.0.json: field 'data.0.paragraphs.0",
+    ),
+    ([*RUN, "--task", "qa_2", "--data-dir", "{tmp}/qa", *OUT], 2, "hotpot_dev_distractor_v1.json: field '0"),
+    # training stores: manifests and shards
+    (
+        [*TRAIN, "--data", "{tmp}/manifest-split"],
+        2,
+        "manifest-split/manifest.json is corrupt (field 'shards.0.split'",
+    ),
+    ([*TRAIN, "--data", "{tmp}/manifest-tokens"], 2, "is corrupt (field 'shards.0.prompt_tokens'"),
+    ([*TRAIN, "--data", "{tmp}/manifest-path"], 2, "shard file '../x.safetensors' is not a file name"),
+    ([*TRAIN, "--data", "{tmp}/manifest-layers"], 2, "is corrupt (field 'model.num_layers'"),
+    ([*TRAIN, "--data", "{tmp}/manifest-config"], 2, "is corrupt (field 'config'"),
+    ([*TRAIN, "--data", "{tmp}/manifest-shards"], 2, "is corrupt (field 'shards'"),
+    ([*TRAIN, "--data", "{tmp}/manifest-twice"], 2, "a shard is listed twice"),
+    ([*TRAIN, "--data", "{tmp}/store"], 2, "store/train.safetensors is unreadable"),
+    (["distillcache", "datagen", "--out", "{tmp}/manifest-split"], 2, "not a datagen manifest"),
+    # a MemDecay calibration that does not fit its schema
+    (
+        [*RUN[:2], "memdecay", "--ratio", "0.5", "--press-arg", "calibration={tmp}/nancal", *OUT],
+        2,
+        "nancal/calibration.json is corrupt (field 'threshold'",
+    ),
+    (
+        [*RUN[:2], "memdecay", "--ratio", "0.5", "--press-arg", "calibration={tmp}/regioncal", *OUT],
+        2,
+        "regioncal/calibration.json is corrupt (no region tool, scratchpad)",
+    ),
+    # Ray addresses
+    ([*SWEEP, "--ray", "", *OUT], 2, "--ray '' is not a Ray address"),
+    (
+        [*SWEEP, "--ray", "http://127.0.0.1:8265", *OUT],
+        2,
+        "--ray 'http://127.0.0.1:8265' is not a Ray address",
+    ),
+    ([*SWEEP, "--ray", "head node", *OUT], 2, "is not a Ray address"),
     # lm-eval
     (["lm-eval", "--press", "nope", *LM_EVAL[3:], *OUT], 2, "unknown press 'nope'"),
     ([*LM_EVAL[:4], "1.5", *LM_EVAL[5:], *OUT], 2, "ratio must be in [0, 1), got 1.5"),
-    ([*LM_EVAL[:4], "x", *LM_EVAL[5:], *OUT], 2, "'x' is not a valid float"),
+    ([*LM_EVAL[:4], "x", *LM_EVAL[5:], *OUT], 2, "ratio must be a number in [0, 1), got 'x'"),
     (
         [*LM_EVAL, "--length", "10", *OUT],
         2,
@@ -546,6 +662,75 @@ def make_files(tmp: Path) -> None:
     (tmp / "results" / "rows.jsonl").write_text(
         json.dumps({"config_id": "c", "task": "t", "score": 1}) + "\n"
     )
+    make_bad_folders(tmp)
+    make_bad_data(tmp, good, shape)
+
+
+def make_bad_folders(tmp: Path) -> None:
+    """Results folders whose files are not what the store opens: a folder, a FIFO, dangling links."""
+    for name, entry, kind in (
+        ("rowsdir", "rows.jsonl", "dir"),
+        ("rowsfifo", "rows.jsonl", "fifo"),
+        ("lockdir", "rows.jsonl.lock", "dir"),
+        ("lockfifo", "rows.jsonl.lock", "fifo"),
+        ("runsfile", "runs", "file"),
+        ("rowslink", "rows.jsonl", "link"),
+    ):
+        (tmp / name).mkdir()
+        path = tmp / name / entry
+        if kind == "dir":
+            path.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "file":
+            path.write_text("")
+        else:
+            path.symlink_to(tmp / "nowhere")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+
+
+def make_bad_data(tmp: Path, good: dict, shape: dict) -> None:
+    """Local task data, data stores and calibrations of the right shape with fields of the wrong type."""
+    lines = {
+        "qasper": [{**good, "answers": "Alice"}],  # scored letter by letter if read
+        "narrativeqa": [{**good, "length": float("nan")}],
+        "lcc": [],
+        "gov_report": [good, {**good, "input": "Who else?"}],
+        "qmsum": [{**good, "_id": ["a"]}],
+    }
+    for name, rows in lines.items():
+        (tmp / "lb" / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp / "qa").mkdir()
+    squad = {"data": [{"paragraphs": [{"context": 1, "qas": []}]}]}
+    (tmp / "qa" / "dev-v2.0.json").write_text(json.dumps(squad))
+    (tmp / "qa" / "hotpot_dev_distractor_v1.json").write_text(json.dumps([{"question": "q", "answer": 5}]))
+    shard = {"file": "train.safetensors", "split": "train", "prompt_tokens": 8}
+    valid = {
+        "method": "shared",
+        "model": shape,
+        "config": {},
+        "shards": [shard, {**shard, "file": "val.safetensors", "split": "val"}],
+    }
+    stores = {
+        "store": valid,  # well-formed, its shards garbage
+        "manifest-split": {**valid, "shards": [{**shard, "split": "test"}]},
+        "manifest-tokens": {**valid, "shards": [{**shard, "prompt_tokens": "8"}]},
+        "manifest-path": {**valid, "shards": [{**shard, "file": "../x.safetensors"}]},
+        "manifest-layers": {**valid, "model": {**shape, "num_layers": -1}},
+        "manifest-config": {**valid, "config": [1]},
+        "manifest-shards": {**valid, "shards": {"file": "train.safetensors"}},
+        "manifest-twice": {**valid, "shards": [shard, shard]},
+    }
+    for name, manifest in stores.items():
+        (tmp / name).mkdir()
+        (tmp / name / "manifest.json").write_text(json.dumps(manifest))
+    for split in ("train", "val"):
+        (tmp / "store" / f"{split}.safetensors").write_bytes(b"\x00garbage" * 8)
+    regions = {name: {"half_life": 4.0, "priority": 1.0} for name in ("system", "user", "assistant")}
+    calibration = {"model": models.EMBEDDED, "threshold": 1.0, "regions": regions}
+    for name, content in (("nancal", {**calibration, "threshold": float("nan")}), ("regioncal", calibration)):
+        (tmp / name).mkdir()
+        (tmp / name / "calibration.json").write_text(json.dumps(content))
 
 
 def snapshot(tmp: Path) -> dict:

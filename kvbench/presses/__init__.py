@@ -11,6 +11,7 @@ in `NOT_REGISTERED` with the reason.
 
 import dataclasses
 import importlib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -376,10 +377,14 @@ def parse_press_args(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise BadInput(f"press argument {pair!r} is not key=value")
+        if key.strip() in args:
+            raise BadInput(f"press argument {key.strip()!r} is given twice")
         try:
             args[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
             raise BadInput(f"press argument {pair!r}: cannot read the value {value!r}") from None
+        if isinstance(args[key.strip()], float) and not math.isfinite(args[key.strip()]):
+            raise BadInput(f"press argument {pair!r}: {value} is not a finite number")
     return args
 
 

@@ -10,6 +10,7 @@ from kvbench.reporting.browser import SCREENSHOT_SIZE, require_browser
 from kvbench.reporting.browser import screenshot as take_screenshot
 from kvbench.reporting.read import split_press_labels
 from kvbench.reporting.render import render_report
+from kvbench.results import check_folder_writable
 
 
 @click.command()
@@ -62,6 +63,7 @@ def report(
     """Leaderboards, per-task tables and plots from one or more results folders."""
     if screenshot:
         require_browser()  # before any work
+    check_folder_writable(out, "--out folder")  # before any row is read
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

@@ -204,10 +204,12 @@ def load_combined_samples(
 
 
 def check_data(task: str, data_dir: Path | None) -> None:
-    """Read the local data files a task would use (LongBench's JSONL), so that a missing or malformed file
-    is an error naming it before any model loads."""
+    """Read the local data files a task would use (LongBench's JSONL, RULER QA's SQuAD or HotpotQA JSON), so
+    that a missing or malformed file is an error naming it before any model loads."""
     if task in longbench.TASKS and data_dir is not None:
         longbench.read_rows(longbench.parse_task(task)[1], data_dir)
+    if task in ruler.QA_FILES and data_dir is not None and (Path(data_dir) / ruler.QA_FILES[task]).is_file():
+        ruler.qa_data(task, Path(data_dir))
 
 
 def score_sample(sample: Sample, prediction: str) -> float:

@@ -32,6 +32,7 @@ from kvbench.tasks.longbench_metrics import (
     retrieval_score,
     rouge_score,
 )
+from kvbench.validation import STRICT, Count, check_json
 
 logger = logging.getLogger(__name__)
 
@@ -243,10 +244,26 @@ def hub_data_zip() -> Path | None:
 FIELDS = ("input", "context", "answers", "length")  # what every official row holds and we read
 
 
+@dataclass
+class LongBenchRow:
+    """The schema of a row of an official LongBench JSONL (THUDM/LongBench data.zip): the fields read, each
+    of its type (a string `answers` would be scored letter by letter); others are not read."""
+
+    __pydantic_config__ = STRICT
+
+    input: str
+    context: str
+    answers: list[str]
+    length: Count  # words (LongBench-E's buckets)
+    _id: str | None = None
+    all_classes: list[str] | None = None
+
+
 def read_jsonl(lines, source: str) -> list[dict]:
-    """The rows of an official JSONL file; a malformed line or a row missing a field is one error naming
-    `source` and the line."""
-    rows = []
+    """The rows of an official JSONL file; a malformed line, a row missing a field or with a field of the
+    wrong type (`LongBenchRow`), an id given twice, or a file with no row is one error naming `source` (and
+    the line)."""
+    rows, lines_of = [], {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -259,7 +276,14 @@ def read_jsonl(lines, source: str) -> list[dict]:
         missing = [name for name in FIELDS if name not in row]
         if missing:
             raise DataFileError(f"{source}:{number}: LongBench row lacks {', '.join(missing)}")
+        check_json(LongBenchRow, line, f"{source}:{number}", DataFileError)
+        if row.get("_id") and row["_id"] in lines_of:
+            first = lines_of[row["_id"]]
+            raise DataFileError(f"{source}:{number}: id {row['_id']!r} is also the id of line {first}")
+        lines_of[row.get("_id")] = number  # rows without an id take their index
         rows.append(row)
+    if not rows:
+        raise DataFileError(f"{source}: holds no LongBench rows")
     return rows
 
 

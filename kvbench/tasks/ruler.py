@@ -23,9 +23,9 @@ Substitutions and differences, all deliberate:
   starts; the answer prefix is RULER's without its leading space.
 """
 
+import dataclasses
 import functools
 import itertools
-import json
 import math
 import random
 import re
@@ -35,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.errors import BadInput, UnknownTask
+from kvbench.errors import BadInput, DataFileError, UnknownTask
 from kvbench.tasks.base import Sample, TaskUnavailable
+from kvbench.validation import STRICT, check_json
 
 TASKS = {
     "niah_single_1": "needle in a haystack: one number under one word key, in repeated noise",
@@ -448,6 +449,59 @@ class QaData:
     documents: list[str]
 
 
+# The schemas of the official files a QA task reads from --data-dir: the fields RULER's readers use, each of
+# its type; others are ignored.
+@dataclass
+class SquadAnswer:
+    __pydantic_config__ = STRICT
+
+    text: str
+
+
+@dataclass
+class SquadQuestion:
+    __pydantic_config__ = STRICT
+
+    question: str
+    answers: list[SquadAnswer]
+    is_impossible: bool = False  # SQuAD v1.1's files lack it: every question has an answer
+
+
+@dataclass
+class SquadParagraph:
+    __pydantic_config__ = STRICT
+
+    context: str
+    qas: list[SquadQuestion]
+
+
+@dataclass
+class SquadArticle:
+    __pydantic_config__ = STRICT
+
+    paragraphs: list[SquadParagraph]
+
+
+@dataclass
+class SquadFile:
+    """SQuAD v2's dev-v2.0.json."""
+
+    __pydantic_config__ = STRICT
+
+    data: list[SquadArticle]
+
+
+@dataclass
+class HotpotExample:
+    """One example of HotpotQA's hotpot_dev_distractor_v1.json (a list of them)."""
+
+    __pydantic_config__ = STRICT
+
+    question: str
+    answer: str
+    context: list[tuple[str, list[str]]]  # (title, sentences) per paragraph
+
+
 def squad_data(articles: list[dict]) -> QaData:
     """RULER's read_squad on SQuAD v2's official JSON `data` list; unanswerable questions are dropped."""
     documents = sorted({p["context"] for article in articles for p in article["paragraphs"]})
@@ -526,7 +580,7 @@ def qa_data(task: str, data_dir: Path | None) -> QaData:
     """The dataset of a QA task from `data_dir/<official file name>`, else from the hub."""
     path = data_dir / QA_FILES[task] if data_dir else None
     if path and path.is_file():
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_qa_file(task, path)
     else:
         try:
             raw = from_hub(task)
@@ -535,6 +589,21 @@ def qa_data(task: str, data_dir: Path | None) -> QaData:
             hub = QA_HUB[task][0]
             raise TaskUnavailable(f"{task}: {where}, and the hub dataset {hub} failed ({error})") from None
     return squad_data(raw["data"]) if task == "qa_1" else hotpot_data(raw)
+
+
+def read_qa_file(task: str, path: Path):
+    """An official QA file, checked against its schema (`SquadFile`, `HotpotExample`): one line naming the
+    file and the first bad field if it does not fit. As the readers take it: dicts, defaults filled in."""
+    try:
+        text = path.read_bytes()
+    except OSError as error:
+        raise DataFileError(f"{path}: unreadable ({error.strerror})") from None
+    if task == "qa_1":
+        return dataclasses.asdict(check_json(SquadFile, text, str(path), DataFileError))
+    return [
+        dataclasses.asdict(example)
+        for example in check_json(list[HotpotExample], text, str(path), DataFileError)
+    ]
 
 
 def qa_draft(data: QaData, item: QaItem, num_docs: int, rng: random.Random) -> Instance:

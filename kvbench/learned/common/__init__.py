@@ -12,9 +12,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from kvbench import models, resources
 from kvbench.errors import TrainingFileError
+from kvbench.validation import STRICT, Count, Positive, check_json
 
 MANIFEST_FILE = "manifest.json"
 CARD_FILE = "card.json"
@@ -25,10 +27,12 @@ SHARED = "shared"  # the method of datagen.py's stores: every learned press trai
 class ModelShape:
     """What a data store or checkpoint must match: the model and the shape of its KV cache."""
 
+    __pydantic_config__ = STRICT  # also the schema of the `model` field of manifests and cards
+
     name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    num_layers: Positive
+    num_kv_heads: Positive
+    head_dim: Positive
 
     @property
     def num_heads(self) -> int:
@@ -102,6 +106,36 @@ def read_json(path: Path, what: str, hint: str) -> dict:
     return content
 
 
+@dataclass
+class Shard:
+    """One prompt of a data store, as its manifest lists it (datagen.py writes more fields, read by none)."""
+
+    __pydantic_config__ = STRICT
+
+    file: str  # a file in the store's folder (`read_manifest` refuses a path)
+    split: Literal["train", "val"]
+    prompt_tokens: Positive
+    task: str | None = None
+    length: Positive | None = None
+    sample_id: str | None = None
+    question_tokens: Count | None = None
+    continuation_tokens: Count | None = None
+
+
+@dataclass
+class Manifest:
+    """The schema of a data store's manifest.json: checked whole when a store is read, so a trainer never
+    meets a field of the wrong type half-way through training."""
+
+    __pydantic_config__ = STRICT
+
+    model: ModelShape
+    config: dict[str, Any]
+    shards: list[Shard]
+    method: str = "kvp"  # stores from before the field existed are KVP's
+    mixture: str | None = None
+
+
 def manifest_method(manifest: dict) -> str:
     """The method that made a data store; stores from before the field existed are KVP's."""
     return manifest.get("method", "kvp")
@@ -128,11 +162,21 @@ def read_manifest(directory: Path, method: str) -> dict:
             f"folder with: {datagen_hint(method, name)}"
         )
     try:
-        ModelShape(**manifest["model"])
-        manifest["shards"], manifest["config"]  # noqa: B018 (checks the keys exist)
-    except (KeyError, TypeError) as error:
-        raise corrupt(path, f"bad field {error}", hint) from None
+        checked = check_json(Manifest, json.dumps(manifest), "", ValueError)
+    except ValueError as error:
+        raise corrupt(path, error, hint) from None
+    for shard in checked.shards:
+        if shard.file != Path(shard.file).name or shard.file in ("", ".", ".."):
+            raise corrupt(path, f"shard file {shard.file!r} is not a file name in {directory}", hint)
+    files = [shard.file for shard in checked.shards]
+    if len(set(files)) != len(files):
+        raise corrupt(path, "a shard is listed twice", hint)
     return manifest
+
+
+# The tensors of a shard whose shape is checked on reading: (layers, KV heads, prompt tokens), then
+# head_dim (True) or whatever the tensor holds per token (False); all must be finite.
+SHARD_SHAPES = {"keys": True, "values": True, "utility": False, "reconstruction": False, "features": False}
 
 
 class TrainingData:
@@ -169,6 +213,37 @@ class TrainingData:
     def where(self) -> str:
         return ", ".join(map(str, self.directories))
 
+    def read_tensors(self, shard: dict, names) -> dict:
+        """The named tensors of one shard. A shard that is missing, truncated or not safetensors, lacks a
+        tensor, or holds one of another shape than the manifest says (`SHARD_SHAPES`) or not finite, is a
+        one-line TrainingFileError naming it, not a traceback half-way through training."""
+        import torch
+        from safetensors import safe_open
+
+        path = Path(shard["directory"]) / shard["file"]
+        try:
+            with safe_open(path, framework="pt") as file:
+                tensors = {name: file.get_tensor(name) for name in names}
+        except Exception as error:  # missing or truncated shard: safetensors raises its own types
+            raise TrainingFileError(
+                f"{path} is unreadable ({models.first_line(error)}); make it again with: {self.hint()}"
+            ) from None
+        shape = self.shape
+        heads = (shape.num_layers, shape.num_kv_heads, shard["prompt_tokens"])
+        for name, tensor in tensors.items():
+            if name not in SHARD_SHAPES:
+                continue
+            wanted = (*heads, shape.head_dim) if SHARD_SHAPES[name] else heads
+            got = tuple(tensor.shape)
+            if got[: len(wanted)] != wanted or (SHARD_SHAPES[name] and len(got) != len(wanted)):
+                reason = f"{name} of shape {got}, not {wanted}"
+            elif not torch.isfinite(tensor).all():
+                reason = f"{name} holds values that are not finite"
+            else:
+                continue
+            raise TrainingFileError(f"{path} is corrupt ({reason}); make it again with: {self.hint()}")
+        return tensors
+
     def hint(self, name: str | None = None, out: str | None = None) -> str:
         """The datagen command for these folders (or `out`), for model `name` (default: the data's)."""
         out = out or (str(self.directories[0]) if len(self.directories) == 1 else "DIR")
@@ -201,9 +276,9 @@ def read_card(directory: Path, method: str, hint: str) -> dict:
     if made_by != method:
         raise TrainingFileError(f"{path} holds {made_by} weights, not {method}'s; make them with: {hint}")
     try:
-        ModelShape(**card["model"])
-    except (KeyError, TypeError) as error:
-        raise corrupt(path, f"bad field {error}", hint) from None
+        check_json(ModelShape, json.dumps(card.get("model")), "field 'model'", ValueError)
+    except ValueError as error:
+        raise corrupt(path, error, hint) from None
     return card
 
 

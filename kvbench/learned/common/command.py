@@ -7,6 +7,7 @@ import click
 
 from kvbench.models import EMBEDDED
 from kvbench.tasks.mixture import MIXTURES, RULER_TRAINING_TASKS
+from kvbench.validation import Number
 
 DEFAULT_LENGTH, DEFAULT_SAMPLES = 1024, 12  # with RULER_TRAINING_TASKS: the "ruler" mixture
 EVALUATION_SEEDS = 1000  # evaluation draws its samples with seeds 0..999
@@ -112,7 +113,7 @@ def mixture_name(ctx, param, value: str | None) -> str | None:
     "--val-fraction",
     default=0.1,
     show_default=True,
-    type=click.FloatRange(0, 1, max_open=True),
+    type=Number(0, 1, high_open=True),
     help="Share of each part's prompts kept for validation.",
 )
 @click.option(

@@ -45,6 +45,7 @@ from kvbench.errors import BadInput, DataFileError
 from kvbench.learned.common import (
     MANIFEST_FILE,
     SHARED,
+    Manifest,
     folder_name,
     manifest_method,
     model_shape,
@@ -55,6 +56,7 @@ from kvbench.learned.distillcache.policy import token_features
 from kvbench.tasks import Sample, load_samples
 from kvbench.tasks.mixture import Part
 from kvbench.tasks.prompt import tokenize_sample
+from kvbench.validation import check_json
 
 EVALUATION_SEED = 0  # evaluation's default seed: a task whose samples there equal ours cannot train
 
@@ -208,12 +210,11 @@ def existing_manifest(directory: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
-        if not isinstance(manifest, dict) or not {"model", "config", "shards"} <= manifest.keys():
-            raise ValueError("it lacks model, config and shards")
-    except (ValueError, UnicodeDecodeError) as error:
+        text = path.read_text()
+        check_json(Manifest, text, "", ValueError)  # its schema: what a resumed run appends to
+    except ValueError as error:  # UnicodeDecodeError is one
         raise DataFileError(f"{path}: not a datagen manifest ({str(error).splitlines()[0]})") from None
-    return manifest
+    return json.loads(text)
 
 
 def check_seed_changes_samples(task: str, length: int, seed: int, tokenizer) -> None:

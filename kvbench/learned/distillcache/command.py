@@ -8,20 +8,24 @@ from pathlib import Path
 
 import click
 
+from kvbench.errors import BadInput
 from kvbench.learned.common.command import data_option, datagen, device_option, model_option, out_option
 from kvbench.learned.distillcache.policy import ARCHS, INITS
 from kvbench.learned.distillcache.train import TrainConfig
+from kvbench.validation import Number, parse_float
 
 DEFAULTS = TrainConfig()
 
 
 def ratio_list(ctx, param, value: str) -> list[float]:
     try:
-        ratios = [float(item) for item in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated ratios, got {value!r}") from None
-    if not all(0 < ratio < 1 for ratio in ratios):
-        raise click.BadParameter(f"ratios must be in (0, 1), got {value}")
+        ratios = [
+            parse_float(item, "a ratio", 0, 1, low_open=True, high_open=True) for item in value.split(",")
+        ]
+    except BadInput as error:
+        raise click.BadParameter(f"expected comma-separated ratios in (0, 1): {error}") from None
+    if len(set(ratios)) != len(ratios):
+        raise click.BadParameter(f"a ratio is given twice in {value}")
     return ratios
 
 
@@ -62,8 +66,8 @@ distillcache.add_command(datagen)
 @click.option(
     "--ratios-per-step", default=DEFAULTS.ratios_per_step, show_default=True, type=click.IntRange(min=1)
 )
-@click.option("--lr", default=DEFAULTS.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--entropy-bonus", default=DEFAULTS.entropy_bonus, show_default=True, type=click.FloatRange(0))
+@click.option("--lr", default=DEFAULTS.lr, show_default=True, type=Number(0, low_open=True))
+@click.option("--entropy-bonus", default=DEFAULTS.entropy_bonus, show_default=True, type=Number(0))
 @click.option(
     "--hidden", default=DEFAULTS.hidden, show_default=True, type=click.IntRange(min=1), help="MLP width."
 )
@@ -91,9 +95,13 @@ def train(
 
     from kvbench.learned.distillcache.train import DistillData
     from kvbench.learned.distillcache.train import train as train_policy
-    from kvbench.models import load_model
+    from kvbench.models import check_device, load_model, resolve
+    from kvbench.results import check_folder_writable
 
-    DistillData(list(data))  # refuse a bad data store before loading the model
+    DistillData(list(data))  # refuse a bad data store, an --out or a device that would fail after training
+    check_folder_writable(out, "--out folder")
+    check_device(device)
+    resolve(model)
     config = TrainConfig(
         steps=steps,
         samples=samples,

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from transformers import DynamicCache
 
 from kvbench.learned.common import TrainingData, TrainingFileError, model_shape
@@ -71,15 +70,7 @@ class DistillData(TrainingData):
     method, label = METHOD, "DistillCache"
 
     def load(self, shard: dict, names=TENSORS) -> dict[str, torch.Tensor]:
-        path = Path(shard["directory"]) / shard["file"]
-        try:
-            with safe_open(path, framework="pt") as f:
-                return {name: f.get_tensor(name) for name in names}
-        except Exception as error:  # missing or truncated shard: safetensors raises its own types
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise TrainingFileError(
-                f"{path} is unreadable ({reason}); make it again with: {self.hint()}"
-            ) from None
+        return self.read_tensors(shard, names)
 
 
 def feature_statistics(data: DistillData) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ from kvbench.learned.common.command import data_option, datagen, out_option
 from kvbench.learned.kvp.agent import ARCHS
 from kvbench.learned.kvp.reward import BUDGET_WEIGHTS
 from kvbench.learned.kvp.train import UTILITIES, TrainConfig
+from kvbench.validation import Number
 
 DEFAULTS = TrainConfig()
 
@@ -16,9 +17,12 @@ def int_list(ctx, param, value: str | None) -> list[int] | None:
     if value is None:
         return None
     try:
-        return [int(item) for item in value.split(",")]
+        items = [int(item) for item in value.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if len(set(items)) != len(items):
+        raise click.BadParameter(f"an index is given twice in {value!r}")
+    return items
 
 
 @click.group("kvp")
@@ -58,7 +62,7 @@ kvp.add_command(datagen)
     type=click.IntRange(min=2),
     help="K per prompt.",
 )
-@click.option("--lr", default=DEFAULTS.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--lr", default=DEFAULTS.lr, show_default=True, type=Number(0, low_open=True))
 @click.option(
     "--arch",
     type=click.Choice(list(ARCHS)),
@@ -167,6 +171,14 @@ def report(agents, plot, data, utility):
 
     if utility and not data:
         raise click.BadParameter("scores against another target need --data", param_hint="--utility")
+    if plot:  # a plot that cannot be written fails before the validation prompts are scored
+        from kvbench.results import check_folder_writable
+
+        if plot.exists() and not plot.is_file():
+            raise click.BadParameter(f"{str(plot)!r} is not a plain file", param_hint="--plot")
+        if not plot.parent.is_dir():
+            raise click.BadParameter(f"{str(plot.parent)!r} is not a folder", param_hint="--plot")
+        check_folder_writable(plot.parent, "--plot folder")
     card = load_card(agents)
     if data:  # a bad data folder fails before anything is printed
         from kvbench.learned.kvp.train import validation_cost_on

@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from kvbench.errors import BadInput
 from kvbench.learned.common import TrainingData, TrainingFileError
@@ -95,8 +94,8 @@ class KVPData(TrainingData):
     def load(self, shard: dict, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """keys, values (fp16, (heads, P, head_dim)) and utility (fp32, (heads, P)) of one prompt."""
         names = ("keys", "values", *UTILITY_TENSORS[self.utility])
-        with safe_open(Path(shard["directory"]) / shard["file"], framework="pt") as f:
-            keys, values, *targets = (f.get_tensor(name).flatten(0, 1)[heads] for name in names)
+        tensors = self.read_tensors(shard, names)
+        keys, values, *targets = (tensors[name].flatten(0, 1)[heads] for name in names)
         if len(targets) == 1:
             return keys, values, targets[0]
         scaled = [

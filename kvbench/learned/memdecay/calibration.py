@@ -34,9 +34,10 @@ import torch
 
 from kvbench import models
 from kvbench.adapter import attention_hooks, attention_implementation, language_model
-from kvbench.errors import BadInput
-from kvbench.learned.memdecay.press import CALIBRATION_FILE
+from kvbench.errors import BadInput, MemDecayError
+from kvbench.learned.memdecay.press import CALIBRATION_FILE, Calibration
 from kvbench.tasks.prompt import REGIONS, tokenize_sample
+from kvbench.validation import check_json
 
 CARD_FILE = "card.json"
 PLOT_FILE = "attention_vs_age.png"
@@ -163,8 +164,10 @@ def measure(model, tokenizer, samples, threshold: float = DEFAULT_THRESHOLD, log
 
 def write_calibration(directory: Path, model, stats: LifetimeStats, card: dict) -> dict:
     """calibration.json (what the press reads), card.json (how it was made) and the plot; atomic writes."""
-    directory.mkdir(parents=True, exist_ok=True)
     calibration = {"model": models.model_name(model), **fit_calibration(stats)}
+    # Never write what the press would refuse to read (a half-life of 0 from samples of one token).
+    check_json(Calibration, json.dumps(calibration), "the measured calibration", MemDecayError)
+    directory.mkdir(parents=True, exist_ok=True)
     card = {
         "model": calibration["model"],
         **card,

@@ -3,6 +3,7 @@
 import click
 
 from kvbench.learned.common.command import device_option, model_option, out_option
+from kvbench.validation import Number
 
 CALIBRATION_SEED = 10_000  # evaluation draws its samples with seeds 0..999: calibration never sees them
 DEFAULT_SUITE = "agent-trace"  # chat turns with every region: system, user, assistant, tool, scratchpad
@@ -41,7 +42,7 @@ def memdecay():
     "--threshold",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(0, low_open=True),
     help="A token is attended when it gets more than this times its uniform share of a query's attention.",
 )
 def calibrate(out, model, device, suite, task_list, length, samples, seed, threshold):
@@ -49,13 +50,17 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
     calibration.json (read by the memdecay press), card.json and attention_vs_age.png to --out."""
     from kvbench import tasks
     from kvbench.learned.memdecay.calibration import measure, write_calibration
-    from kvbench.models import load_model
+    from kvbench.models import check_device, load_model, resolve
     from kvbench.planning import DEFAULT_LENGTH, plan_tasks
+    from kvbench.results import check_folder_writable
 
     suite = suite or (None if task_list else DEFAULT_SUITE)
     plan = plan_tasks(suite, task_list, length, samples)
     suite_name, names, samples = plan.suite, plan.tasks, plan.samples
     length = plan.length or DEFAULT_LENGTH  # tasks named without a suite, as `kvbench run` does
+    check_folder_writable(out, "--out folder")  # what can fail after the measurement fails before it
+    check_device(device)
+    resolve(model)
     llm, tokenizer = load_model(model, device=device)
     chosen = [
         sample

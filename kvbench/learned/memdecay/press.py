@@ -13,7 +13,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
+import annotated_types
 import torch
 from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept, get_prerope_query_states
@@ -23,6 +25,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 from kvbench import models, resources
 from kvbench.errors import MemDecayError
 from kvbench.tasks.prompt import REGIONS
+from kvbench.validation import STRICT, Count, check_json
 
 CALIBRATION_FILE = "calibration.json"
 # Query rows whose attention is held at once: bounds memory on long prefills; the smaller, the more of the
@@ -41,15 +44,52 @@ def calibrate_command(model_name: str) -> str:
     return f"kvbench memdecay calibrate --model {model_name} {out}"
 
 
+@dataclass
+class RegionFit:
+    """One region's fit in calibration.json."""
+
+    __pydantic_config__ = STRICT
+
+    half_life: Annotated[float, annotated_types.Gt(0)]  # steps; the press divides ages by it
+    priority: Annotated[float, annotated_types.Interval(ge=0, le=1)]
+    measured: bool = True
+    tokens: Count = 0
+
+
+@dataclass
+class Calibration:
+    """The schema of calibration.json (`kvbench memdecay calibrate` writes it): checked whole when read, so
+    a damaged or hand-edited file (a NaN threshold, a missing region) is refused before any work."""
+
+    __pydantic_config__ = STRICT
+
+    model: str
+    threshold: Annotated[float, annotated_types.Gt(0)]
+    regions: dict[str, RegionFit]
+    max_age: Count | None = None
+
+
 def load_calibration(directory: Path, model_name: str) -> tuple[dict, str]:
-    """The calibration in `directory` and the digest of its file; refuses a missing one or another model's."""
+    """The calibration in `directory` and the digest of its file; refuses a missing one, one that does not
+    fit `Calibration` or lacks a region, or another model's."""
     path = Path(directory) / CALIBRATION_FILE
     if not path.is_file():
         raise MemDecayError(
             f"no MemDecay calibration for {model_name} at {directory}; make it with: "
             f"{calibrate_command(model_name)}"
         )
-    text = path.read_text()
+    remake = f"make it again with: {calibrate_command(model_name)}"
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise MemDecayError(f"{path} is unreadable ({error}); {remake}") from None
+    try:
+        checked = check_json(Calibration, text, "", ValueError)
+        missing = [name for name in REGIONS if name not in checked.regions]
+        if missing:
+            raise ValueError(f"no region {', '.join(missing)}")
+    except ValueError as error:
+        raise MemDecayError(f"{path} is corrupt ({error}); {remake}") from None
     calibration = json.loads(text)
     if calibration["model"] != model_name:
         raise MemDecayError(

@@ -1,0 +1,329 @@
+"""The validation layer (kvbench/validation.py and the schemas of the files kvbench reads), held by generated
+cases: every field of a valid results row, training manifest and LongBench data line is mutated (wrong type,
+missing, null, nan, huge) and must be refused in one line with exit 2 (rows: skipped with one warning, as
+corrupt lines are), or accepted where the schema allows the value, with nothing changed on disk."""
+
+import hashlib
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvbench import models
+from kvbench.cli import main
+from kvbench.config import PROTOCOL_ARGS, Config
+from kvbench.errors import BadInput, KvbenchWarning
+from kvbench.planning import parse_memory, parse_ratio, trial_run
+from kvbench.results import REQUIRED_FIELDS, ResultsStore, Row, check_writable, load_rows
+from kvbench.tasks import longbench
+from kvbench.validation import parse_float, parse_int
+
+MUTATIONS = ("wrong type", "missing", "null", "nan", "huge")
+PROTOCOL_CONFIGS = [(name, ((arg[0], 2),) if arg else ()) for name, arg in PROTOCOL_ARGS.items()]
+
+
+def mutate(data: dict, path: tuple, mutation: str) -> dict | None:
+    """A deep copy of `data` with the field at `path` mutated; None when the mutation does not apply (huge
+    is for numbers and strings)."""
+    data = json.loads(json.dumps(data))
+    *parents, name = path
+    holder = data
+    for part in parents:
+        holder = holder[part]
+    value = holder[name]
+    if mutation == "missing":
+        del holder[name]
+    elif mutation == "null":
+        holder[name] = None
+    elif mutation == "nan":
+        holder[name] = float("nan")
+    elif mutation == "wrong type":
+        holder[name] = "abc" if isinstance(value, (int, float, list, dict)) else 12345
+    elif isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    else:  # huge
+        holder[name] = (
+            "x" * 100_000 if isinstance(value, str) else 10**30 if isinstance(value, int) else 1e300
+        )
+    return data
+
+
+def accepted(mutation: str, field: str, optional: set[str], unbounded: set[str]) -> bool:
+    """Whether a schema accepts the mutation of `field`: absent (or null) where the field is optional,
+    huge where it has no bound (`unbounded`: free text, some floats)."""
+    if mutation in ("missing", "null"):
+        return field in optional
+    return mutation == "huge" and field in unbounded
+
+
+def folder_hash(folder: Path) -> dict:
+    return {
+        str(path.relative_to(folder)): hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else None
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+# ---- results rows ----
+
+VALID_ROW = Row(
+    config_id="c",
+    model="m",
+    press="knorm",
+    ratio=0.5,
+    task="t",
+    length=1024,
+    seed=3,
+    sample_id="s1",
+    press_args={"window_size": 8},
+    press_state="abc",
+    memory=0.5,
+    budget=64,
+    protocol_args={"chunk": 4},
+    content_hash="h",
+    prediction="x",
+    references=["x"],
+    score=50.0,
+    context_tokens=10,
+    kv_kept=5,
+    kv_total=10,
+    kv_bytes=100,
+    kv_bytes_full=200,
+    prefill_s=0.1,
+    decode_s=0.2,
+    meta={"k": 1},
+).to_dict()
+ROW_OPTIONAL = set(VALID_ROW) - set(REQUIRED_FIELDS)  # an absent or null field takes its default
+# Free text, and floats without an upper bound (lm-eval's metrics are not all on 0-100).
+ROW_UNBOUNDED = {name for name, value in VALID_ROW.items() if isinstance(value, str)}
+ROW_UNBOUNDED |= {"score", "prefill_s", "decode_s"}
+ROW_CASES = [(field, mutation) for field in VALID_ROW for mutation in MUTATIONS]
+
+
+@pytest.mark.parametrize("field, mutation", ROW_CASES, ids=[f"{f}-{m}" for f, m in ROW_CASES])
+def test_a_mutated_row_is_loaded_or_skipped_with_one_warning_and_nothing_changes(field, mutation, tmp_path):
+    row = mutate(VALID_ROW, (field,), mutation)
+    if row is None:
+        pytest.skip("huge applies to numbers and strings")
+    other = {**VALID_ROW, "sample_id": "s0"}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(other) + "\n" + json.dumps(row) + "\n")
+    before = folder_hash(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = load_rows(tmp_path)
+        ResultsStore(tmp_path).close()  # a writer opening the folder (a resumed run) changes no row
+    (tmp_path / "rows.jsonl.lock").unlink()  # what a writer leaves: its lock file, empty
+    ours = [w for w in caught if issubclass(w.category, KvbenchWarning)]
+    if accepted(mutation, field, ROW_OPTIONAL, ROW_UNBOUNDED):
+        assert len(frame) == 2 and not ours, [str(w.message) for w in ours]
+    else:
+        assert list(frame["sample_id"]) == ["s0"]
+        assert len(ours) == 2 and all(":2: skipped a corrupt results row" in str(w.message) for w in ours)
+        assert "\n" not in str(ours[0].message)
+    assert folder_hash(tmp_path) == before
+
+
+def test_rows_the_report_cannot_read_are_one_warning_then_one_error(tmp_path):
+    (tmp_path / "rows.jsonl").write_text(json.dumps({**VALID_ROW, "ratio": "abc"}) + "\n")
+    result = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Warning: ") and "field 'ratio'" in lines[0]
+    assert lines[1].startswith("Error: ") and not (tmp_path / "report").exists()
+
+
+def test_the_store_refuses_to_write_a_row_it_could_not_read_back(tmp_path):
+    store = ResultsStore(tmp_path)
+    with pytest.raises(ValueError, match="cannot be read back: field 'score'"):
+        store.append(Row("c", "m", "knorm", 0.5, "t", 1, 0, "s", score=float("nan")))
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+# ---- the torn last line and the last line that only lost its newline ----
+
+
+def test_a_valid_last_row_without_its_newline_is_kept(tmp_path):
+    lines = [json.dumps({**VALID_ROW, "sample_id": f"s{i}"}) for i in range(2)]
+    (tmp_path / "rows.jsonl").write_text(lines[0] + "\n" + lines[1])  # no newline after the last row
+    store = ResultsStore(tmp_path)
+    store.append(Row(**{**Row.from_dict(VALID_ROW).__dict__, "sample_id": "s2"}))
+    assert list(load_rows(tmp_path)["sample_id"]) == ["s0", "s1", "s2"]
+
+
+def test_a_torn_last_line_is_still_cut(tmp_path):
+    line = json.dumps(VALID_ROW)
+    (tmp_path / "rows.jsonl").write_text(line + "\n" + line[:-7])
+    ResultsStore(tmp_path)
+    assert (tmp_path / "rows.jsonl").read_text() == line + "\n"
+
+
+# ---- training manifests ----
+
+SHAPE = {"name": "x", "num_layers": 1, "num_kv_heads": 1, "head_dim": 4}
+SHARD = {
+    "file": "train.safetensors",
+    "split": "train",
+    "prompt_tokens": 8,
+    "task": "vt",
+    "length": 512,
+    "sample_id": "0",
+    "question_tokens": 4,
+    "continuation_tokens": 2,
+}
+VALID_MANIFEST = {
+    "method": "shared",
+    "mixture": "ruler",
+    "model": SHAPE,
+    "config": {"reconstruction": False},
+    "shards": [SHARD, {**SHARD, "file": "val.safetensors", "split": "val"}],
+}
+SHARD_OPTIONAL = {"task", "length", "sample_id", "question_tokens", "continuation_tokens"}
+MANIFEST_UNBOUNDED = {"name", "file", "mixture", "task", "sample_id"}  # free text (method and split are not)
+MANIFEST_FIELDS = [
+    *[(name,) for name in VALID_MANIFEST],
+    *[("model", name) for name in SHAPE],
+    *[("shards", 0, name) for name in SHARD],
+]
+MANIFEST_CASES = [(path, mutation) for path in MANIFEST_FIELDS for mutation in MUTATIONS]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Past every check, a command would load its model: it says so in one line instead."""
+
+    def refuse(*args, **kwargs):
+        raise BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(longbench, "hub_data_zip", lambda: None)
+
+
+def one_line_exit_2(args: list[str], folder: Path) -> str:
+    before = folder_hash(folder)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.output, (
+        result.output
+    )
+    assert folder_hash(folder) == before
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "path, mutation", MANIFEST_CASES, ids=[f"{'.'.join(map(str, p))}-{m}" for p, m in MANIFEST_CASES]
+)
+def test_a_mutated_manifest_is_refused_in_one_line_before_training(path, mutation, tmp_path):
+    manifest = mutate(VALID_MANIFEST, path, mutation)
+    if manifest is None:
+        pytest.skip("huge applies to numbers and strings")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "manifest.json").write_text(json.dumps(manifest))
+    for split in ("train", "val"):  # the shards are garbage: a manifest that passes fails on them
+        (store / f"{split}.safetensors").write_bytes(b"\x00garbage")
+    line = one_line_exit_2(["kvp", "train", "--data", str(store), "--out", str(tmp_path / "out")], tmp_path)
+    # A missing method is KVP's (stores from before the field); a null one is no method.
+    optional = {"mixture", *SHARD_OPTIONAL} | ({"method"} if mutation == "missing" else set())
+    if accepted(mutation, path[-1], optional, MANIFEST_UNBOUNDED):
+        assert "is unreadable" in line, line
+    else:
+        assert "manifest.json" in line and "unreadable" not in line, line
+
+
+# ---- LongBench data lines ----
+
+VALID_LINE = {
+    "input": "Who?",
+    "context": "Alice.",
+    "answers": ["Alice"],
+    "length": 2,
+    "_id": "a",
+    "all_classes": ["x", "y"],
+}
+LINE_CASES = [(field, mutation) for field in VALID_LINE for mutation in MUTATIONS]
+
+
+@pytest.mark.parametrize("field, mutation", LINE_CASES, ids=[f"{f}-{m}" for f, m in LINE_CASES])
+def test_a_mutated_longbench_line_is_refused_in_one_line_before_the_model(
+    field, mutation, tmp_path, no_model_loads
+):
+    line = mutate(VALID_LINE, (field,), mutation)
+    if line is None:
+        pytest.skip("huge applies to numbers and strings")
+    (tmp_path / "lb").mkdir()
+    (tmp_path / "lb" / "hotpotqa.jsonl").write_text(json.dumps(line) + "\n")
+    args = ["run", "--press", "knorm", "--ratio", "0.5", "--task", "longbench/hotpotqa", "--samples", "1"]
+    error = one_line_exit_2(
+        [*args, "--data-dir", str(tmp_path / "lb"), "--out", str(tmp_path / "out")], tmp_path
+    )
+    if accepted(mutation, field, {"_id", "all_classes"}, {"input", "context", "_id"}):
+        assert "the model would load now" in error, error
+    else:
+        assert "hotpotqa.jsonl:1" in error, error
+
+
+# ---- numbers ----
+
+
+@pytest.mark.parametrize(
+    "value", ["nan", "inf", "-inf", float("nan"), float("inf"), True, None, [0.5], "0x1"]
+)
+def test_numbers_that_mean_nothing_are_refused(value):
+    for parse in (parse_ratio, parse_memory):
+        with pytest.raises(BadInput):
+            parse(value)
+
+
+def test_numbers_are_parsed_from_text_and_numbers_alike():
+    assert parse_float("0.25", "x", 0, 1) == parse_float(0.25, "x", 0, 1) == 0.25
+    assert math.copysign(1, parse_float("-0", "x")) == 1  # -0.0 is 0.0
+    assert parse_int("12", "n", 1) == parse_int(12, "n", 1) == 12
+    for bad in (12.0, 12.5, "12.5", True, "abc", 2**63, None):
+        with pytest.raises(BadInput):
+            parse_int(bad, "n")
+    assert parse_ratio("1e-320") == 0.0 and parse_memory("0.50000000000001") == 0.5
+    with pytest.raises(BadInput, match="1 at 10 decimal places"):
+        parse_ratio("0.99999999999")
+
+
+def test_the_python_api_refuses_wrong_types_before_any_work(tmp_path, no_model_loads):
+    import kvbench
+
+    out = tmp_path / "out"
+    for keywords, culprit in (
+        ({"seed": "abc"}, "--seed must be a whole number"),
+        ({"length": 512.5}, "--length must be a whole number"),
+        ({"samples": "2"}, "the checks passed"),  # text of a number, as the command line gives it
+        ({"batch_configs": 0}, "--batch-configs must be at least 1"),
+    ):
+        with pytest.raises(BadInput, match=culprit):
+            kvbench.run("knorm", 0.5, tasks=["niah_single_1"], out=out, **keywords)
+    with pytest.raises(BadInput, match="the checks passed"):  # a scalar ratio, as run takes
+        kvbench.sweep("knorm", 0.5, tasks=["niah_single_1"], out=out)
+    assert not out.exists()
+
+
+TRIED = [
+    *[Config("knorm", 0.5, protocol=name, protocol_args=args) for name, args in PROTOCOL_CONFIGS],
+    *[Config(name, 0.5) for name in ("snapkv", "random", "adakv", "chunkkv", "streaming_llm")],
+    Config("quant", 0.0, memory=0.5),
+]
+
+
+@pytest.mark.parametrize("config", TRIED, ids=[f"{c.press}-{c.protocol}" for c in TRIED])
+def test_the_trial_runs_every_protocol_with_a_press_defaults(config, one_thread):
+    """The trial of press arguments blames them only when the press runs there without them: a trial that
+    breaks by itself (the engine's API changed under it) would let every bad argument through."""
+    trial_run(config, 320)
+
+
+def test_check_writable_refuses_a_fifo_without_blocking(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "rows.jsonl")
+    with pytest.raises(BadInput, match="is not a plain file"):
+        check_writable(tmp_path)
