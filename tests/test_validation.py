@@ -93,12 +93,13 @@ VALID_ROW = Row(
     kv_bytes_full=200,
     prefill_s=0.1,
     decode_s=0.2,
+    nll=2.5,
     meta={"k": 1},
 ).to_dict()
 ROW_OPTIONAL = set(VALID_ROW) - set(REQUIRED_FIELDS)  # an absent or null field takes its default
 # Free text, and floats without an upper bound (lm-eval's metrics are not all on 0-100).
 ROW_UNBOUNDED = {name for name, value in VALID_ROW.items() if isinstance(value, str)}
-ROW_UNBOUNDED |= {"score", "prefill_s", "decode_s"}
+ROW_UNBOUNDED |= {"score", "prefill_s", "decode_s", "nll"}
 ROW_CASES = [(field, mutation) for field in VALID_ROW for mutation in MUTATIONS]
 
 
