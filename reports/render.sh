@@ -57,6 +57,10 @@ uv run kvbench report results/reference-agent-ratio --out reports/reference-agen
 uv run kvbench report results/reference-agent-streaming --out reports/reference-agent-streaming --versus kvp --every-state --presses kvp,kvp@58260c05679a,distillcache,snapkv,streaming_llm,tova,memdecay,h2o,qevict,knorm
 # docs/studies/protocols.md: query-aware RULER against absolute budgets (KVP's paper's Figure 2 form)
 uv run kvbench report results/reference-query-aware --out reports/reference-query-aware --versus kvp
+# docs/studies/protocols.md: compress once answer four, multi-turn, and the same questions alone (held-out)
+uv run kvbench report results/reference-multi-question --out reports/reference-multi-question --versus kvp
+# docs/studies/protocols.md: live-cache perplexity against absolute budgets
+uv run kvbench report results/reference-perplexity --out reports/reference-perplexity
 # README "At 4k tokens: beyond what the embedded model can do"
 uv run kvbench report results/reference-4k --out reports/reference-4k
 # README "On a GPU (measured on an NVIDIA H200)"
