@@ -150,7 +150,10 @@ def context_limit(name: str) -> int | None:
 
 
 def check_device(device: str) -> None:
-    """Refuse a device torch does not know or that this machine lacks, before anything loads."""
+    """Refuse a device torch does not know or that this machine lacks, before anything loads. The CPU needs
+    no torch to be checked (its import takes seconds)."""
+    if device == "cpu":
+        return
     import torch
 
     try:

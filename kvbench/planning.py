@@ -13,9 +13,15 @@ from dataclasses import dataclass
 
 from kvbench import tasks
 from kvbench.config import DEFAULT_PROTOCOL, PROTOCOL_ARGS, Config
-from kvbench.engine import check_protocol
-from kvbench.errors import BadInput, KvbenchWarning, UnknownTask
-from kvbench.presses import PRESSES, build_press, check_press_runnable, config_press, press_state
+from kvbench.errors import BadInput, KvbenchWarning
+from kvbench.presses import (
+    PRESSES,
+    build_press,
+    check_press_runnable,
+    config_press,
+    press_state,
+    unknown_press,
+)
 
 DEFAULT_SUITE = "ruler-smoke"
 DEFAULT_LENGTH = 1024  # RULER tasks named without a suite or a length
@@ -70,10 +76,12 @@ def budget_configs(
     press_args: tuple = (),
 ) -> list[Config]:
     """The configs of one press: one per ratio, or one per memory budget (evictors at ratio 1 - memory,
-    codecs solving their own knobs for it)."""
+    codecs solving their own knobs for it). An unknown press name fails here, before anything heavy."""
+    if press not in PRESSES:
+        raise unknown_press(press)
     name, protocol_args = protocol
     if memories:
-        codec = PRESSES[press].codec if press in PRESSES else False
+        codec = PRESSES[press].codec
         return [
             Config(press, 0.0 if codec else round(1 - m, 10), press_args, None, m, name, protocol_args)
             for m in memories
@@ -156,7 +164,10 @@ def drop_unreachable_budgets(configs: list[Config]) -> list[Config]:
 
 def check_configs(configs: list[Config]) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, or does not fit its protocol;
-    the presses, built (None for `none`)."""
+    the presses, built (None for `none`). Imports the engine, so kvpress and torch: the checks of names,
+    numbers and paths come before it."""
+    from kvbench.engine import check_protocol
+
     for config in configs:
         check_press_runnable(config.press)
         check_protocol(config)
@@ -212,12 +223,12 @@ def plan_tasks(
     if suite or not task_list:
         name = suite or DEFAULT_SUITE
         if name not in tasks.suite_names():
-            raise UnknownTask(f"unknown suite {name!r} (see `kvbench tasks`)")
+            raise tasks.unknown_suite(name)
         suite_spec = tasks.load_suite(name)
     names = list(task_list) or suite_spec.tasks
     for name in names:
         if name not in tasks.task_names():
-            raise UnknownTask(f"unknown task {name!r} (see `kvbench tasks`)")
+            raise tasks.unknown_task(name)
     if length is not None and length < 1:
         raise BadInput(f"--length must be at least 1, got {length}")
     length = length if length is not None else (suite_spec.length if suite_spec else None)

@@ -9,15 +9,16 @@ any store, so that a scheduler can spread units over workers and write their row
 units on Ray actors).
 """
 
+from __future__ import annotations
+
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import pandas as pd
 from tqdm.auto import tqdm
 
 from kvbench import models, provenance
@@ -34,6 +35,9 @@ from kvbench.planning import (
 )
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
 from kvbench.tasks import Sample, check_data, load_samples, score_sample
+
+if TYPE_CHECKING:  # pandas is imported where frames are made: its import takes a second or two
+    import pandas as pd
 
 CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
 
@@ -157,7 +161,6 @@ def prepare_plan(
         raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
     for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
         check_data(name, data_dir)
-    presses = check_configs(configs)  # bad press arguments fail here (`none` takes none)
     if batch_configs < 1:
         raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
     if dtype not in models.DTYPES:
@@ -165,6 +168,7 @@ def prepare_plan(
     check_writable(Path(out))
     if executor is None:
         models.check_device(device)
+    presses = check_configs(configs)  # bad press arguments fail here (`none` takes none); imports torch
     models.resolve(model)
     check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
     limit = models.context_limit(model)
@@ -355,24 +359,48 @@ def run_plan(
     return frame.reset_index(drop=True)
 
 
+# What a config may be given beside its ratio (Row's memory and budget), in the summary's column order.
+BUDGET_COLUMNS = ("memory", "budget")
+
+
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
-    """Score per task (columns) for each (press, budget), plus the average over tasks; the budget is the
-    ratio, or `memory=M` for configs given a memory budget."""
+    """Mean score per task (columns) and their average, one line per config. The index says what each config
+    was given, one labelled column each: `ratio` (fraction of KV entries removed), then `memory` and
+    `budget` (BUDGET_COLUMNS) when some config of the frame was given one ("-" for those that were not).
+    `none` comes first, then the presses in the order the frame holds them, each from its least compressed
+    config."""
+    import pandas as pd
+
     if frame.empty:
         return pd.DataFrame()
-    memory = frame["memory"] if "memory" in frame else pd.Series(None, index=frame.index, dtype=object)
-    budget = [
-        str(ratio) if pd.isna(m) else f"memory={m}" for ratio, m in zip(frame["ratio"], memory, strict=True)
+    keys = ["press", "ratio"] + [
+        name for name in BUDGET_COLUMNS if name in frame and frame[name].notna().any()
     ]
-    frame = frame.assign(budget=budget)
-    table = frame.pivot_table(index=["press", "budget"], columns="task", values="score", aggfunc="mean")
+    shown = frame.assign(**{name: [setting_label(name, value) for value in frame[name]] for name in keys[1:]})
+    table = shown.pivot_table(index=keys, columns="task", values="score", aggfunc="mean")
     table["average"] = table.mean(axis=1)
+    first_seen = {press: index for index, press in enumerate(dict.fromkeys(shown["press"]))}
+
+    def place(key: tuple) -> tuple:  # least compressed first: larger memory or budget, then smaller ratio
+        settings = dict(zip(keys, key, strict=True))
+        larger_first = [-float(settings[name]) for name in keys[2:] if settings[name] != "-"]
+        return (key[0] != "none", first_seen[key[0]], *larger_first, float(settings["ratio"]))
+
+    table = table.reindex(sorted(table.index, key=place))
+    table.columns.name = None
     return table
+
+
+def setting_label(name: str, value) -> str:
+    """A config's ratio, memory or budget as the summary shows it; "-" where it was not given."""
+    if value is None or value != value:  # None or NaN
+        return "-"
+    return str(int(value)) if name == "budget" else str(float(value))
 
 
 def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     """The run's full config, versions and commit; with `frame`, its scores and finish time too."""
-    table = summarize(frame) if frame is not None else pd.DataFrame()
+    table = summarize(frame) if frame is not None else None
     config = {
         "model": plan.model,
         "configs": [asdict(config) for config in plan.configs],
@@ -387,7 +415,15 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
         "dtype": plan.dtype,
     }
     summary = {
-        f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
-        for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
+        config_key(dict(zip(table.index.names, key, strict=True))): {
+            task: round(score, 2) for task, score in scores.items()
+        }
+        for key, scores in (table.iterrows() if table is not None else ())
     }
     return provenance.run_record(config, summary, plan.device, started, finished=frame is not None)
+
+
+def config_key(settings: dict[str, str]) -> str:
+    """A run record's name for a summary line: "knorm@0.5", "quant@memory=0.25", "kvp@budget=128"."""
+    given = [f"{name}={settings[name]}" for name in BUDGET_COLUMNS if settings.get(name, "-") != "-"]
+    return f"{settings['press']}@{given[0] if given else settings['ratio']}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import yaml
 
 from kvbench.config import Config
-from kvbench.errors import BadInput, KvbenchError, UnknownPress
+from kvbench.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
 
 DEFAULT_INNER = "snapkv"
 
@@ -61,7 +61,10 @@ def wrapper(path: str) -> Factory:
     @builds(path, "inner")
     def build(ratio, inner=DEFAULT_INNER, **args):
         if not isinstance(inner, str) or inner not in PRESSES or PRESSES[inner].factory is None:
-            raise UnknownPress(f"inner press {inner!r} is not a press that can be wrapped")
+            wrappable = [spec.name for spec in SPECS if spec.factory is not None]
+            raise UnknownPress(
+                f"inner press {inner!r} is not a press that can be wrapped{did_you_mean(inner, wrappable)}"
+            )
         return press_class(path)(build_press(inner, ratio), **args)
 
     return build
@@ -280,16 +283,21 @@ def check_press_args(name: str, press_args: dict) -> None:
         if key in factory.own_args:
             continue
         if key not in fields:
-            known = ", ".join(sorted(fields | set(factory.own_args)))
-            raise BadInput(f"press {name!r} has no argument {key!r} (it takes: {known})")
+            known = sorted(fields | set(factory.own_args))
+            hint = did_you_mean(key, known)
+            raise BadInput(f"press {name!r} has no argument {key!r}{hint} (it takes: {', '.join(known)})")
         if key in hints and not value_fits(value, hints[key]):
             raise BadInput(f"bad press argument for {name!r}: {key}={value!r} is not {type_name(hints[key])}")
+
+
+def unknown_press(name: str) -> UnknownPress:
+    return UnknownPress(f"unknown press {name!r}{did_you_mean(name, PRESSES)} (see `kvbench presses`)")
 
 
 def check_press_runnable(name: str) -> None:
     """Fail before any work if a press cannot run here (unknown, or needs an unreachable hub)."""
     if name not in PRESSES:
-        raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
+        raise unknown_press(name)
     from kvbench import models
 
     if "hub" in PRESSES[name].needs and not models.hub_reachable():
@@ -305,7 +313,7 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
     a codec gets memory = 1 - ratio. Evictors are given their ratio (1 - memory, chosen by the caller).
     """
     if name not in PRESSES:
-        raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
+        raise unknown_press(name)
     if not 0 <= ratio < 1:
         raise BadInput(f"ratio must be in [0, 1), got {ratio}")
     spec = PRESSES[name]
