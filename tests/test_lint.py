@@ -1,5 +1,5 @@
-"""`uv run --group dev pytest` covers the linters too: ruff's checks and formatting, and ty's type check (rules in
-pyproject.toml), on the whole repository."""
+"""`uv run --group dev pytest` covers the linters too: ruff's checks and formatting, and ty's type check
+(rules in pyproject.toml), on the whole repository."""
 
 import shutil
 import subprocess
