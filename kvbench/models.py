@@ -179,6 +179,72 @@ def load_tokenizer(name: str = EMBEDDED):
         raise ModelNotFound(f"cannot load tokenizer for {name!r}: {first_line(error)}") from None
 
 
+class TokenizerFiles:
+    """A model folder's tokenizer as sample generation uses it (encode, decode, the chat template), read with
+    the tokenizers library and jinja2 alone: transformers' import (5-10 s on 2 busy cores, torch with it)
+    is what a rerun with nothing to compute would otherwise wait for. Only that check uses it (a key it
+    gets wrong is a row it does not find, so the run takes the full path); runs use transformers'.
+
+    Folders this does not read as transformers does are refused (`open` gives None): no tokenizer.json, a
+    template per name, or clean-up of decoded spaces. Templates render as transformers renders them
+    (trim_blocks, lstrip_blocks, loop controls, the special tokens as variables); one that calls what this
+    environment lacks raises."""
+
+    def __init__(self, backend, config: dict, chat_template: str | None):
+        self.backend, self.config, self.chat_template = backend, config, chat_template
+        self.bos_token = token_text(config.get("bos_token"))
+        self.model_max_length = config.get("model_max_length") or int(1e30)
+
+    @classmethod
+    def open(cls, name: str) -> "TokenizerFiles | None":
+        folder = Path(resolve(name))
+        if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
+            return None  # a hub id: the tokenizer's files are transformers' to find
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        template = config.get("chat_template")
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        if config.get("clean_up_tokenization_spaces") or not isinstance(template, str | None):
+            return None
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), config, template)
+
+    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False):
+        encoded = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        return {
+            "input_ids": encoded.ids,
+            **({"offset_mapping": encoded.offsets} if return_offsets_mapping else {}),
+        }
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool, tokenize: bool, **variables
+    ):
+        if tokenize or self.chat_template is None:
+            raise ValueError("TokenizerFiles renders a chat template to text only")
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        tokens = {key: token_text(value) for key, value in self.config.items() if key.endswith("_token")}
+        return environment.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables
+        )
+
+
+def token_text(token) -> str | None:
+    """A special token of tokenizer_config.json: its text, whether saved as text or as an AddedToken."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
 def default_attn_implementation(device: str) -> str:
     import torch
 

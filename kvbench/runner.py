@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from tqdm.auto import tqdm
 
 from kvbench import models, provenance
 from kvbench.config import DEFAULT_PROTOCOL, Config
-from kvbench.errors import BadInput
+from kvbench.errors import BadInput, KvbenchWarning
 from kvbench.planning import (
     check_configs,
     check_learned_state,
@@ -33,6 +34,7 @@ from kvbench.planning import (
     plan_tasks,
     task_lengths,
 )
+from kvbench.presses import press_state_from_files
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
 from kvbench.tasks import Sample, check_data, load_samples, score_sample
 
@@ -149,9 +151,10 @@ def prepare_plan(
     executor: Executor | None = None,
 ):
     """(plan, model, tokenizer): everything checked before the model loads, cheap checks first (names,
-    numbers, files, press arguments, the device, the lengths against the model's context; errors are
-    one-line KvbenchErrors), then the model loaded and the configs keyed by their presses' learned state.
-    `force` recomputes rows `out` already holds.
+    numbers, files, the device, the lengths against the model's context: no torch yet), then the press
+    arguments, the model loaded and the configs keyed by their presses' learned state (errors are one-line
+    KvbenchErrors). `force` recomputes rows `out` already holds. When `out` already holds every row of the
+    plan, the model is None and the tokenizer is read from its files (`held_plan`).
 
     With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
     and the model loads here on the CPU, only to plan (context lengths, learned state)."""
@@ -168,23 +171,15 @@ def prepare_plan(
     check_writable(Path(out))
     if executor is None:
         models.check_device(device)
-    presses = check_configs(configs)  # bad press arguments fail here (`none` takes none); imports torch
-    models.resolve(model)
-    check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
+    if model != models.EMBEDDED:  # a folder or hub id is checked now; the embedded one converts later, once
+        models.resolve(model)
     limit = models.context_limit(model)
     names, asked = task_plan.tasks, task_plan.length
     lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None
-    if executor is not None:
-        executor.start()  # e.g. a Ray cluster joined (or started) and checked before the model loads
-    # The engine switches to eager attention itself for the configs that need attention weights.
-    llm, tokenizer = models.load_model(model, device="cpu" if executor else device, dtype=dtype)
-    if lengths is None:  # a hub model whose config was not at hand: its context is known now
-        lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
-    plan = Plan(
-        configs=key_by_learned_state(llm, configs, presses),
+    plan = Plan(  # its configs keyed by learned state, and its lengths, below
+        configs=configs,
         tasks=names,
         length=asked,
-        lengths={name: value for name, value in lengths.items() if value != asked},
         samples=task_plan.samples,
         seed=seed,
         suite=task_plan.suite,
@@ -196,7 +191,63 @@ def prepare_plan(
         dtype=dtype,
         out=Path(out),
     )
-    return plan, llm, tokenizer
+    if not force and lengths is not None and (held := held_plan(plan, lengths)) is not None:
+        return held
+    presses = check_configs(configs)  # bad press arguments fail here (`none` takes none); imports torch
+    models.resolve(model)
+    check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
+    if executor is not None:
+        executor.start()  # e.g. a Ray cluster joined (or started) and checked before the model loads
+    # The engine switches to eager attention itself for the configs that need attention weights.
+    llm, tokenizer = models.load_model(model, device="cpu" if executor else device, dtype=dtype)
+    if lengths is None:  # a hub model whose config was not at hand: its context is known now
+        lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
+    configs = key_by_learned_state(llm, configs, presses)
+    return replace(plan, configs=configs, lengths=lengths_apart(lengths, asked)), llm, tokenizer
+
+
+def lengths_apart(lengths: dict[str, int], asked: int | None) -> dict[str, int]:
+    """The tasks' lengths that differ from the one asked for (Plan.lengths)."""
+    return {name: value for name, value in lengths.items() if value != asked}
+
+
+def held_plan(plan: Plan, lengths: dict[str, int]) -> tuple[Plan, None, object] | None:
+    """(plan, None, tokenizer) when `plan.out` already holds every row of the plan, else None: a rerun with
+    nothing to compute loads no model and imports no kvpress (measured: a cached `kvbench run` took 11-15 s,
+    nearly all of it importing kvpress, transformers and torch to build presses and load the model).
+
+    The rows' keys need the samples, sized by the tokenizer: read here from its files without transformers
+    (`models.TokenizerFiles`: importing transformers, and torch with it, took 10 of the 14 s left), and the
+    learned presses' state digests, read from their files (`press_state_from_files`). A press whose files
+    are missing, a tokenizer those files do not give, or a folder without rows takes the full path, whose
+    checks say what is wrong. The press arguments are not checked here: rows exist only for configs that
+    were built. The tokenizer returned is that reader: it gave the samples whose rows are held, so run_plan
+    finds them again with it."""
+    if not plan.out.is_dir():
+        return None
+    try:
+        configs = [
+            replace(
+                config, press_state=press_state_from_files(config.press, dict(config.press_args), plan.model)
+            )
+            for config in plan.configs
+        ]
+    except LookupError:
+        return None
+    plan = replace(plan, configs=configs, lengths=lengths_apart(lengths, plan.length))
+    tokenizer = models.TokenizerFiles.open(plan.model)
+    if tokenizer is None:
+        return None
+    try:
+        units = plan_units(plan, plan_samples(plan, tokenizer))
+    except Exception:  # e.g. a template this renderer lacks a function for: the full path says what is wrong
+        return None
+    with warnings.catch_warnings():  # a look: the store that the run opens next says what it skips
+        warnings.simplefilter("ignore", KvbenchWarning)
+        store = ResultsStore(plan.out, read_only=True)
+    if all(store.is_done(row) for unit in units for row in unit_rows(plan, unit)):
+        return plan, None, tokenizer
+    return None
 
 
 def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
@@ -297,7 +348,7 @@ def run_plan(
     and writes their rows. Units whose rows another live writer of the folder has claimed are left to it
     and waited for (polled every CLAIM_POLL_S); should that writer die, its claims lapse and this one
     computes them."""
-    if models.model_name(model) != plan.model:
+    if model is not None and models.model_name(model) != plan.model:  # None: every row is held
         raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
     started = datetime.now(timezone.utc).isoformat()
     units = plan_units(plan, plan_samples(plan, tokenizer))
@@ -339,7 +390,7 @@ def run_plan(
                     )
                     if configs:
                         work.append(Unit(units[index].sample, configs))
-                for scored in compute(work, plan):
+                for scored in compute(work, plan) if work else ():
                     for row in scored:
                         store.append(row, force=plan.force)
                     count_done(scored)

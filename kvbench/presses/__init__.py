@@ -5,18 +5,35 @@ KV entries removed. Wrappers (adakv, chunkkv, ...) wrap the scorer named by `inn
 """
 
 import dataclasses
+import hashlib
 import importlib
+import inspect
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
+from kvbench import resources
 from kvbench.config import Config
 from kvbench.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
 
 DEFAULT_INNER = "snapkv"
+
+
+@dataclass(frozen=True)
+class LearnedState:
+    """Where a learned press reads its state, so that the digest its rows are keyed by (`press_state`) is
+    known from the files alone, before torch or the model load: the press argument naming the folder, the
+    method's folder under presses/ (the default, per model), the file whose sha256 is the digest, and
+    whether the press hashes the file's text (as read, universal newlines) rather than its bytes."""
+
+    folder_arg: str
+    method: str
+    file: str
+    hashes_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -26,6 +43,7 @@ class PressSpec:
     factory: "Factory | None"  # (ratio, **press_args) -> BasePress, or None for no compression
     needs: tuple[str, ...] = ()  # "eager" (attention weights), "hub" (downloads from the HF hub), "gpu"
     codec: bool = False  # keeps entries at fewer bits or a lower rank: built from a memory budget
+    state: LearnedState | None = None  # learned presses only
 
 
 def press_class(path: str) -> type:
@@ -124,16 +142,19 @@ SPECS = [
         "kvp",
         "KVP: learned per-head eviction agents (presses/kvp/<model>/)",
         scorer("kvbench.learned.kvp.press:KVPPress"),
+        state=LearnedState("agents", "kvp", "agents.safetensors"),
     ),
     PressSpec(
         "distillcache",
         "DistillCache: learned KL-rewarded eviction policy (presses/distillcache/<model>/)",
         scorer("kvbench.learned.distillcache.press:DistillCachePress"),
+        state=LearnedState("weights", "distillcache", "policy.safetensors"),
     ),
     PressSpec(
         "memdecay",
         "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
         scorer("kvbench.learned.memdecay.press:MemDecayPress"),
+        state=LearnedState("calibration", "memdecay", "calibration.json", hashes_text=True),
     ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),
@@ -352,6 +373,33 @@ def press_state(press) -> str | None:
     digests += [press_state(inner) for inner in vars(press).values() if isinstance(inner, kvpress.BasePress)]
     digests = [digest for digest in digests if digest]
     return "+".join(digests) or None
+
+
+def press_state_from_files(name: str, press_args: dict, model_name: str) -> str | None:
+    """What `press_state` gives the press `name` built with `press_args` once it has loaded its state for
+    `model_name`, read from the learned state's files alone (no torch, no model): the digests of its own
+    state (PressSpec.state) and of the inner press it wraps (built with its defaults), joined by "+".
+    Raises LookupError when a file is missing: only building the press can say what is wrong."""
+    spec = PRESSES[name]
+    digests = []
+    if spec.state is not None:
+        folder = press_args.get(spec.state.folder_arg)
+        folder = (
+            Path(folder)
+            if folder
+            else resources.learned_state_dir(spec.state.method, model_name.replace("/", "--"))
+        )
+        path = folder / spec.state.file
+        if not path.is_file():
+            raise LookupError(path)
+        data = path.read_text().encode() if spec.state.hashes_text else path.read_bytes()
+        digests.append(hashlib.sha256(data).hexdigest()[:12])
+    if spec.factory is not None and "inner" in spec.factory.own_args:
+        inner = press_args.get("inner", inspect.signature(spec.factory.build).parameters["inner"].default)
+        if inner not in PRESSES:
+            raise LookupError(inner)
+        digests.append(press_state_from_files(inner, {}, model_name))
+    return "+".join(filter(None, digests)) or None
 
 
 def needs_eager(name: str, press_args: dict | None = None) -> bool:
