@@ -1,6 +1,6 @@
 """Time one sweep on Ray with 1 worker x 1 thread and with 2 workers x 1 thread, side by side.
 
-    uv run python benchmarks/ray_sweep.py [--samples 4] [--length 512] [--repeats 1]
+    uv run --extra ray python benchmarks/ray_sweep.py [--samples 4] [--length 512] [--repeats 1]
 
 Embedded model, RULER niah_single_1 and niah_single_2 (`--samples` of each), no compression plus knorm,
 snapkv, tova and streaming_llm at ratio 0.5: one unit of work per sample. Each run starts a local Ray

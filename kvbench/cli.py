@@ -265,11 +265,25 @@ def ray_executor(ray_address, ray_workers, ray_cpus, ray_gpus):
     )
 
 
+# What the summary's setting columns mean (kvbench.runner.summarize).
+SETTINGS = {
+    "ratio": "fraction of KV entries removed",
+    "memory": "fraction of the 16-bit full cache kept",
+    "budget": "KV entries kept per head and layer",
+}
+
+
 def print_summary(frame, out: Path) -> None:
     from kvbench.runner import summarize
 
     table = summarize(frame)
-    click.echo(table.round(1).to_string() if not table.empty else "no results")
+    if table.empty:
+        click.echo("no results")
+    else:
+        click.echo(table.round(1).to_string())
+        click.echo(
+            "; ".join(f"{name}: {SETTINGS[name]}" for name in table.index.names[1:]) + "; scores 0-100"
+        )
     click.echo(f"results: {out}/rows.jsonl  (kvbench report {out} --out reports/NAME)")
 
 

@@ -7,6 +7,9 @@ traceback. The user-input errors also derive from ValueError, so code that caugh
 these types existed still catches them.
 """
 
+import difflib
+from collections.abc import Iterable
+
 
 class KvbenchError(Exception):
     """Base of kvbench's errors. The message's first line is what the command line shows."""
@@ -73,3 +76,10 @@ class ResultsWriteError(KvbenchError, OSError):
 class KvbenchWarning(UserWarning):
     """Something the user should see, and that does not stop the work: a sweep cell a codec cannot reach, a
     corrupt results line skipped. The command line prints it as one `Warning:` line."""
+
+
+def did_you_mean(name: object, known: Iterable[str]) -> str:
+    """The tail of a message such as "unknown press 'knrom'": ": did you mean 'knorm'?" with the known names
+    closest to the misspelt one (difflib's similarity ratio >= 0.6, its default), or "" when none is close."""
+    close = difflib.get_close_matches(str(name), list(known), n=3)
+    return f": did you mean {' or '.join(map(repr, close))}?" if close else ""

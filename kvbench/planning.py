@@ -15,10 +15,16 @@ from dataclasses import dataclass
 
 from kvbench import tasks
 from kvbench.config import DEFAULT_PROTOCOL, PROTOCOL_ARGS, Config
-from kvbench.engine import check_protocol
-from kvbench.errors import BadInput, KvbenchError, KvbenchWarning, UnknownTask
+from kvbench.errors import BadInput, KvbenchError, KvbenchWarning
 from kvbench.models import first_line
-from kvbench.presses import PRESSES, build_press, check_press_runnable, config_press, press_state
+from kvbench.presses import (
+    PRESSES,
+    build_press,
+    check_press_runnable,
+    config_press,
+    press_state,
+    unknown_press,
+)
 from kvbench.validation import parse_float, parse_int
 
 DEFAULT_SUITE = "ruler-smoke"
@@ -90,7 +96,10 @@ def budget_configs(
     budgets: Sequence[int] = (),
 ) -> list[Config]:
     """The configs of one press: one per ratio, per memory budget (evictors at ratio 1 - memory, codecs
-    solving their own knobs for it), or per absolute budget (each sample's ratio set from its length)."""
+    solving their own knobs for it), or per absolute budget (each sample's ratio set from its length). An
+    unknown press name fails here, before anything heavy."""
+    if press not in PRESSES:
+        raise unknown_press(press)
     name, protocol_args = protocol
     if budgets:
         return [
@@ -98,7 +107,7 @@ def budget_configs(
             for b in budgets
         ]
     if memories:
-        codec = PRESSES[press].codec if press in PRESSES else False
+        codec = PRESSES[press].codec
         return [
             Config(press, 0.0 if codec else round(1 - m, 10), press_args, None, m, name, protocol_args)
             for m in memories
@@ -199,7 +208,10 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, or does not fit its protocol;
     the presses, built (None for `none`). Configs given press arguments are also run on a tiny model at
     the context `length` (`check_press_args_run`): arguments that build a press but break its prefill (a
-    zero window) fail here too."""
+    zero window) fail here too. Imports the engine,
+    so kvpress and torch: the checks of names, numbers and paths come before it."""
+    from kvbench.engine import check_protocol
+
     for config in configs:
         check_press_runnable(config.press)
         check_protocol(config)
@@ -339,12 +351,12 @@ def plan_tasks(
     if suite or not task_list:
         name = suite or DEFAULT_SUITE
         if name not in tasks.suite_names():
-            raise UnknownTask(f"unknown suite {name!r} (see `kvbench tasks`)")
+            raise tasks.unknown_suite(name)
         suite_spec = tasks.load_suite(name)
     names = list(task_list) or suite_spec.tasks
     for name in names:
         if name not in tasks.task_names():
-            raise UnknownTask(f"unknown task {name!r} (see `kvbench tasks`)")
+            raise tasks.unknown_task(name)
     length = parse_int(length, "--length", 1) if length is not None else None
     length = length if length is not None else (suite_spec.length if suite_spec else None)
     samples = samples if samples is not None else (suite_spec.samples if suite_spec else 5)

@@ -36,7 +36,9 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise RayUnavailable("--ray needs Ray: pip install 'kvbench[ray]'") from None
+        raise RayUnavailable(
+            "--ray needs Ray: pip install 'kvbench[ray]' (in the checkout: uv run --extra ray kvbench ...)"
+        ) from None
     return ray
 
 

@@ -209,9 +209,10 @@ def check_writable(folder: Path) -> None:
 class ResultsStore:
     """A results folder open for writing; several processes may hold one on the same folder (see the
     module's docstring). The folder is created by the first write, so a run that fails before scoring
-    anything leaves none. Use as a context manager, or call `close()`, to drop this writer's claims."""
+    anything leaves none. Use as a context manager, or call `close()`, to drop this writer's claims.
+    `read_only`: only to ask `is_done`, without writing anything (not even the lock file)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, read_only: bool = False):
         self.folder = Path(folder)
         self.rows_path = self.folder / ROWS_FILE
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -225,7 +226,9 @@ class ResultsStore:
             self.done.add(row.key)
             if row.content_hash is None:
                 self.legacy[row.sample_key] = tuple(row.references)
-        if self.rows_path.exists():
+        if self.rows_path.exists() and read_only:  # a look that writes nothing (no lock file): whole lines
+            self.refresh(fresh=False)
+        elif self.rows_path.exists():
             with self.locked():
                 self.cut_torn_tail()
                 self.refresh(fresh=False)

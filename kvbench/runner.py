@@ -9,20 +9,22 @@ any store, so that a scheduler can spread units over workers and write their row
 units on Ray actors).
 """
 
+from __future__ import annotations
+
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import pandas as pd
 from tqdm.auto import tqdm
 
 from kvbench import models, provenance
 from kvbench.config import DEFAULT_PROTOCOL, MULTI_QUESTION_PROTOCOLS, PROTOCOL_ARGS, Config
-from kvbench.errors import BadInput
+from kvbench.errors import BadInput, KvbenchWarning
 from kvbench.planning import (
     check_configs,
     check_learned_state,
@@ -32,6 +34,7 @@ from kvbench.planning import (
     plan_tasks,
     task_lengths,
 )
+from kvbench.presses import press_state_from_files
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
 from kvbench.tasks import (
     Sample,
@@ -41,7 +44,9 @@ from kvbench.tasks import (
     load_samples,
     score_sample,
 )
-from kvbench.validation import parse_int
+
+if TYPE_CHECKING:  # pandas is imported where frames are made: its import takes a second or two
+    import pandas as pd
 
 CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
 
@@ -163,45 +168,37 @@ def prepare_plan(
     executor: Executor | None = None,
 ):
     """(plan, model, tokenizer): everything checked before the model loads, cheap checks first (names,
-    numbers, files, press arguments, the device, the lengths against the model's context; errors are
-    one-line KvbenchErrors), then the model loaded and the configs keyed by their presses' learned state.
-    `force` recomputes rows `out` already holds.
+    numbers, files, the device, the lengths against the model's context: no torch yet), then the press
+    arguments, the model loaded and the configs keyed by their presses' learned state (errors are one-line
+    KvbenchErrors). `force` recomputes rows `out` already holds. When `out` already holds every row of the
+    plan, the model is None and the tokenizer is read from its files (`held_plan`).
 
     With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
     and the model loads here on the CPU, only to plan (context lengths, learned state)."""
     task_plan = plan_tasks(suite, tasks, length, samples)
-    seed = parse_int(seed, "--seed")
-    batch_configs = parse_int(batch_configs, "--batch-configs", 1)
     data_dir = Path(data_dir) if data_dir is not None else None
     if data_dir is not None and not data_dir.is_dir():
         raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
     for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
         check_data(name, data_dir)
-    presses = check_configs(configs, task_plan.length)  # bad press arguments fail here
+    if batch_configs < 1:
+        raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
     if dtype not in models.DTYPES:
         raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(models.DTYPES)}")
     check_writable(Path(out))
     if executor is None:
         models.check_device(device)
-    models.resolve(model)
-    check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
+    if model != models.EMBEDDED:  # a folder or hub id is checked now; the embedded one converts later, once
+        models.resolve(model)
     limit = models.context_limit(model)
     names, asked = task_plan.tasks, task_plan.length
     lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None
     if lengths is not None:
         check_lengths(configs, lengths)
-    if executor is not None:
-        executor.start()  # e.g. a Ray cluster joined (or started) and checked before the model loads
-    # The engine switches to eager attention itself for the configs that need attention weights.
-    llm, tokenizer = models.load_model(model, device="cpu" if executor else device, dtype=dtype)
-    if lengths is None:  # a hub model whose config was not at hand: its context is known now
-        lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
-        check_lengths(configs, lengths)
-    plan = Plan(
-        configs=key_by_learned_state(llm, configs, presses),
+    plan = Plan(  # its configs keyed by learned state, and its lengths, below
+        configs=configs,
         tasks=names,
         length=asked,
-        lengths={name: value for name, value in lengths.items() if value != asked},
         samples=task_plan.samples,
         seed=seed,
         suite=task_plan.suite,
@@ -213,7 +210,64 @@ def prepare_plan(
         dtype=dtype,
         out=Path(out),
     )
-    return plan, llm, tokenizer
+    if not force and lengths is not None and (held := held_plan(plan, lengths)) is not None:
+        return held
+    presses = check_configs(configs, task_plan.length)  # bad press arguments fail here; imports torch
+    models.resolve(model)
+    check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
+    if executor is not None:
+        executor.start()  # e.g. a Ray cluster joined (or started) and checked before the model loads
+    # The engine switches to eager attention itself for the configs that need attention weights.
+    llm, tokenizer = models.load_model(model, device="cpu" if executor else device, dtype=dtype)
+    if lengths is None:  # a hub model whose config was not at hand: its context is known now
+        lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
+        check_lengths(configs, lengths)
+    configs = key_by_learned_state(llm, configs, presses)
+    return replace(plan, configs=configs, lengths=lengths_apart(lengths, asked)), llm, tokenizer
+
+
+def lengths_apart(lengths: dict[str, int], asked: int | None) -> dict[str, int]:
+    """The tasks' lengths that differ from the one asked for (Plan.lengths)."""
+    return {name: value for name, value in lengths.items() if value != asked}
+
+
+def held_plan(plan: Plan, lengths: dict[str, int]) -> tuple[Plan, None, object] | None:
+    """(plan, None, tokenizer) when `plan.out` already holds every row of the plan, else None: a rerun with
+    nothing to compute loads no model and imports no kvpress (measured: a cached `kvbench run` took 11-15 s,
+    nearly all of it importing kvpress, transformers and torch to build presses and load the model).
+
+    The rows' keys need the samples, sized by the tokenizer: read here from its files without transformers
+    (`models.TokenizerFiles`: importing transformers, and torch with it, took 10 of the 14 s left), and the
+    learned presses' state digests, read from their files (`press_state_from_files`). A press whose files
+    are missing, a tokenizer those files do not give, or a folder without rows takes the full path, whose
+    checks say what is wrong. The press arguments are not checked here: rows exist only for configs that
+    were built. The tokenizer returned is that reader: it gave the samples whose rows are held, so run_plan
+    finds them again with it."""
+    if not plan.out.is_dir():
+        return None
+    try:
+        configs = [
+            replace(
+                config, press_state=press_state_from_files(config.press, dict(config.press_args), plan.model)
+            )
+            for config in plan.configs
+        ]
+    except LookupError:
+        return None
+    plan = replace(plan, configs=configs, lengths=lengths_apart(lengths, plan.length))
+    tokenizer = models.TokenizerFiles.open(plan.model)
+    if tokenizer is None:
+        return None
+    try:
+        units = plan_units(plan, plan_samples(plan, tokenizer))
+    except Exception:  # e.g. a template this renderer lacks a function for: the full path says what is wrong
+        return None
+    with warnings.catch_warnings():  # a look: the store that the run opens next says what it skips
+        warnings.simplefilter("ignore", KvbenchWarning)
+        store = ResultsStore(plan.out, read_only=True)
+    if all(store.is_done(row) for unit in units for row in unit_rows(plan, unit)):
+        return plan, None, tokenizer
+    return None
 
 
 def questions_per_context(configs: list[Config]) -> int | None:
@@ -375,7 +429,7 @@ def run_plan(
     and writes their rows. Units whose rows another live writer of the folder has claimed are left to it
     and waited for (polled every CLAIM_POLL_S); should that writer die, its claims lapse and this one
     computes them."""
-    if models.model_name(model) != plan.model:
+    if model is not None and models.model_name(model) != plan.model:  # None: every row is held
         raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
     started = datetime.now(timezone.utc).isoformat()
     units = plan_units(plan, plan_samples(plan, tokenizer))
@@ -421,7 +475,7 @@ def run_plan(
                     )
                     if configs:
                         work.append(Unit(units[index].sample, configs))
-                for scored in compute(work, plan):
+                for scored in compute(work, plan) if work else ():
                     for row in scored:
                         if row.key in claimed:  # a question another run wrote already is not written twice
                             store.append(row, force=plan.force)
@@ -442,28 +496,48 @@ def run_plan(
     return frame.reset_index(drop=True)
 
 
+# What a config may be given beside its ratio (Row's memory and budget), in the summary's column order.
+BUDGET_COLUMNS = ("memory", "budget")
+
+
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
-    """Score per task (columns) for each (press, budget), plus the average over tasks; the budget is the
-    ratio, `memory=M` for configs given a memory budget, `budget=N` for those given an absolute one."""
+    """Mean score per task (columns) and their average, one line per config. The index says what each config
+    was given, one labelled column each: `ratio` (fraction of KV entries removed), then `memory` and
+    `budget` (BUDGET_COLUMNS) when some config of the frame was given one ("-" for those that were not).
+    `none` comes first, then the presses in the order the frame holds them, each from its least compressed
+    config."""
+    import pandas as pd
+
     if frame.empty:
         return pd.DataFrame()
-
-    def column(name: str) -> pd.Series:
-        return frame[name] if name in frame else pd.Series(None, index=frame.index, dtype=object)
-
-    budget = [
-        f"budget={int(b)}" if pd.notna(b) else str(ratio) if pd.isna(m) else f"memory={m}"
-        for ratio, m, b in zip(frame["ratio"], column("memory"), column("budget"), strict=True)
+    keys = ["press", "ratio"] + [
+        name for name in BUDGET_COLUMNS if name in frame and frame[name].notna().any()
     ]
-    frame = frame.assign(budget=budget)
-    table = frame.pivot_table(index=["press", "budget"], columns="task", values="score", aggfunc="mean")
+    shown = frame.assign(**{name: [setting_label(name, value) for value in frame[name]] for name in keys[1:]})
+    table = shown.pivot_table(index=keys, columns="task", values="score", aggfunc="mean")
     table["average"] = table.mean(axis=1)
+    first_seen = {press: index for index, press in enumerate(dict.fromkeys(shown["press"]))}
+
+    def place(key: tuple) -> tuple:  # least compressed first: larger memory or budget, then smaller ratio
+        settings = dict(zip(keys, key, strict=True))
+        larger_first = [-float(settings[name]) for name in keys[2:] if settings[name] != "-"]
+        return (key[0] != "none", first_seen[key[0]], *larger_first, float(settings["ratio"]))
+
+    table = table.reindex(sorted(table.index, key=place))
+    table.columns.name = None
     return table
+
+
+def setting_label(name: str, value) -> str:
+    """A config's ratio, memory or budget as the summary shows it; "-" where it was not given."""
+    if value is None or value != value:  # None or NaN
+        return "-"
+    return str(int(value)) if name == "budget" else str(float(value))
 
 
 def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     """The run's full config, versions and commit; with `frame`, its scores and finish time too."""
-    table = summarize(frame) if frame is not None else pd.DataFrame()
+    table = summarize(frame) if frame is not None else None
     config = {
         "model": plan.model,
         "configs": [asdict(config) for config in plan.configs],
@@ -478,7 +552,15 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
         "dtype": plan.dtype,
     }
     summary = {
-        f"{press}@{budget}": {task: round(score, 2) for task, score in scores.items()}
-        for (press, budget), scores in table.iterrows()  # ty: ignore[not-iterable]
+        config_key(dict(zip(table.index.names, key, strict=True))): {
+            task: round(score, 2) for task, score in scores.items()
+        }
+        for key, scores in (table.iterrows() if table is not None else ())
     }
     return provenance.run_record(config, summary, plan.device, started, finished=frame is not None)
+
+
+def config_key(settings: dict[str, str]) -> str:
+    """A run record's name for a summary line: "knorm@0.5", "quant@memory=0.25", "kvp@budget=128"."""
+    given = [f"{name}={settings[name]}" for name in BUDGET_COLUMNS if settings.get(name, "-") != "-"]
+    return f"{settings['press']}@{given[0] if given else settings['ratio']}"

@@ -40,6 +40,7 @@ LAYERS = [
     # 1: the results store, model loading, the kvpress adapter (the one module on kvpress's internals)
     ("kvbench.results", 1),
     ("kvbench.models", 1),
+    ("kvbench.embedded", 1),
     ("kvbench.adapter", 1),
     # 0: vocabulary, errors, validation, provenance, where shipped files are
     ("kvbench.config", 0),

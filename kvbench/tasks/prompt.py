@@ -4,15 +4,22 @@ each context token's region (system, user, assistant, tool, scratchpad) for regi
 
 It lives in the tasks layer because task generators size their samples with it (a sample must fit its
 length once rendered) and the engine, datagen and MemDecay's calibration all feed prompts made here.
+
+torch is imported by the functions that make tensors, so that the task registry (names, suites, what
+`kvbench run` checks first) loads without it.
 """
+
+from __future__ import annotations
 
 import bisect
 import logging
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvbench.tasks.base import Sample
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +39,8 @@ class Prompt:
 
     def all_regions(self) -> torch.Tensor | None:
         """Region ids of context + question, positions 0..n+q-1: what a region-aware press is told."""
+        import torch
+
         if self.regions is None or self.question_regions is None:
             return self.regions
         return torch.cat([self.regions, self.question_regions])
@@ -50,6 +59,8 @@ def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> 
     `query_aware`: the question is part of the context (kvpress's evaluation appends it to the context), and
     what is fed on top of the compressed cache is the end of the user's turn and the answer prefix.
     """
+    import torch
+
     messages = sample.messages or [{"role": "user", "content": sample.context}]
     asked = sample.question if query_aware else ""
     special_tokens = False
@@ -119,6 +130,8 @@ def token_regions(context: str, messages: list[dict], token_starts: list[int]) -
     A message's span runs from its content to the next message's content, so the template's header of a
     turn belongs to the previous one; text before the first message (a default system prompt) is "system".
     """
+    import torch
+
     starts, regions, cursor = [], [], 0
     for message in messages:
         found = context.find(message["content"], cursor)
