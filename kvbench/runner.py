@@ -44,6 +44,7 @@ from kvbench.tasks import (
     load_samples,
     score_sample,
 )
+from kvbench.validation import parse_int
 
 if TYPE_CHECKING:  # pandas is imported where frames are made: its import takes a second or two
     import pandas as pd
@@ -181,8 +182,8 @@ def prepare_plan(
         raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
     for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
         check_data(name, data_dir)
-    if batch_configs < 1:
-        raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
+    seed = parse_int(seed, "--seed")
+    batch_configs = parse_int(batch_configs, "--batch-configs", 1)
     if dtype not in models.DTYPES:
         raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(models.DTYPES)}")
     check_writable(Path(out))

@@ -272,7 +272,7 @@ CASES = [
         "gives each of 4 questions 256 tokens, below the minimum of task",
     ),
     (
-        [*RUN, "--protocol", "multi-turn", "--task", "niah_single_1", *OUT],
+        [*RUN, "--protocol", "multi-turn", "--task", "niah_single_1", "--length", "4096", *OUT],
         2,
         "press 'snapkv' scores with its last 64 queries, but a multi-turn step feeds as few as 8 tokens",
     ),
@@ -282,12 +282,12 @@ CASES = [
         "scores with its last 64 queries, but a decode-time step feeds 16 tokens",
     ),
     (
-        [*RUN[:2], "kvzip", "--ratio", "0.5", "--protocol", "multi-turn", *OUT],
+        [*RUN[:2], "kvzip", "--ratio", "0.5", "--protocol", "multi-turn", "--length", "4096", *OUT],
         2,
         "cannot run under the multi-turn",
     ),
     (
-        [*RUN[:2], "adakv", "--ratio", "0.5", "--protocol", "multi-question", *OUT],
+        [*RUN[:2], "adakv", "--ratio", "0.5", "--protocol", "multi-question", "--length", "4096", *OUT],
         2,
         "cannot run under the multi-question protocol",
     ),

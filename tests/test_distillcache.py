@@ -340,9 +340,11 @@ def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch
     engine_ids, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
 
     target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * 0.5)
-    decoding = DecodingPress(
-        base_press=DistillCachePress(0.0, weights=str(tmp_path)), compression_interval=4, target_size=target
-    )
+    base = DistillCachePress(0.0, weights=str(tmp_path))
+    from kvbench.adapter import keep_cache_order
+
+    keep_cache_order(base)  # as the engine's decoding presses do (kvpress issue #173)
+    decoding = DecodingPress(base_press=base, compression_interval=4, target_size=target)
     press = PrefillDecodingPress(
         prefilling_press=DistillCachePress(0.5, weights=str(tmp_path)), decoding_press=decoding
     )

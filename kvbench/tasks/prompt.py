@@ -121,6 +121,8 @@ def render(tokenizer, turns: list[dict], *, add_generation_prompt: bool) -> str:
 
 
 def encode(tokenizer, text: str) -> torch.Tensor:
+    import torch
+
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
 
