@@ -65,7 +65,7 @@ from kvbench.planning import (
     split,
 )
 from kvbench.presses import build_press, check_press_runnable
-from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
+from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id_of, load_rows
 
 PROTOCOL = "perplexity"
 SOURCES = ("prose", "code", "agent")
@@ -393,17 +393,7 @@ def text_rows(plan: PerplexityPlan, text: Text) -> list[Row]:
     """The rows of one text before measuring, one per config."""
     return [
         Row(
-            config_id=config_id(
-                plan.model,
-                config.press,
-                config.ratio,
-                dict(config.press_args),
-                config.press_state,
-                config.memory,
-                config.protocol,
-                dict(config.protocol_args),
-                budget=config.budget,
-            ),
+            config_id=config_id_of(plan.model, config),
             model=plan.model,
             press=config.press,
             ratio=config.ratio,

@@ -42,7 +42,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kvbench.config import DEFAULT_PROTOCOL
+from kvbench.config import DEFAULT_PROTOCOL, Config
 from kvbench.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
 from kvbench.validation import Count, Int64, Memory, NonNegative, Positive, Ratio, check_fields
 
@@ -79,6 +79,21 @@ def config_id(
         spec.append({"budget": int(budget)})
     text = json.dumps(spec, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def config_id_of(model: str, config: Config) -> str:
+    """`config_id` of a Config on `model`: what every writer of rows (runs, sweeps, perplexity) keys by."""
+    return config_id(
+        model,
+        config.press,
+        config.ratio,
+        dict(config.press_args),
+        config.press_state,
+        config.memory,
+        config.protocol,
+        dict(config.protocol_args),
+        config.budget,
+    )
 
 
 @dataclass

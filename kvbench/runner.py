@@ -35,7 +35,7 @@ from kvbench.planning import (
     task_lengths,
 )
 from kvbench.presses import press_state_from_files
-from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id, load_rows
+from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id_of, load_rows
 from kvbench.tasks import (
     Sample,
     check_combinable,
@@ -353,17 +353,7 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
     sample, content = unit.sample, unit.sample.content_hash()
     rows = []
     for config in unit.configs:
-        identity = config_id(
-            plan.model,
-            config.press,
-            config.ratio,
-            dict(config.press_args),
-            config.press_state,
-            config.memory,
-            config.protocol,
-            dict(config.protocol_args),
-            config.budget,
-        )
+        identity = config_id_of(plan.model, config)
         for j, part in enumerate(asked(config, sample)):
             several = config.protocol in MULTI_QUESTION_PROTOCOLS
             place = {"turn" if config.protocol == "multi-turn" else "question": j, "context": sample.id}
