@@ -285,7 +285,7 @@ def questions_per_context(configs: list[Config]) -> int | None:
     return counts.pop() if counts else None
 
 
-def asked(config: Config, sample: Sample) -> list[Sample]:
+def questions_asked(config: Config, sample: Sample) -> list[Sample]:
     """The samples whose questions `config` answers of `sample`'s context: its parts under the
     multi-question protocols, else the sample itself."""
     return sample.questions() if config.protocol in MULTI_QUESTION_PROTOCOLS else [sample]
@@ -354,7 +354,7 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
     rows = []
     for config in unit.configs:
         identity = config_id_of(plan.model, config)
-        for j, part in enumerate(asked(config, sample)):
+        for j, part in enumerate(questions_asked(config, sample)):
             several = config.protocol in MULTI_QUESTION_PROTOCOLS
             place = {"turn" if config.protocol == "multi-turn" else "question": j, "context": sample.id}
             place["part"] = part.id  # the sample's own id, as a one-question run of its task names it
@@ -398,7 +398,7 @@ def evaluate_unit(model, tokenizer, unit: Unit, plan: Plan) -> list[Row]:
     outputs = evaluate_sample(
         model, tokenizer, unit.sample, list(unit.configs), batch_configs=plan.batch_configs
     )
-    parts = [part for config in unit.configs for part in asked(config, unit.sample)]
+    parts = [part for config in unit.configs for part in questions_asked(config, unit.sample)]
     return [
         replace(row, **output, score=score_sample(part, output["prediction"]))
         for row, output, part in zip(unit_rows(plan, unit), outputs, parts, strict=True)
