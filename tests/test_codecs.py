@@ -12,6 +12,7 @@ from kvbench.models import load_model
 from kvbench.presses import build_press
 from kvbench.presses import qevict as qevict_module
 from kvbench.presses import quant as quant_module
+from kvbench.presses import queries as queries_module
 from kvbench.presses.qevict import QEvictPress
 from kvbench.presses.quant import QuantPress
 
@@ -404,7 +405,7 @@ def test_qevict_compresses_a_prefill_keeping_16_bit_entries_exact(tiny_model_dir
     model, _ = load_model(tiny_model_dir, attn_implementation="eager" if eager else None)
     ids = torch.randint(3, 1000, (1, 300), generator=torch.Generator().manual_seed(0))
     reference = prefill(model, None, ids)
-    press = build_press("qevict", 0.0, memory=0.25)
+    press = build_press("qevict", 0.0, memory=0.25, scored_queries="all")
     cache = prefill(model, press, ids)
     assert sum(press.layer_bytes.values()) <= 0.25 * full_bytes(reference)
     for layer_idx, (got, full) in enumerate(zip(cache.layers, reference.layers, strict=True)):
@@ -453,16 +454,18 @@ def test_qevict_scores_decoded_tokens_with_their_own_rope_positions(tiny_model_d
     assert torch.allclose(scores, rebuilt) and torch.allclose(scores.sum(-1), torch.full((1, 2), 8.0))
 
 
-def reference_received_attention(module, hidden, keys, key_positions, query_positions, cos, sin):
+def reference_received_attention(module, hidden, keys, key_positions, query_positions, cos, sin, weight=None):
     """Dense: every query's masked softmax over every entry, averaged over the query heads of a KV head,
-    summed over the queries, in float64."""
+    summed over the queries (each times its `weight`, default 1), in float64."""
     batch, kv_heads, n, head_dim = keys.shape
     queries = module.q_proj(hidden).view(batch, len(query_positions), -1, head_dim).transpose(1, 2)
     queries = queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)
     queries = queries.double().view(batch, kv_heads, -1, len(query_positions), head_dim)
     logits = torch.einsum("bhgqd,bhnd->bhgqn", queries, keys.double()) / head_dim**0.5
     future = key_positions.view(batch, kv_heads, 1, 1, n) > query_positions.view(1, 1, 1, -1, 1)
-    return logits.masked_fill(future, float("-inf")).softmax(-1).mean(2).sum(2)
+    per_query = logits.masked_fill(future, float("-inf")).softmax(-1).mean(2)
+    weight = torch.ones(len(query_positions)) if weight is None else weight
+    return (per_query * weight.double().view(1, 1, -1, 1)).sum(2)
 
 
 @torch.no_grad()
@@ -472,7 +475,7 @@ def test_qevict_chunked_scores_match_a_dense_reference(tiny_model_dir, monkeypat
     """Chunk by chunk the scores leave out the entries no query of the chunk sees and mask only those some
     query does not see: the dense masked softmax's, at a prefill and on a compressed cache whose KV heads
     keep different positions."""
-    monkeypatch.setattr(qevict_module, "QUERY_CHUNK", chunk)
+    monkeypatch.setattr(queries_module, "QUERY_CHUNK", chunk)
     model, _ = load_model(tiny_model_dir)
     module = model.model.layers[0].self_attn
     torch.manual_seed(0)
@@ -490,3 +493,52 @@ def test_qevict_chunked_scores_match_a_dense_reference(tiny_model_dir, monkeypat
     )
     expected = reference_received_attention(module, hidden, keys, key_positions, query_positions, cos, sin)
     torch.testing.assert_close(scores, expected.float(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("count", [2, 7, 64, 65, 300, 4096])
+@pytest.mark.parametrize("scored", [2, 3, 8, 64, "all"])
+def test_query_sample_stands_for_every_query_once(count, scored):
+    """Each scored query stands for itself and the unscored ones just before it (its stratum): the indices
+    are the running sum of what they stand for, minus one; the last scored // 2 stand for themselves; the
+    strata differ in size by at most one."""
+    index, stands_for = queries_module.query_sample(count, scored)
+    expected = count if scored == "all" else min(count, scored)
+    assert len(index) == expected and stands_for.sum() == count
+    assert torch.equal(index, stands_for.long().cumsum(0) - 1)
+    if scored != "all" and count > scored:
+        assert torch.equal(stands_for[-(scored // 2) :], torch.ones(scored // 2))
+        strata = stands_for[: scored - scored // 2]
+        assert strata.max() - strata.min() <= 1 and strata.min() >= 1
+
+
+@torch.no_grad()
+def test_qevict_sampled_scores_are_the_weighted_sum_over_the_sample(tiny_model_dir, monkeypatch):
+    """A 40-query prefill scored with 6 queries (in chunks of 4): each entry's score is the dense reference's
+    attention of the sampled queries, each times the queries it stands for, not the sum over every query."""
+    monkeypatch.setattr(queries_module, "QUERY_CHUNK", 4)
+    model, _ = load_model(tiny_model_dir)
+    module = model.model.layers[0].self_attn
+    torch.manual_seed(1)
+    positions = torch.arange(40)
+    hidden = torch.randn(1, 40, model.config.hidden_size)
+    keys = torch.randn(1, 2, 40, 16)
+    key_positions = positions.expand(1, 2, -1)
+    cos, sin = model.model.rotary_emb(hidden, positions.unsqueeze(0))
+    given = dict(position_embeddings=(cos, sin), cache_position=positions)
+    scores = qevict_module.received_attention(module, hidden, keys, None, key_positions, positions, given, 6)
+    index, stands_for = queries_module.query_sample(40, 6)
+    weight = torch.zeros(40).index_put_((index,), stands_for)
+    expected = reference_received_attention(module, hidden, keys, key_positions, positions, cos, sin, weight)
+    torch.testing.assert_close(scores, expected.float(), rtol=1e-5, atol=1e-6)
+    exact = reference_received_attention(module, hidden, keys, key_positions, positions, cos, sin)
+    assert not torch.allclose(scores, exact.float(), rtol=1e-2)
+    torch.testing.assert_close(scores.sum(-1), torch.full((1, 2), 40.0))  # each query spreads one unit
+
+
+@pytest.mark.parametrize("bad", ["1", "0", "-2", "some", "2.5"])
+def test_qevict_scored_queries_must_be_all_or_at_least_two(bad):
+    from kvbench.errors import BadInput
+    from kvbench.presses import parse_press_args
+
+    with pytest.raises(BadInput, match="scored_queries"):
+        build_press("qevict", 0.0, memory=0.5, **parse_press_args([f"scored_queries={bad}"]))

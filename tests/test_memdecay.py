@@ -10,11 +10,11 @@ import torch
 from kvpress import DecodingPress
 from transformers import DynamicCache
 
-from kvbench.learned.memdecay import press as memdecay
 from kvbench.learned.memdecay.calibration import LifetimeStats, fit_calibration, measure, write_calibration
 from kvbench.learned.memdecay.press import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
 from kvbench.models import load_model, load_tokenizer, model_name
 from kvbench.presses import build_press
+from kvbench.presses import queries as queries_module
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import REGIONS, tokenize_sample
 
@@ -90,8 +90,11 @@ def reference_attention(module, hidden, keys, position):
     return out
 
 
-def reference_call(module, hidden, keys, old, n_kept, known_regions, decoding, position, beta, pin, page):
-    """One compression as MemDecay's docstring defines it: (kept indices per head, new state per head)."""
+def reference_call(
+    module, hidden, keys, old, n_kept, known_regions, decoding, position, beta, pin, page, sampled=None
+):
+    """One compression as MemDecay's docstring defines it: (kept indices per head, new state per head).
+    `sampled`: {query t: the queries it stands for}, the scored sample (default: every query, once)."""
     length, kv_heads = keys.shape[2], keys.shape[1]
     kept_before = len(old[0]) if old else 0
     added = length - kept_before
@@ -108,10 +111,10 @@ def reference_call(module, hidden, keys, old, n_kept, known_regions, decoding, p
             p = position - added + 1 + i
             region = known_regions[p] if p < len(known_regions) else (ASSISTANT if decoding else USER)
             entries.append({"region": region, "last": i, "acc": 0.0})
-        for t in range(n):
+        for t, stands_for in (sampled or dict.fromkeys(range(n), 1)).items():
             step, seen = added - n + t, length - n + t + 1
             for j in range(seen):
-                entries[j]["acc"] += att[h][t][j]
+                entries[j]["acc"] += stands_for * att[h][t][j]
                 if att[h][t][j] > threshold / seen:
                     entries[j]["last"] = max(entries[j]["last"], step)
         for e in entries:
@@ -197,7 +200,7 @@ def test_attention_in_small_query_chunks_matches_the_reference(tmp_path, tiny_ll
     """Chunked, the attention leaves out the entries no query of a chunk sees and masks only the chunk's own
     diagonal block: with chunks of 7 queries (the 40-token prefill in 6, the 9 decoded tokens in 2) the
     ages are the reference's and the accumulated attention equal to float tolerance."""
-    monkeypatch.setattr(memdecay, "QUERY_CHUNK", 7)
+    monkeypatch.setattr(queries_module, "QUERY_CHUNK", 7)
     model = tiny_llama
     module = model.model.layers[0].self_attn
     press = make_press(tmp_path, model, compression_ratio=0.5, page_size=4, beta=1.0)
@@ -214,6 +217,36 @@ def test_attention_in_small_query_chunks_matches_the_reference(tmp_path, tiny_ll
     new_keys, new_values, values = call_press(press, module, hidden, keys, 48, decoding=True)
     kept, states = reference_call(module, hidden, keys, states, 21, known, True, 48, 1.0, "", 4)
     assert_matches(press, module, kept, states, keys, values, new_keys, new_values)
+
+
+def test_a_sample_of_queries_scores_as_the_reference_does_with_that_sample(tmp_path, tiny_llama, monkeypatch):
+    """scored_queries=8 on a 40-token prefill: the 4 last queries and one per stratum of the 36 earlier ones
+    (the stratum's last, weighted by its size), in chunks of 3: ages and accumulated attention are the
+    reference's over that sample, and the accumulated attention is not the exact one."""
+    monkeypatch.setattr(queries_module, "QUERY_CHUNK", 3)
+    module = tiny_llama.model.layers[0].self_attn
+    press = make_press(tmp_path, tiny_llama, compression_ratio=0.5, page_size=4, beta=1.0, scored_queries=8)
+    known = [SYSTEM] * 6 + [USER] * 20 + [TOOL] * 14
+    press.use_regions(torch.tensor(known))
+    torch.manual_seed(3)
+    hidden, keys = 30 * torch.randn(1, 40, 64), 3 * torch.randn(1, 2, 40, 16)
+    new_keys, new_values, values = call_press(press, module, hidden, keys, 39, decoding=False)
+    index, stands_for = queries_module.query_sample(40, 8)
+    sampled = dict(zip(index.tolist(), stands_for.tolist(), strict=True))
+    assert len(sampled) == 8 and sum(sampled.values()) == 40
+    kept, states = reference_call(module, hidden, keys, None, 20, known, False, 39, 1.0, "", 4, sampled)
+    assert_matches(press, module, kept, states, keys, values, new_keys, new_values)
+    every = [
+        reference_call(module, hidden, keys, None, 40, known, False, 39, 1.0, "", 4, s)[1]
+        for s in (sampled, None)
+    ]
+    assert [e["acc"] for e in every[0][0]] != pytest.approx([e["acc"] for e in every[1][0]], rel=1e-2)
+
+
+def test_scored_queries_must_be_all_or_at_least_two(tmp_path, tiny_llama):
+    for bad in (1, 0, -3, "some", 2.5, True):
+        with pytest.raises(MemDecayError, match="scored_queries"):
+            make_press(tmp_path, tiny_llama, compression_ratio=0.5, scored_queries=bad)
 
 
 def test_new_entries_fed_whole_are_user_and_decoded_ones_assistant(tmp_path, tiny_llama):

@@ -8,9 +8,7 @@ from typing import ClassVar, Literal
 
 import torch
 from kvpress import BasePress
-from kvpress.utils import get_prerope_query_states
 from torch import nn
-from transformers.models.llama.modeling_llama import rotate_half
 
 from kvbench.presses.quant import (
     as_stored,
@@ -21,12 +19,16 @@ from kvbench.presses.quant import (
     store_dtype,
     unpack_bits,
 )
+from kvbench.presses.queries import (
+    SCORED_QUERIES,
+    Scored,
+    attention_chunks,
+    check_scored,
+    query_sample,
+    rotated_queries,
+)
 
 BITS = 4  # the quantised tier is int4 (the authors' QUANTIZATION_BIT_WIDTH = 4)
-# Prompt queries scored at a time: bounds the (heads x chunk x length) attention block; the smaller, the more
-# of the causally masked half of the square is skipped and the better the block stays in cache (64 measured
-# fastest at 1k and 4k tokens on one CPU thread: 2-3x faster than 512).
-QUERY_CHUNK = 64
 
 
 @dataclass
@@ -199,18 +201,20 @@ def gather_entries(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.reshape(rows, n, head_dim).gather(1, index.unsqueeze(-1).expand(-1, -1, head_dim))
 
 
-def received_attention(module, hidden_states, keys, attentions, key_positions, query_positions, kwargs):
+def received_attention(
+    module, hidden_states, keys, attentions, key_positions, query_positions, kwargs, scored: Scored = "all"
+):
     """Attention each entry received from the queries at `query_positions` (the tokens since the last call,
     the whole prompt at the first): summed over those queries, averaged over the query heads of each KV head
     (as the authors' scores_for_cache). (batch, kv_heads, n) float32. Uses `attentions` when the layer gives
-    them (eager attention), else computes them from the queries (RoPE'd as the model does)."""
+    them (eager attention: every query, exact), else computes them from the queries (RoPE'd as the model
+    does) that `query_sample` picks out of them (`scored`), each weighted by the queries it stands for."""
     batch, kv_heads, n, head_dim = keys.shape
     count = len(query_positions)
     if attentions is not None:
         weights = attentions[..., -count:, :].float()
         return weights.view(batch, kv_heads, -1, count, n).mean(2).sum(2)
     hidden = hidden_states[:, -count:]
-    queries = get_prerope_query_states(module, hidden)
     cos, sin = kwargs["position_embeddings"]
     if cos.shape[-2] < count:  # decode-time: the layer was given the last step's embeddings only
         # The true position of the last token: position_ids (the cache's length is not one once compressed).
@@ -218,38 +222,15 @@ def received_attention(module, hidden_states, keys, attentions, key_positions, q
         last = int(position_ids[0, -1] if position_ids is not None else kwargs["cache_position"][-1])
         ids = torch.arange(last - count + 1, last + 1, device=keys.device).unsqueeze(0)
         cos, sin = module.rotary_emb(hidden, ids)
-    cos, sin = cos[:, -count:].unsqueeze(1), sin[:, -count:].unsqueeze(1)
-    scaling = getattr(module, "scaling", head_dim**-0.5)
-    # Scaled before the product (d values a query, not n logits; exact when scaling is a power of two).
-    queries = ((queries * cos + rotate_half(queries) * sin).float() * scaling).view(
-        batch, kv_heads, -1, count, head_dim
-    )
+    index, stands_for = query_sample(count, scored, keys.device)
+    cos, sin = cos[:, -count:][:, index], sin[:, -count:][:, index]
+    queries = rotated_queries(module, hidden[:, index], cos, sin, kv_heads)
     groups = queries.shape[2]
-    keys = keys.float()
     received = torch.zeros(batch, kv_heads, n, device=keys.device)
-    for start in range(0, count, QUERY_CHUNK):
-        positions = query_positions[start : start + QUERY_CHUNK]
-        # Entries no query of the chunk sees get a weight of exactly 0: only the first `seen` columns (up to
-        # the last entry any of them sees) are computed, and only those after `open` (the first entry some
-        # query does not see) masked.
-        visible = key_positions <= positions[-1]
-        seen = int((visible * torch.arange(1, n + 1, device=keys.device)).amax())
-        hidden_from_some = (key_positions > positions[0]).flatten(0, 1).any(0)
-        open_ = int(hidden_from_some.int().argmax()) if hidden_from_some.any() else n
-        open_ = min(open_, seen)
-        chunk = queries[:, :, :, start : start + QUERY_CHUNK]
-        rows = chunk.shape[3]
-        logits = chunk.reshape(batch, kv_heads, groups * rows, head_dim) @ keys[:, :, :seen].transpose(2, 3)
-        logits = logits.view(batch, kv_heads, groups, rows, seen)
-        future = key_positions[:, :, open_:seen].view(batch, kv_heads, 1, 1, -1) > positions.view(
-            1, 1, 1, -1, 1
-        )
-        # Added as a bias (0 or -inf): the same logits as masked_fill, at a tenth of its cost on CPU.
-        logits[..., open_:] += torch.zeros(future.shape, device=keys.device).masked_fill_(
-            future, float("-inf")
-        )
-        weights = logits.softmax(-1).view(batch, kv_heads, groups * rows, seen)
-        received[..., :seen] += weights.sum(2) / groups
+    for start, weights in attention_chunks(queries, keys, query_positions[index], key_positions):
+        rows = weights.shape[3]
+        weighted = weights * stands_for[start : start + rows].view(1, 1, 1, -1, 1)
+        received[..., : weights.shape[-1]] += weighted.sum((2, 3)) / groups
     return received
 
 
@@ -291,6 +272,13 @@ class QEvictPress(BasePress):
       later call, that of the tokens since the last call, from the cache as it is (so int4 windows are
       scored with their dequantised keys, as the authors' joint softmax does). A window's score is the sum
       of its entries' scores; ties go to the earlier window.
+    - `scored_queries` (64 by default; "all" for the exact tally): the first call scores with a sample of
+      the prompt's queries (`kvbench.presses.queries.query_sample`: the last 32 exactly, one query per
+      stratum of the earlier ones weighted by the stratum's size), not with all of them: the exact tally
+      costs +70 % of a 1k prefill on CPU, the sample a few percent, and the authors' scores are a sum whose
+      order of windows the sample keeps (the memory board's rows of both, docs/studies/performance.md).
+      Later calls score their few new tokens (fewer than 64) exactly. With eager attention every query is
+      used, whatever `scored_queries` says.
     - The local zone starts at the first window boundary that leaves at most local_ratio x budget tokens
       after it (the authors' zone starts at the last boundary that leaves at least that many, overshooting
       by up to window - 1 tokens, which a byte budget cannot absorb); it never moves back between calls.
@@ -310,6 +298,7 @@ class QEvictPress(BasePress):
     compression_ratio: float | None = None
     accounting: Literal["bytes", "authors"] = "bytes"
     max_new_tokens: int = 512
+    scored_queries: Scored = SCORED_QUERIES
     layer_bytes: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     states: dict[int, LayerState] = field(default_factory=dict, init=False, repr=False, compare=False)
     shares_prefill: ClassVar[bool] = True
@@ -326,6 +315,7 @@ class QEvictPress(BasePress):
                 f"qevict: accounting must be bytes or authors and max_new_tokens >= 0, got "
                 f"{self.accounting!r}, {self.max_new_tokens}"
             )
+        check_scored(self.scored_queries, "qevict")
 
     def post_init_from_model(self, model):
         self.states.clear()
@@ -403,6 +393,7 @@ class QEvictPress(BasePress):
             state.positions.view(batch, kv_heads, n),
             query_positions,
             kwargs,
+            self.scored_queries,
         )
         state.scores = state.scores + received.view(rows, n)
 

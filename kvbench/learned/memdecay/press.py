@@ -18,20 +18,23 @@ from typing import Annotated
 import annotated_types
 import torch
 from kvpress import ScorerPress
-from kvpress.utils import compute_n_kept, get_prerope_query_states
+from kvpress.utils import compute_n_kept
 from torch import nn
-from transformers.models.llama.modeling_llama import rotate_half
 
 from kvbench import models, resources
 from kvbench.errors import MemDecayError
+from kvbench.presses.queries import (
+    SCORED_QUERIES,
+    Scored,
+    attention_chunks,
+    check_scored,
+    query_sample,
+    rotated_queries,
+)
 from kvbench.tasks.prompt import REGIONS
 from kvbench.validation import STRICT, Count, check_json
 
 CALIBRATION_FILE = "calibration.json"
-# Query rows whose attention is held at once: bounds memory on long prefills; the smaller, the more of the
-# causally masked half of the square is skipped and the better the block stays in cache (64 measured fastest
-# at 1k and 4k tokens on one CPU thread: 2-3x faster than 512).
-QUERY_CHUNK = 64
 
 
 def default_calibration_dir(model_name: str) -> Path:
@@ -120,37 +123,26 @@ class EntryState:
         return EntryState(*(t.gather(2, indices) for t in (self.region, self.age, self.attention)))
 
 
-def query_attention(module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor, position: int):
-    """Yield (first row, weights) chunk by chunk: the attention of the queries of `hidden_states` (the last
-    tokens, at the positions ending at `position`) over the cache `keys`, averaged over the query heads of
-    each KV head, shape (batch, kv_heads, rows, seen). Query t of n sees the entries up to its own,
-    L - n + t (the new entries are at the end of the cache, in order); `seen` is the number of entries the
-    chunk's last query sees: the weights of later entries are exactly 0 and left out."""
+def query_attention(
+    module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor, position: int, scored: Scored = "all"
+):
+    """Yield (rows, stands_for, weights) chunk by chunk: the attention of the queries of `hidden_states` (the
+    last tokens, at the positions ending at `position`) that `query_sample` picks (`scored`), over the cache
+    `keys`, averaged over the query heads of each KV head, shape (batch, kv_heads, len(rows), seen); `rows`
+    are the queries' indices in `hidden_states`, `stands_for` how many queries each stands for. Query t of n
+    sees the entries up to its own, L - n + t (the new entries are at the end of the cache, in order); `seen`
+    is the number of entries the chunk's last query sees: the weights of later entries are exactly 0 and
+    left out."""
     n, length = hidden_states.shape[1], keys.shape[2]
-    batch, kv_heads, _, head_dim = keys.shape
-    groups = module.config.num_attention_heads // kv_heads
-    queries = get_prerope_query_states(module, hidden_states)
-    positions = torch.arange(position - n + 1, position + 1, device=queries.device)
-    cos, sin = module.rotary_emb(queries, positions.unsqueeze(0))
-    # Scaled before the product (exact for a power of two), query heads grouped by their KV head (as
-    # repeat_kv pairs them) so that each KV head's keys serve its group without being copied.
-    queries = (queries * cos.unsqueeze(1) + rotate_half(queries) * sin.unsqueeze(1)) * module.scaling
-    queries = queries.view(batch, kv_heads, groups, n, head_dim)
-    for start in range(0, n, QUERY_CHUNK):
-        rows = slice(start, min(start + QUERY_CHUNK, n))
-        chunk = rows.stop - rows.start
-        seen = length - n + rows.stop
-        block = queries[:, :, :, rows].reshape(batch, kv_heads, groups * chunk, head_dim)
-        scores = (block @ keys[:, :, :seen].transpose(2, 3)).view(batch, kv_heads, groups, chunk, seen)
-        # Only the last `chunk` columns hold entries some query of the chunk does not see: a 0/-inf bias
-        # there (the same logits as masked_fill, at a fraction of its cost on CPU).
-        own = torch.arange(chunk, device=keys.device)
-        future = torch.zeros(chunk, chunk, device=keys.device).masked_fill_(
-            own > own.unsqueeze(1), float("-inf")
-        )
-        scores[..., seen - chunk :] += future
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
-        yield rows.start, weights.mean(dim=2)
+    batch, kv_heads = keys.shape[:2]
+    index, stands_for = query_sample(n, scored, keys.device)
+    positions = torch.arange(position - n + 1, position + 1, device=keys.device)[index]
+    cos, sin = module.rotary_emb(hidden_states, positions.unsqueeze(0))
+    queries = rotated_queries(module, hidden_states[:, index], cos, sin, kv_heads)
+    key_positions = torch.arange(length, device=keys.device).expand(batch, kv_heads, length)
+    for start, weights in attention_chunks(queries, keys, length - n + index, key_positions):
+        chunk = slice(start, start + weights.shape[3])
+        yield index[chunk], stands_for[chunk], weights.mean(dim=2)
 
 
 def retention_scores(
@@ -223,6 +215,14 @@ class MemDecayPress(ScorerPress):
     - Repeated compression (decode-time, streaming): each layer keeps region, age and accumulated attention
       per entry and gathers them with the kept indices; new entries at the end start at age 0 when
       processed. `post_init_from_model` resets this state.
+    - `scored_queries` (64 by default; "all": every query): a prefill is scored with a sample of its
+      queries (`kvbench.presses.queries.query_sample`: the last 32 exactly, one per stratum of the earlier
+      ones, its attention weighted by the stratum's size in the accumulated attention). Ages are exact for
+      tokens the last 32 queries attend; an older token's age counts from the last sampled query that
+      attended it, so it can be older than the exact one by up to a stratum (31 steps at 1k), where the
+      region's decay has already brought it down by 2^(-31/h). The exact scoring costs +80 % of a 1k
+      prefill on CPU, the sample a few percent (docs/studies/performance.md has both on the memory board).
+      Decode-time calls bring fewer than 64 new tokens: scored exactly.
 
     calibration: folder holding calibration.json (made by `kvbench memdecay calibrate`); default
     presses/memdecay/<model name>/.
@@ -233,6 +233,7 @@ class MemDecayPress(ScorerPress):
     pin: str = ""
     calibration: str | None = None
     page_size: int = 16
+    scored_queries: Scored = SCORED_QUERIES
     pinned: tuple = field(default=(), init=False, repr=False, compare=False)
     regions: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
     threshold: float | None = field(default=None, init=False, repr=False, compare=False)
@@ -247,6 +248,10 @@ class MemDecayPress(ScorerPress):
             raise MemDecayError(f"beta must be >= 0, got {self.beta}")
         if self.page_size < 1:
             raise MemDecayError(f"page_size must be >= 1, got {self.page_size}")
+        try:
+            check_scored(self.scored_queries, "memdecay")
+        except ValueError as error:
+            raise MemDecayError(str(error)) from None
         self.pinned = parse_pin(str(self.pin or ""))
 
     def check_for_model(self, name: str) -> None:
@@ -307,17 +312,16 @@ class MemDecayPress(ScorerPress):
             last = torch.cat([-1 - old.age, last], dim=2)
             attention = torch.cat([old.attention, attention], dim=2)
         if n:
-            for first, weights in query_attention(module, hidden_states[:, -n:], keys, current):
-                rows = torch.arange(first, first + weights.shape[2], device=device)
+            chunks = query_attention(module, hidden_states[:, -n:], keys, current, self.scored_queries)
+            for rows, stands_for, weights in chunks:
                 seen = (length - n + rows + 1).to(torch.float32)  # entries each query sees
                 attended = weights > (self.threshold / seen).view(1, 1, -1, 1)
                 steps = (added - n + rows).to(torch.float32).view(1, 1, -1, 1)
                 width = weights.shape[-1]  # later entries: weight 0, neither attended nor accumulated
                 latest = torch.where(attended, steps, float("-inf")).amax(dim=2)
+                received = (weights * stands_for.view(1, 1, -1, 1)).sum(dim=2)
                 last = torch.cat([torch.maximum(last[..., :width], latest), last[..., width:]], dim=-1)
-                attention = torch.cat(
-                    [attention[..., :width] + weights.sum(dim=2), attention[..., width:]], -1
-                )
+                attention = torch.cat([attention[..., :width] + received, attention[..., width:]], -1)
         return EntryState(region, (added - 1) - last, attention)
 
     def state_scores(self, state: EntryState) -> torch.Tensor:
