@@ -45,6 +45,10 @@ LAZY_COMMANDS = {
         "kvbench.perplexity_cli:perplexity",
         "Perplexity of long texts with each press's KV cache held at its budget as the text is read.",
     ),
+    "speed": (
+        "kvbench.speed_cli:speed",
+        "What each press costs run alone: prefill overhead, decode tokens/s, allocated vs accounted bytes.",
+    ),
 }
 
 

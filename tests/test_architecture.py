@@ -18,12 +18,14 @@ LAYERS = [
     ("kvbench.*.*.command", 6),
     ("kvbench.lm_eval_cli", 6),
     ("kvbench.perplexity_cli", 6),
+    ("kvbench.speed_cli", 6),
     # 5: from what a user asks to rows and reports
     ("kvbench.planning", 5),
     ("kvbench.runner", 5),
     ("kvbench.ray_sweep", 5),
     ("kvbench.lmeval", 5),
     ("kvbench.perplexity", 5),
+    ("kvbench.speed", 5),
     ("kvbench.reporting", 5),
     ("kvbench.reporting.*", 5),
     # 4: the engine: protocols and the batched decoder
