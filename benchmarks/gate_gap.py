@@ -121,6 +121,33 @@ def main() -> None:
         ratio = f"{math.exp(hard[name] - mean[name]):.3f}" if name in mean else ""
         print(f"| {name} | {soft_ppl} | {math.exp(hard[name]):.2f} | {ratio} |")
     sys.stdout.flush()
+    plot(args.out / "gap.png", mean, hard, args.presses.split(","), 1 - args.keep)
+
+
+def plot(path: Path, soft: dict, hard, presses: list[str], ratio: float) -> None:
+    """Bars: perplexity per press, hard (live cache at the ratio) beside soft where the press has one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    places = range(len(presses))
+    axes.bar(
+        [p - 0.2 for p in places], [math.exp(hard[n]) for n in presses], 0.4, label=f"hard, ratio {ratio:g}"
+    )
+    axes.bar(
+        [p + 0.2 for p, n in zip(places, presses, strict=True) if n in soft],
+        [math.exp(soft[n]) for n in presses if n in soft],
+        0.4,
+        label="soft gates",
+    )
+    axes.axhline(math.exp(hard["none"]), color="black", linewidth=1, label="full cache")
+    axes.set_xticks(list(places), presses)
+    axes.set_ylabel("perplexity (held-out prose)")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
