@@ -37,6 +37,10 @@ LAZY_COMMANDS = {
         "kvbench.learned.memdecay.command:memdecay",
         "MemDecay's per-region half-lives and base priorities, measured on a model (see `calibrate`).",
     ),
+    "gate": (
+        "kvbench.learned.gate.command:gate",
+        "Learned sigmoid gates per KV head: trained soft on the frozen model, evicting hard (see `train`).",
+    ),
     "lm-eval": (
         "kvbench.lmeval:lm_eval_command",
         "Run lm-eval tasks with every request answered under a press.",

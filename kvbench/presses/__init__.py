@@ -245,6 +245,12 @@ SPECS = [
         scorer("kvbench.learned.memdecay.press:MemDecayPress"),
         state=LearnedState("calibration", "memdecay", "calibration.json", hashes_text=True),
     ),
+    PressSpec(
+        "gate",
+        "Gate: learned sigmoid gates per KV head, trained soft, evicting by gate (presses/gate/<model>/)",
+        scorer("kvbench.learned.gate.press:GatePress"),
+        state=LearnedState("weights", "gate", "gates.safetensors"),
+    ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),
     PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer("PyramidKVPress")),

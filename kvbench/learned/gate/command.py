@@ -1,0 +1,74 @@
+"""`kvbench gate`: train a model's sigmoid gates (soft, on the frozen model) and show their card."""
+
+from pathlib import Path
+
+import click
+
+from kvbench.learned.common.command import device_option, model_option, out_option
+from kvbench.learned.gate.train import TrainConfig
+from kvbench.validation import Number
+
+DEFAULTS = TrainConfig()
+
+
+@click.group("gate")
+def gate():
+    """Learned sigmoid gates per (layer, KV head): trained soft on the frozen model, evicting hard.
+
+    \b
+    kvbench gate train --out presses/gate/smollm2-135m
+    kvbench gate report presses/gate/smollm2-135m
+    """
+
+
+@gate.command()
+@out_option("Gates folder.")
+@model_option()
+@device_option
+@click.option(
+    "--keep", default=DEFAULTS.keep, show_default=True, type=Number(0, 1, low_open=True, high_open=True)
+)
+@click.option("--sparsity", default=DEFAULTS.sparsity, show_default=True, type=Number(0))
+@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))
+@click.option("--texts", default=DEFAULTS.texts, show_default=True, type=click.IntRange(min=1))
+@click.option("--val-texts", default=DEFAULTS.val_texts, show_default=True, type=click.IntRange(min=1))
+@click.option("--length", default=DEFAULTS.length, show_default=True, type=click.IntRange(min=8))
+@click.option(
+    "--source", default=DEFAULTS.source, show_default=True, type=click.Choice(["prose", "code", "agent"])
+)
+@click.option("--lr", default=DEFAULTS.lr, show_default=True, type=Number(0, low_open=True))
+@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=DEFAULTS.seed, show_default=True)
+def train(out, model, device, **options):
+    """Train the gates on generated texts with the model frozen; save the best (by validation KL)."""
+    import sys
+
+    from kvbench.learned.gate.checkpoint import save_gates
+    from kvbench.learned.gate.train import train as train_gates
+    from kvbench.models import check_device, load_model, load_tokenizer, resolve
+    from kvbench.results import check_folder_writable
+
+    check_folder_writable(out, "--out folder")
+    check_device(device)
+    resolve(model)
+    config = TrainConfig(**options)
+    llm, _ = load_model(model, device=device)
+    gates, card = train_gates(llm, load_tokenizer(model), config, log=click.echo)
+    save_gates(out, gates, {**card, "command": "kvbench " + " ".join(sys.argv[1:])})
+    click.echo(f"wrote {out}")
+
+
+@gate.command()
+@click.argument("weights", type=click.Path(file_okay=False, path_type=Path))
+def report(weights):
+    """The card of the gates in WEIGHTS: training, validation KL (soft gates vs ungated), mean gate."""
+    from kvbench.learned.common import read_card
+    from kvbench.learned.gate.checkpoint import METHOD, train_command_hint
+
+    card = read_card(weights, METHOD, train_command_hint("MODEL"))
+    training, validation = card["training"], card["validation"]
+    click.echo(
+        f"{card['model']['name']}: keep {training['keep']}, {training['steps']} steps (best "
+        f"{training['best_step']}), {training['seconds']:.0f} s; validation KL {validation['kl']:.4f} "
+        f"(uniform start {validation['kl_ungated_start']:.4f}), mean gate {validation['mean_gate']:.3f}"
+    )
