@@ -26,6 +26,8 @@ LAYERS = [
     ("kvbench.perplexity", 5),
     ("kvbench.reporting", 5),
     ("kvbench.reporting.*", 5),
+    ("kvbench.serving", 5),
+    ("kvbench.serving.*", 5),
     # 4: the engine: protocols and the batched decoder
     ("kvbench.engine", 4),
     ("kvbench.decoder", 4),

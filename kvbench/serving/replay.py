@@ -65,7 +65,7 @@ def cache_of(segments: list[tuple]):
 
 
 def shift(model, segment: tuple, delta: int) -> tuple:
-    """The segment's keys rotated by `delta` more positions (RoPE: R(p + d) = R(d) R(p)); values as they are."""
+    """The segment's keys rotated by `delta` more positions (RoPE: R(p + d) = R(d) R(p)); values as are."""
     import torch
     from transformers.models.llama.modeling_llama import rotate_half
 
@@ -114,7 +114,10 @@ class Replay:
     def __init__(self, model, tokenizer, trace: Trace, policy: str, budget: int, settings: Settings):
         self.model, self.policy, self.settings = model, policy, settings
         self.bpt = bytes_per_token(model)
-        self.ids = {name: tokenizer(text, add_special_tokens=False)["input_ids"] for name, text in trace.chunks.items()}
+        self.ids = {
+            name: tokenizer(text, add_special_tokens=False)["input_ids"]
+            for name, text in trace.chunks.items()
+        }
         self.tokenizer = tokenizer
         self.sparsity: list[list[float]] = []  # per demotion, per layer fraction of entries kept
         demote = self.demote if policy == "pegasus" else None
@@ -135,7 +138,9 @@ class Replay:
         start = time.perf_counter()
         try:
             bases = [
-                n for n in self.store.nodes() if n.label == node.label and n is not node and not n.is_transition
+                n
+                for n in self.store.nodes()
+                if n.label == node.label and n is not node and not n.is_transition
             ]
             if not bases:
                 return None
@@ -278,3 +283,51 @@ def compare(rows: list[dict], reference: list[dict]) -> list[dict]:
         row["answer_same"] = row["answer_ids"] == ref["answer_ids"]
         out.append(row)
     return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def summarize(rows: list[dict]) -> dict:
+    """One policy at one budget over a trace: TTFT percentiles, throughput, hit rate, reuse, accuracy."""
+    ttft = [r["ttft_s"] for r in rows]
+    hits, misses = sum(r["hits"] for r in rows), sum(r["misses"] for r in rows)
+    return {
+        "policy": rows[0]["policy"],
+        "budget": rows[0]["budget"],
+        "requests": len(rows),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "ttft_total_s": sum(ttft),
+        "throughput_rps": len(rows) / sum(ttft),  # requests per second of prefill (time to first token)
+        "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "reused_fraction": sum(r["reused"] for r in rows) / sum(r["tokens"] for r in rows),
+        "bytes_held_max": max(r["bytes_held"] for r in rows),
+        "logit_error_max": max(r.get("logit_error", 0.0) for r in rows),
+        "logit_error_mean": sum(r.get("logit_error", 0.0) for r in rows) / len(rows),
+        "first_token_same": sum(r.get("first_token_same", True) for r in rows) / len(rows),
+        "answer_same": sum(r.get("answer_same", True) for r in rows) / len(rows),
+        "bookkeeping_mean_s": sum(r["bookkeeping_s"] for r in rows) / len(rows),
+    }
+
+
+def run_policies(model, tokenizer, trace: Trace, policies, budgets, settings: Settings | None = None):
+    """(rows, summaries, transition sparsity per layer): `none` first (the reference), then every other
+    policy at every budget, on the same trace in the same order."""
+    settings = settings or Settings()
+    reference, _ = replay(model, tokenizer, trace, "none", max(budgets), settings)
+    rows = compare(reference, reference)
+    summaries = [summarize(rows)]
+    sparsity = []
+    for policy in [p for p in policies if p != "none"]:
+        for budget in budgets:
+            got, run = replay(model, tokenizer, trace, policy, budget, settings)
+            got = compare(got, reference)
+            rows += got
+            summaries.append(summarize(got))
+            sparsity += run.sparsity
+    layers = [sum(col) / len(col) for col in zip(*sparsity, strict=True)] if sparsity else []
+    return rows, summaries, layers

@@ -1,9 +1,9 @@
-"""Request traces for the prefix-cache benchmark: made from kvbench's own material, seeded, written and read as
-JSONL so that a trace is an artefact others can replay.
+"""Request traces for the prefix-cache benchmark: made from kvbench's own material, seeded, written and read
+as JSONL so that a trace is an artefact others can replay.
 
 A trace file holds two kinds of line (`kind`): `chunk` lines (`id`, `text`), the pieces prompts are made of,
-and `request` lines (`id`, `session`, `chunks`: chunk ids in prompt order, `question`). A prompt is its chunks'
-texts in order, then the question. Both families of request become this one shape:
+and `request` lines (`id`, `session`, `chunks`: chunk ids in prompt order, `question`). A prompt is its
+chunks' texts in order, then the question. Both families of request become this one shape:
 
 - RAG requests: k of n document chunks (sentences of the stdlib essay the agent tasks search), drawn by a
   Zipf popularity and put in a random order, then a question about them;
@@ -125,7 +125,8 @@ def make_trace(
 def write_trace(trace: Trace, path: Path) -> None:
     lines = [json.dumps({"kind": "chunk", "id": name, "text": text}) for name, text in trace.chunks.items()]
     lines += [
-        json.dumps({"kind": "request", **dataclasses.asdict(r), "chunks": list(r.chunks)}) for r in trace.requests
+        json.dumps({"kind": "request", **dataclasses.asdict(r), "chunks": list(r.chunks)})
+        for r in trace.requests
     ]
     path.write_text("\n".join(lines) + "\n")
 
@@ -158,7 +159,12 @@ def read_trace(path: Path) -> Trace:
             continue
         names = row.get("chunks")
         fields_ok = all(isinstance(row.get(f), str) for f in ("id", "session", "question"))
-        if not fields_ok or not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        if (
+            not fields_ok
+            or not isinstance(names, list)
+            or not names
+            or not all(isinstance(n, str) for n in names)
+        ):
             raise DataFileError(
                 f"{where}: a request needs string id, session and question and a non-empty list of chunk ids"
             )
