@@ -261,15 +261,14 @@ class Replay:
         }
 
 
+def question_ids(tokenizer, request) -> list[int]:
+    return tokenizer(f"Question: {request.question}\nAnswer:", add_special_tokens=False)["input_ids"]
+
+
 def replay(model, tokenizer, trace: Trace, policy: str, budget: int, settings: Settings | None = None):
     """(rows, the Replay) of `policy` over `trace` in order; rows as `Replay.serve` makes them."""
-    settings = settings or Settings()
-    run = Replay(model, tokenizer, trace, policy, budget, settings)
-    rows = []
-    for request in trace.requests:
-        question = tokenizer(f"Question: {request.question}\nAnswer:", add_special_tokens=False)["input_ids"]
-        rows.append(run.serve(request, question))
-    return rows, run
+    run = Replay(model, tokenizer, trace, policy, budget, settings or Settings())
+    return [run.serve(request, question_ids(tokenizer, request)) for request in trace.requests], run
 
 
 def compare(rows: list[dict], reference: list[dict]) -> list[dict]:
@@ -315,19 +314,28 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def run_policies(model, tokenizer, trace: Trace, policies, budgets, settings: Settings | None = None):
-    """(rows, summaries, transition sparsity per layer): `none` first (the reference), then every other
-    policy at every budget, on the same trace in the same order."""
+    """(rows, summaries, transition sparsity per layer): `none` (the reference) and every other policy at
+    every budget on the same trace. Request by request, every policy serves it in turn (each with its own
+    store): on a machine whose load varies, every policy's timings see the same load."""
     settings = settings or Settings()
-    reference, _ = replay(model, tokenizer, trace, "none", max(budgets), settings)
-    rows = compare(reference, reference)
-    summaries = [summarize(rows)]
-    sparsity = []
-    for policy in [p for p in policies if p != "none"]:
-        for budget in budgets:
-            got, run = replay(model, tokenizer, trace, policy, budget, settings)
-            got = compare(got, reference)
-            rows += got
-            summaries.append(summarize(got))
-            sparsity += run.sparsity
+    runs = [Replay(model, tokenizer, trace, "none", max(budgets), settings)]
+    runs += [
+        Replay(model, tokenizer, trace, policy, budget, settings)
+        for policy in policies
+        if policy != "none"
+        for budget in budgets
+    ]
+    served: list[list[dict]] = [[] for _ in runs]
+    for request in trace.requests:
+        question = question_ids(tokenizer, request)
+        for run, rows in zip(runs, served, strict=True):
+            rows.append(run.serve(request, question))
+    reference = served[0]
+    rows, summaries = [], []
+    for got in served:
+        got = compare(got, reference)
+        rows += got
+        summaries.append(summarize(got))
+    sparsity = [fractions for run in runs for fractions in run.sparsity]
     layers = [sum(col) / len(col) for col in zip(*sparsity, strict=True)] if sparsity else []
     return rows, summaries, layers
