@@ -232,3 +232,18 @@ def test_bad_options_exit_2_writing_nothing(tmp_path, args):
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_command_writes_trace_rows_and_summary(tmp_path, tiny_llama_dir, one_thread):
+    out = tmp_path / "out"
+    args = ["prefix-cache", "--out", str(out), "--model", tiny_llama_dir, "--requests", "6"]
+    args += ["--chunk-chars", "40", "--budgets", "0.01,1", "--answer-tokens", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    policies = [s["policy"] for s in summary["summary"]["policies"]]
+    assert policies == ["none", "prefix", "prefix", "chunk", "chunk", "pegasus", "pegasus"]
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 6 * 7
+    assert read_trace(out / "trace.jsonl").requests  # the trace replayed is an artefact that reads back
+    again = CliRunner().invoke(main, args)  # the folder holds a run: refused, nothing overwritten
+    assert again.exit_code == 2
