@@ -168,7 +168,7 @@ class Replay:
         self.demote_s = 0.0
         start = time.perf_counter()
         inserts = []  # (parent, label, start, end, saved) made after the first token
-        hits = misses = reused = 0
+        hits = misses = reused = transitions = 0
         if self.policy == "none":
             cache = cache_of([])
             logits = self.forward(context + question_ids, cache)
@@ -211,6 +211,7 @@ class Replay:
             store.pin(found + [n.base for n in found if n.is_transition])
             bookkeeping += time.perf_counter() - t0
             hits, misses = len(found), len(request.chunks) - len(found)
+            transitions = sum(n.is_transition for n in found)
             reused = sum(len(ids) for ids in chunk_ids[: len(found)])
             cache = cache_of([self.state(n) for n in found])
             logits = self.forward(context[reused:] + question_ids, cache)
@@ -251,6 +252,7 @@ class Replay:
             "computed": len(context) + len(question_ids) - reused,
             "hits": hits,
             "misses": misses,
+            "transition_hits": transitions,
             "bytes_held": store.held,
             "budget": store.budget,
             "bookkeeping_s": bookkeeping,
@@ -303,6 +305,7 @@ def summarize(rows: list[dict]) -> dict:
         "ttft_total_s": sum(ttft),
         "throughput_rps": len(rows) / sum(ttft),  # requests per second of prefill (time to first token)
         "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "transition_hits": sum(r["transition_hits"] for r in rows),
         "reused_fraction": sum(r["reused"] for r in rows) / sum(r["tokens"] for r in rows),
         "bytes_held_max": max(r["bytes_held"] for r in rows),
         "logit_error_max": max(r.get("logit_error", 0.0) for r in rows),
