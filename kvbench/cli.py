@@ -435,5 +435,74 @@ def list_tasks():
         )
 
 
+@main.command(name="prefix-cache")
+@click.option(
+    "--out", required=True, type=click.Path(path_type=Path), help="Folder for the trace, rows and summary."
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Replay this trace (JSONL) instead of making one.",
+)
+@click.option(
+    "--policies",
+    default="none,prefix,chunk,pegasus",
+    show_default=True,
+    help="Comma-separated: none, prefix, chunk, pegasus (none always runs: the reference).",
+)
+@click.option(
+    "--budgets",
+    default="4",
+    show_default=True,
+    help="Comma-separated store budgets in MiB (16-bit KV bytes).",
+)
+@click.option("--requests", default=60, show_default=True, help="Requests of a made trace.")
+@click.option("--seed", default=0, show_default=True, help="Seed of a made trace.")
+@click.option("--docs", default=12, show_default=True, help="Document chunks of a made trace.")
+@click.option("--k", "k", default=3, show_default=True, help="Chunks per RAG request.")
+@click.option(
+    "--zipf", default=1.1, show_default=True, type=Number(0), help="Zipf exponent of chunk popularity."
+)
+@click.option("--sessions", default=4, show_default=True, help="Multi-turn agent sessions.")
+@click.option(
+    "--session-share",
+    default=0.4,
+    show_default=True,
+    type=Number(0, 1),
+    help="Fraction of requests that are session turns.",
+)
+@click.option("--chunk-chars", default=200, show_default=True, help="Characters per chunk, about.")
+@click.option("--no-interleave", is_flag=True, help="Sessions after the RAG requests, not interleaved.")
+@click.option(
+    "--block", default=16, show_default=True, help="Tokens per block of the exact-prefix radix tree."
+)
+@click.option(
+    "--transition-tol",
+    default=0.05,
+    show_default=True,
+    type=Number(0),
+    help="Pegasus transitions keep KV entries that change by more than this.",
+)
+@click.option(
+    "--answer-tokens", default=4, show_default=True, help="Greedy tokens after the first, to compare answers."
+)
+@model_options
+def prefix_cache(
+    out, trace_path, policies, budgets, block, transition_tol, answer_tokens, model, device, dtype, **made
+):
+    """Replay a request trace against a byte-budgeted prefix store, policy by policy: TTFT, hit rate, reuse
+    and accuracy against a full recompute (Pegasus's stateful path caching among them)."""
+    from kvbench.serving.bench import run, table
+
+    made["interleave"] = not made.pop("no_interleave")
+    summaries = run(
+        out, trace_path, made, policies, budgets, block, transition_tol, answer_tokens, model, device, dtype
+    )
+    click.echo(table(summaries))
+    click.echo(f"rows: {out}/requests.jsonl  summary: {out}/summary.json")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,6 +28,8 @@ LAYERS = [
     ("kvbench.speed", 5),
     ("kvbench.reporting", 5),
     ("kvbench.reporting.*", 5),
+    ("kvbench.serving", 5),
+    ("kvbench.serving.*", 5),
     # 4: the engine: protocols and the batched decoder
     ("kvbench.engine", 4),
     ("kvbench.decoder", 4),
