@@ -1,6 +1,6 @@
-"""The substrate study's model and live-cache evaluation (kvbench.substrate): sigmoid attention against a plain
-float64 loop, softmax against torch's SDPA, gates of 1 and 0, the live cache against the parallel forward,
-eviction holding the budget, and training lowering the loss."""
+"""The substrate study's model and live-cache evaluation (kvbench.substrate): sigmoid attention against a
+plain float64 loop, softmax against torch's SDPA, gates of 1 and 0, the live cache against the parallel
+forward, eviction holding the budget, and training lowering the loss."""
 
 import math
 

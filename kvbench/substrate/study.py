@@ -213,8 +213,9 @@ def live_cache_nll_many(
 
 
 def evict_rows(c: dict, row_method: list[str], row_budget: torch.Tensor, t: int) -> None:
-    """`evict_one` for a batch whose rows have their own method and budget: each method's scores computed
-    once over the rows that use it, then one argmin over every row whose cache holds more than its budget."""
+    """Remove the lowest-scored live entry per (row, head) of one layer's cache, in every row whose cache
+    holds more than its budget (budget + 1 entries); rows have their own method and budget, each method's
+    scores computed once over the rows that use it."""
     over = (t + 1 > row_budget) & torch.tensor([m != "none" for m in row_method])
     if not bool(over.any()):
         return
@@ -249,28 +250,6 @@ def method_score(c: dict, method: str, budgets: torch.Tensor, t: int) -> torch.T
     if method == "window":
         return positions.to(torch.float32).expand_as(alive).clone()
     raise ValueError(f"unknown method {method!r}")
-
-
-def evict_one(c: dict, method: str, budget: int, t: int) -> None:
-    """Remove the lowest-scored live entry per (window, head) of one layer's cache, which holds budget + 1."""
-    alive = c["alive"]
-    positions = torch.arange(alive.shape[-1])
-    if method == "gate":
-        score = c["lg"].clone()
-    elif method == "h2o":
-        score = c["acc"].clone()
-        score[..., positions > t - budget // 2] = float("inf")
-    elif method == "keydiff":
-        keys = c["k"] * alive.unsqueeze(-1)
-        anchor = keys.sum(-2, keepdim=True) / alive.sum(-1, keepdim=True).unsqueeze(-1)
-        score = -F.cosine_similarity(c["k"], anchor, dim=-1)
-    elif method == "window":
-        score = positions.to(torch.float32).expand_as(alive).clone()
-    else:
-        raise ValueError(f"unknown method {method!r}")
-    score = score.masked_fill(~alive, float("inf"))
-    idx = score.argmin(-1, keepdim=True)
-    alive.scatter_(-1, idx, False)
 
 
 # ---- the study ----
@@ -362,7 +341,9 @@ def run_study(
                     }
                     f.write(json.dumps(row) + "\n")
             ref = rows[0]["ppl"]
+            gate_mean = record["gate_mean_last20"]
             log(
-                f"{cfg.name} seed {seed}: train {record['train_s']} s, eval {eval_s} s, ppl {ref:.3f}, gate mean {record['gate_mean_last20']}"
+                f"{cfg.name} seed {seed}: train {record['train_s']} s, eval {eval_s} s, "
+                f"ppl {ref:.3f}, gate {gate_mean}"
             )
     return rows_path
