@@ -17,7 +17,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/reference-substrate"))
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--n-eval", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--summarise-only", action="store_true")

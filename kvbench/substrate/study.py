@@ -87,7 +87,7 @@ def eval_windows(held: torch.Tensor, context: int, n_eval: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 300
+    steps: int = 200
     batch: int = 16
     lr: float = 2e-3
     warmup: int = 20
