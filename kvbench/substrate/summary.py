@@ -1,0 +1,148 @@
+"""Summary of the substrate study's rows (kvbench.substrate.study): per (model, method, keep), the mean over
+seeds and a Student-t 95 % interval (scipy.stats.t, n - 1 degrees of freedom) of the perplexity and of the
+perplexity change against the model's own no-eviction reference (paired within a seed: the same trained
+model, the same windows). Writes summary.csv, summary.md (the tables the study page quotes) and
+substrate.png (change against keep fraction, one panel per model)."""
+
+import json
+import math
+from pathlib import Path
+
+MODEL_ORDER = [
+    f"{a}-{g}-{r}" for a in ("softmax", "sigmoid") for g in ("gate", "nogate") for r in ("rope", "nope")
+]
+METHOD_ORDER = ["gate", "h2o", "keydiff", "window"]
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """(mean, 95 % half-width); the half-width is nan for a single value."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+
+
+def load(rows_path: Path) -> list[dict]:
+    return [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    ref = {(r["model"], r["seed"]): r for r in rows if r["method"] == "none"}
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["method"], r["keep"]), []).append(r)
+    out = []
+    for (model, method, keep), rs in groups.items():
+        ppl = t_interval([r["ppl"] for r in rs])
+        change = t_interval([100 * (r["ppl"] / ref[(model, r["seed"])]["ppl"] - 1) for r in rs])
+        change_late = t_interval(
+            [100 * (r["ppl_late"] / ref[(model, r["seed"])]["ppl_late"] - 1) for r in rs]
+        )
+        gates = [r["gate_mean_last20"] for r in rs if r["gate_mean_last20"] is not None]
+        out.append(
+            {
+                "model": model,
+                "method": method,
+                "keep": keep,
+                "seeds": len(rs),
+                "ppl": ppl[0],
+                "ppl_hw": ppl[1],
+                "change_pct": change[0],
+                "change_pct_hw": change[1],
+                "change_late_pct": change_late[0],
+                "change_late_pct_hw": change_late[1],
+                "train_s": sum(r["train_s"] for r in rs) / len(rs),
+                "gate_mean": sum(gates) / len(gates) if gates else None,
+            }
+        )
+    key = {m: i for i, m in enumerate(MODEL_ORDER)}
+    mkey = {m: i for i, m in enumerate(["none", *METHOD_ORDER])}
+    out.sort(key=lambda a: (key.get(a["model"], 99), -a["keep"], mkey.get(a["method"], 99)))
+    return out
+
+
+def fmt(mean: float, hw: float, digits: int = 1) -> str:
+    if math.isnan(hw):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {hw:.{digits}f}"
+
+
+def markdown(agg: list[dict]) -> str:
+    by = {(a["model"], a["method"], a["keep"]): a for a in agg}
+    models = [m for m in MODEL_ORDER if (m, "none", 1.0) in by]
+    keeps = sorted({a["keep"] for a in agg if a["method"] != "none"}, reverse=True)
+    lines = [
+        "Perplexity with the full cache (mean ± 95 % t half-width over seeds), and the change in perplexity "
+        "(%) under live-cache eviction against the same model's full cache, paired per seed:",
+        "",
+        "| model | seeds | gate mean | full-cache ppl | keep | " + " | ".join(METHOD_ORDER) + " |",
+        "|---|---|---|---|---|" + "---|" * len(METHOD_ORDER),
+    ]
+    for m in models:
+        ref = by[(m, "none", 1.0)]
+        for i, k in enumerate(keeps):
+            cells = []
+            for meth in METHOD_ORDER:
+                a = by.get((m, meth, k))
+                cells.append(fmt(a["change_pct"], a["change_pct_hw"]) if a else "-")
+            head = (
+                f"{m} | {ref['seeds']} | {ref['gate_mean']:.2f} | {fmt(ref['ppl'], ref['ppl_hw'], 2)}"
+                if ref["gate_mean"] is not None
+                else f"{m} | {ref['seeds']} | - | {fmt(ref['ppl'], ref['ppl_hw'], 2)}"
+            )
+            if i:
+                head = " | | | "
+            lines.append(f"| {head} | {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(agg: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey=True)
+    for ax, model in zip(axes.flat, MODEL_ORDER, strict=True):
+        for meth in METHOD_ORDER:
+            pts = sorted(
+                (a["keep"], a["change_pct"], a["change_pct_hw"])
+                for a in agg
+                if (a["model"], a["method"]) == (model, meth)
+            )
+            if not pts:
+                continue
+            xs, ys, hw = zip(*pts, strict=True)
+            ax.errorbar(
+                xs, ys, yerr=[0 if math.isnan(h) else h for h in hw], marker="o", capsize=3, label=meth
+            )
+        ax.set_title(model)
+        ax.set_xscale("log")
+        ax.set_xticks([0.1, 0.25, 0.5], ["0.1", "0.25", "0.5"])
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("keep fraction")
+    axes[0, 0].set_ylabel("perplexity change vs own full cache (%)")
+    axes[1, 0].set_ylabel("perplexity change vs own full cache (%)")
+    axes[0, 0].legend()
+    fig.suptitle(
+        "Substrate study: live-cache eviction on tiny byte-level models (mean, 95 % t-interval over seeds)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_summary(rows_path: Path, out: Path) -> None:
+    agg = aggregate(load(rows_path))
+    out.mkdir(parents=True, exist_ok=True)
+    cols = list(agg[0])
+    with (out / "summary.csv").open("w") as f:
+        f.write(",".join(cols) + "\n")
+        for a in agg:
+            f.write(",".join("" if a[c] is None else str(a[c]) for c in cols) + "\n")
+    (out / "summary.md").write_text(markdown(agg))
+    plot(agg, out / "substrate.png")
