@@ -92,6 +92,10 @@ class LowRankPress(BasePress):
     rank: int | None = None
     n_sinks: int = 4
     window_size: int = 32
+    # "post-rope": the basis of the cached (rotated) keys; "pre-rope": keys rotated back to position 0 before
+    # the basis is fitted, re-rotated after reconstruction (as low-rank key methods do: RoPE spreads a
+    # key's energy over every frequency pair with the position); same bytes (issue 28 item 3).
+    basis: str = "post-rope"
     layer_bytes: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -101,6 +105,8 @@ class LowRankPress(BasePress):
             raise ValueError(f"{self.name} needs rank >= 1, got {self.rank}")
         if self.n_sinks < 0 or self.window_size < 0:
             raise ValueError(f"{self.name} needs n_sinks, window_size >= 0")
+        if self.basis not in ("post-rope", "pre-rope"):
+            raise ValueError(f"{self.name} needs basis post-rope or pre-rope, got {self.basis!r}")
 
     @torch.no_grad()
     def compress(
@@ -116,6 +122,10 @@ class LowRankPress(BasePress):
         # place rather than dropped and put back as zeros (boolean gathers and scatters cost more than the
         # projection itself).
         layout, row_ranks = self.allocate_rows(module, hidden_states, keys, values, kwargs)
+        rotation = None
+        if self.basis == "pre-rope":
+            rotation = rope_tables(module, keys)
+            keys = rotate(keys, *rotation, inverse=True)
         restored = []
         for row, ranks in enumerate(row_ranks):
             parts, kept = self.project(keys[row], values[row], ranks, layout)
@@ -131,12 +141,17 @@ class LowRankPress(BasePress):
                     for name in ("key", "value")
                 ]
             )
-        return torch.stack([k for k, _ in restored]), torch.stack([v for _, v in restored])
+        keys = torch.stack([k for k, _ in restored])
+        if rotation is not None:
+            keys = rotate(keys, *rotation)
+        return keys, torch.stack([v for _, v in restored])
 
     @torch.no_grad()
     def pack(self, module, hidden_states, keys, values, kwargs) -> list[LowRankStore]:
         """The store of each sequence of the batch; sets layer_bytes[layer] to its accounted bytes."""
         layout, row_ranks = self.allocate_rows(module, hidden_states, keys, values, kwargs)
+        if self.basis == "pre-rope":  # the store holds pre-RoPE keys: a reader rotates them (rope_tables)
+            keys = rotate(keys, *rope_tables(module, keys), inverse=True)
         return [self.encode(keys[row], values[row], ranks, layout) for row, ranks in enumerate(row_ranks)]
 
     def allocate_rows(self, module, hidden_states, keys, values, kwargs) -> tuple["Layout", list]:
@@ -217,6 +232,21 @@ class LowRankPress(BasePress):
         return parts, kept
 
 
+def rope_tables(module: nn.Module, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (1, 1, length, dim) of cache positions 0..length-1 (a low-rank press keeps every token, so a
+    cache index is its position), from the layer's rotary embedding (kvpress sets `module.rotary_emb`)."""
+    positions = torch.arange(keys.shape[2], device=keys.device).unsqueeze(0)
+    cos, sin = module.rotary_emb(keys, positions)
+    return cos.unsqueeze(1).to(keys.dtype), sin.unsqueeze(1).to(keys.dtype)
+
+
+def rotate(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """RoPE applied to (batch, heads, length, dim) keys, or undone (a rotation by the opposite angle)."""
+    half = keys.shape[-1] // 2
+    rotated = torch.cat([-keys[..., half:], keys[..., :half]], dim=-1)  # rotate_half
+    return keys * cos - rotated * sin if inverse else keys * cos + rotated * sin
+
+
 def top_right_singular_vectors(matrix: torch.Tensor, columns: int) -> torch.Tensor:
     """(heads, tokens, dim) -> (heads, dim, columns): the top right singular vectors, as columns.
 
@@ -295,11 +325,16 @@ class VarRatePress(LowRankPress):
 
     min_rank: int = 4
     kernel_size: int = 5
+    # "layer": one λ for the KV heads of a layer (default); "head": one λ per KV head, each head given the
+    # same coefficient budget (the bases counted at the widest rank, so the layer stays within its budget).
+    share: str = "layer"
 
     def __post_init__(self):
         super().__post_init__()
         if self.min_rank < 1 or self.window_size < 1 or self.kernel_size < 1 or self.kernel_size % 2 == 0:
             raise ValueError("varrate needs min_rank >= 1, window_size >= 1 and an odd kernel_size")
+        if self.share not in ("layer", "head"):
+            raise ValueError(f"varrate needs share layer or head, got {self.share!r}")
 
     def salience(self, module, hidden_states, keys, kwargs, n_sinks, n_middle) -> torch.Tensor:
         """(batch, kv heads, middle) float64."""
@@ -318,6 +353,28 @@ class VarRatePress(LowRankPress):
         return scores[..., n_sinks : n_sinks + n_middle].double().cpu()
 
     def allocate(self, salience, layout: Layout, max_rank: int, budget: int) -> torch.Tensor:
+        if self.share == "head" and layout.heads > 1:
+            return self.allocate_per_head(salience, layout, max_rank, budget)
+        return self.allocate_shared(salience, layout, max_rank, budget)
+
+    def allocate_per_head(self, salience, layout: Layout, max_rank: int, budget: int) -> torch.Tensor:
+        """One λ per KV head: each head's coefficients get an equal share of what the layer's budget leaves
+        after the bases (at the widest rank), rank indices, sinks and window."""
+        fixed = layout.bytes(np.full((layout.heads, layout.n_middle), max_rank)) - (
+            layout.heads * layout.n_middle * max_rank * 2 * BYTES
+        )
+        share = (budget - fixed) // layout.heads
+        # A one-head layout without bases or protected parts: its bytes are the coefficients alone.
+        head = Layout(1, layout.n_middle, 0, 0, layout.key_dim, layout.value_dim, False)
+        coefficients_only = _CoefficientLayout(head)
+        return torch.cat(
+            [
+                self.allocate_shared(salience[h : h + 1], coefficients_only, max_rank, share)
+                for h in range(layout.heads)
+            ]
+        )
+
+    def allocate_shared(self, salience, layout, max_rank: int, budget: int) -> torch.Tensor:
         salience = salience.numpy()  # numpy: a hundred small single-threaded evaluations, no thread wake-ups
 
         def ranks(scale: float) -> np.ndarray:
@@ -343,3 +400,20 @@ class VarRatePress(LowRankPress):
                 break
             low, high = (middle, high) if layout.bytes(ranks(middle)) <= budget else (low, middle)
         return torch.from_numpy(ranks(low))
+
+
+@dataclass(frozen=True)
+class _CoefficientLayout:
+    """A layout whose bytes are the coefficients alone (VarRate's per-head shares; the rest counted apart)."""
+
+    inner: Layout
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def full(self) -> int:
+        return self.inner.full
+
+    def bytes(self, ranks) -> int:
+        return int(ranks.sum()) * 2 * BYTES

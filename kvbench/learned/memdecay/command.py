@@ -84,3 +84,59 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
             f"  tokens {region['tokens']}{note}"
         )
     click.echo(f"calibration: {out}")
+
+
+@memdecay.command()
+@out_option("Output folder: curves.csv, fits.csv, lifetimes.png, card.json.")
+@model_option()
+@device_option
+@click.option("--suite", default=DEFAULT_SUITE, show_default=True, help="Suite whose tasks have chat turns.")
+@click.option("--length", type=int, default=None, help="Context length in tokens (default: the suite's).")
+@click.option("--samples", type=click.IntRange(min=2), default=4, show_default=True, help="Samples per task.")
+@click.option("--new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
+@click.option("--seed", default=CALIBRATION_SEED, show_default=True, type=click.IntRange(min=1000))
+@click.option("--resamples", default=400, show_default=True, type=click.IntRange(min=10))
+def lifetimes(out, model, device, suite, length, samples, new_tokens, seed, resamples):
+    """Attention lifetimes per region over long decoding, fitted three ways (the shipped early-drop fit,
+    the whole curve, the area under it) with bootstrap intervals over samples (kvbench.learned.memdecay.
+    lifetimes); nothing the press reads is written."""
+    import json
+
+    from kvbench import tasks
+    from kvbench.learned.memdecay.lifetimes import measure_samples, write_results
+    from kvbench.models import check_device, load_model, resolve
+    from kvbench.planning import plan_tasks
+    from kvbench.results import check_folder_writable
+
+    plan = plan_tasks(suite, (), length, samples)
+    check_folder_writable(out, "--out folder")
+    check_device(device)
+    resolve(model)
+    llm, tokenizer = load_model(model, device=device)
+    chosen = [
+        sample
+        for name in plan.tasks
+        for sample in tasks.load_samples(
+            name, length=plan.length, samples=plan.samples, seed=seed, tokenizer=tokenizer
+        )
+    ]
+    counts = measure_samples(llm, tokenizer, chosen, new_tokens=new_tokens, log=click.echo)
+    command = (
+        f"kvbench memdecay lifetimes --model {model} --out {out} --suite {suite} --length {plan.length} "
+        f"--samples {plan.samples} --new-tokens {new_tokens} --seed {seed} --resamples {resamples}"
+    )
+    card = {
+        "model": model,
+        "tasks": plan.tasks,
+        "length": plan.length,
+        "samples": len(chosen),
+        "new_tokens": new_tokens,
+        "seed": seed,
+        "command": command,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
+    result = write_results(out, counts, card, resamples)
+    for (curve, quantity), (value, low, high) in result["fits"].items():
+        click.echo(f"{curve:<24} {quantity:<9} {value:10.4g}  [{low:.4g}, {high:.4g}]")
+    click.echo(f"area window: ages 1..{result['window']}; written to {out}")
