@@ -30,6 +30,8 @@ LAYERS = [
     ("kvbench.reporting.*", 5),
     ("kvbench.serving", 5),
     ("kvbench.serving.*", 5),
+    ("kvbench.substrate", 5),
+    ("kvbench.substrate.*", 5),
     # 4: the engine: protocols and the batched decoder
     ("kvbench.engine", 4),
     ("kvbench.decoder", 4),
