@@ -127,7 +127,7 @@ def test_training_lowers_the_kl(model):
     generator = torch.Generator().manual_seed(2)
     texts = [torch.randint(0, 128, (1, 24), generator=generator) for _ in range(3)]
     config = TrainConfig(keep=0.5, steps=30, eval_every=10, lr=0.05, length=24)
-    gates, card = train(model.float(), None, config, log=lambda line: None, texts=(texts, texts))
+    gates, card = train(model.float(), config, (texts, texts), log=lambda line: None)
     validation = card["validation"]
     assert validation["kl"] < 0.9 * validation["kl_ungated_start"]
     assert abs(validation["mean_gate"] - 0.5) < 0.05  # the sparsity term holds the keep fraction

@@ -43,9 +43,13 @@ def train(out, model, device, **options):
     """Train the gates on generated texts with the model frozen; save the best (by validation KL)."""
     import sys
 
+    import torch
+
     from kvbench.learned.gate.checkpoint import save_gates
+    from kvbench.learned.gate.train import TRAIN_SEED, VAL_SEED
     from kvbench.learned.gate.train import train as train_gates
     from kvbench.models import check_device, load_model, load_tokenizer, resolve
+    from kvbench.perplexity import generated_texts
     from kvbench.results import check_folder_writable
 
     check_folder_writable(out, "--out folder")
@@ -53,7 +57,14 @@ def train(out, model, device, **options):
     resolve(model)
     config = TrainConfig(**options)
     llm, _ = load_model(model, device=device)
-    gates, card = train_gates(llm, load_tokenizer(model), config, log=click.echo)
+    tokenizer = load_tokenizer(model)
+
+    def texts(count: int, seed: int) -> list:
+        made = generated_texts(tokenizer, config.source, count, config.length, seed)
+        return [torch.tensor([text.ids]) for text in made]
+
+    data = (texts(config.texts, TRAIN_SEED), texts(config.val_texts, VAL_SEED))
+    gates, card = train_gates(llm, config, data, log=click.echo)
     save_gates(out, gates, {**card, "command": "kvbench " + " ".join(sys.argv[1:])})
     click.echo(f"wrote {out}")
 

@@ -39,12 +39,6 @@ class TrainConfig:
     seed: int = 0
 
 
-def make_texts(tokenizer, source: str, count: int, length: int, seed: int) -> list[torch.Tensor]:
-    from kvbench.perplexity import generated_texts
-
-    return [torch.tensor([text.ids]) for text in generated_texts(tokenizer, source, count, length, seed)]
-
-
 class GateTap:
     """The gates, remembering every layer's gate values of the last forward (for the sparsity term)."""
 
@@ -84,20 +78,16 @@ def validate(model, gates: GateSet, texts, keep: float) -> dict:
     }
 
 
-def train(model, tokenizer, config: TrainConfig, log=print, texts=None):
+def train(model, config: TrainConfig, texts, log=print):
     """Trained gates, and the card's fields (training, data, validation). `texts`: (train, val) lists of
-    (1, length) token ids instead of the generated ones (tests train on random ids)."""
+    (1, length) token ids: the command makes them from the live-cache protocol's generators, at TRAIN_SEED
+    and VAL_SEED (layer 6 may import kvbench.perplexity; this module may not); tests give random ids."""
     from kvbench.learned.common import model_shape
 
     torch.manual_seed(config.seed)
     model.requires_grad_(False)
     shape = model_shape(model)
     gates = GateSet(shape.num_layers, shape.num_kv_heads, shape.head_dim, config.keep).to(model.device)
-    if texts is None:
-        texts = (
-            make_texts(tokenizer, config.source, config.texts, config.length, TRAIN_SEED),
-            make_texts(tokenizer, config.source, config.val_texts, config.length, VAL_SEED),
-        )
     train_texts, val_texts = texts
     optimizer = torch.optim.Adam(gates.parameters(), lr=config.lr)
     start = time.perf_counter()
