@@ -2,7 +2,8 @@
 on a GPU, or before and after a change.
 
     uv run python benchmarks/compare_rows.py results/reference-cuda results/reference
-    uv run python benchmarks/compare_rows.py results/reference-qevict-sampled results/reference-memory --by-budget
+    uv run python benchmarks/compare_rows.py \
+        results/reference-qevict-sampled results/reference-memory --by-budget
 
 --by-budget pairs rows of the same press, budget and protocol whatever their press arguments (one setting
 of a press against another: QEvict's sampled queries against every query), per press and budget, with the
