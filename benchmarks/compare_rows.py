@@ -77,7 +77,9 @@ def budget_differences(pairs: pd.DataFrame) -> pd.DataFrame:
         )
 
     keys = ["press", "memory", "ratio"]
-    return pairs.groupby(keys, dropna=False)[pairs.columns.difference(keys)].apply(summary)
+    table = pairs.groupby(keys, dropna=False)[pairs.columns.difference(keys)].apply(summary)
+    assert isinstance(table, pd.DataFrame)  # summary returns a Series per group: apply stacks them as rows
+    return table
 
 
 def main() -> None:

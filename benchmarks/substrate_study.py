@@ -2,8 +2,8 @@
 design of tiny byte-level models (kvbench.substrate) for each seed, evaluate live-cache perplexity under
 eviction, then write the summary table and the plot.
 
-    nice -n 10 uv run python benchmarks/substrate_study.py --out results/reference-substrate
-    uv run python benchmarks/substrate_study.py --out results/reference-substrate --summarise-only
+    nice -n 10 uv run python benchmarks/substrate_study.py --out results/study-substrate
+    uv run python benchmarks/substrate_study.py --out results/study-substrate --summarise-only
 
 A rerun resumes: models already in <out>/rows.jsonl are skipped.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("results/reference-substrate"))
+    ap.add_argument("--out", type=Path, default=Path("results/study-substrate"))
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--n-eval", type=int, default=32)

@@ -14,12 +14,13 @@ from kvbench.presses import PRESSES, UnknownPress, build_press, check_press_runn
 from kvbench.presses.h2o import H2OPress
 
 # Presses that need something this machine lacks (hub files, trained weights or a calibration made for
-# the model: tested in test_kvp*, test_distillcache, test_memdecay), and those set by a knob of their own at
-# ratio 0 (dms, simlayerkv, per_layer_compression: tested in test_kvpress_presses).
+# the model: tested in test_kvp*, test_distillcache, test_memdecay, test_gate), and those set by a knob of
+# their own at ratio 0 (dms, simlayerkv, per_layer_compression: tested in test_kvpress_presses).
 NOT_OFFLINE = {name for name, spec in PRESSES.items() if "hub" in spec.needs or spec.knob} | {
     "kvp",
     "distillcache",
     "memdecay",
+    "gate",
     "none",
 }
 OFFLINE = sorted(set(PRESSES) - NOT_OFFLINE)

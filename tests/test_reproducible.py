@@ -16,6 +16,8 @@ from kvbench.config import Config
 from kvbench.engine import evaluate_sample
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.gate.checkpoint import save_gates
+from kvbench.learned.gate.gates import GateSet
 from kvbench.learned.kvp.agent import KVPAgents
 from kvbench.learned.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import load_model
@@ -70,10 +72,16 @@ def setup(tiny_model_dir):
     (memdecay / "calibration.json").write_text(json.dumps({**calibration, "model": tiny_model_dir}))
     policy = Path(tiny_model_dir) / "distillcache"
     save_policy(policy, DistillCachePolicy(hidden=8), {"model": vars(shape)})
+    gate_weights = Path(tiny_model_dir) / "gate"
+    gates = GateSet(shape.num_layers, shape.num_kv_heads, shape.head_dim)
+    with torch.no_grad():
+        gates.weight.normal_(generator=torch.Generator().manual_seed(3))
+    save_gates(gate_weights, gates, {"model": vars(shape), "training": {}, "validation": {}})
     press_args = {
         "kvp": (("agents", str(agents)),),
         "memdecay": (("calibration", str(memdecay)),),
         "distillcache": (("weights", str(policy)),),
+        "gate": (("weights", str(gate_weights)),),
     }
     return model, tokenizer, sample, press_args
 
