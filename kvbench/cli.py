@@ -39,7 +39,7 @@ LAZY_COMMANDS = {
     ),
     "gate": (
         "kvbench.learned.gate.command:gate",
-        "Learned sigmoid gates per KV head: trained soft on the frozen model, evicting hard (see `train`).",
+        "Learned sigmoid gates per (layer, KV head): trained soft on the frozen model, evicting hard.",
     ),
     "lm-eval": (
         "kvbench.lmeval:lm_eval_command",

@@ -19,12 +19,14 @@ from kvbench.speed import DEFAULT_LENGTHS, DEFAULT_PRESSES, cost_table, plan_spe
 @click.option("--out", default="results/speed", show_default=True, help="Folder of costs.jsonl (resumed).")
 @model_options
 def speed(presses, memory, ratios, lengths, new_tokens, repeats, press_args, out, model, device, dtype):
-    """What each press costs when it runs alone, unbatched, as deployed: on random context tokens, the
-    prefill's time with compression against without (fastest of --repeats, interleaved), greedy decoding's
-    tokens per second on the compressed cache, and the cache's bytes as allocated (tensor storage) beside
-    kvbench's accounting. kvbench's codecs hand attention dequantised tensors: their allocated bytes are
-    not their accounted ones. One line a (press, budget, length, device) in OUT/costs.jsonl; a stopped run
-    resumes; a run record in OUT/runs/.
+    """What each press costs run alone: prefill overhead, decode tokens/s, allocated vs accounted bytes.
+
+    Each press runs alone, unbatched, as deployed, on random context tokens: the prefill's time with
+    compression against without (fastest of --repeats, interleaved), greedy decoding's tokens per second on
+    the compressed cache, and the cache's bytes as allocated (tensor storage) beside kvbench's accounting.
+    kvbench's codecs hand attention dequantised tensors: their allocated bytes are not their accounted
+    ones. One line a (press, budget, length, device) in OUT/costs.jsonl; a stopped run resumes; a run
+    record in OUT/runs/.
 
     \b
     Examples:

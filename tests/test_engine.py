@@ -15,6 +15,8 @@ from kvbench.decoder import BatchedDecoder
 from kvbench.engine import evaluate_sample
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.gate.checkpoint import save_gates
+from kvbench.learned.gate.gates import GateSet
 from kvbench.learned.kvp.agent import KVPAgents
 from kvbench.learned.kvp.checkpoint import model_shape, save_agents
 from kvbench.models import embedded_folder, load_model, load_tokenizer
@@ -93,6 +95,15 @@ def save_random_distillcache_policy(model, directory) -> str:
     return str(directory)
 
 
+def save_random_gates(model, directory) -> str:
+    shape = model_shape(model)
+    gates = GateSet(shape.num_layers, shape.num_kv_heads, shape.head_dim)
+    with torch.no_grad():
+        gates.weight.normal_(generator=torch.Generator().manual_seed(1))
+    save_gates(directory, gates, {"model": vars(shape), "training": {}, "validation": {}})
+    return str(directory)
+
+
 def registry_configs(model, tmp_path) -> list[Config]:
     """Every press of the registry that runs offline: shareable ones at several ratios, the others at one."""
     # pyramidkv, chunkkv: per-layer cache lengths, which kvpress's pipeline decodes only with flash attention;
@@ -108,6 +119,8 @@ def registry_configs(model, tmp_path) -> list[Config]:
         args = (("agents", save_random_kvp_agents(model, tmp_path / "kvp")),) if name == "kvp" else ()
         if name == "distillcache":
             args = (("weights", save_random_distillcache_policy(model, tmp_path / "distillcache")),)
+        if name == "gate":
+            args = (("weights", save_random_gates(model, tmp_path / "gate")),)
         shareable = adapter.is_shareable(config_press(Config(name, 0.5, args)))
         # Codecs store every entry in fewer bits: the highest ratios ask for less memory than 2 bits take.
         ratios = RATIOS if shareable else (0.5,)
