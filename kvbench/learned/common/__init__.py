@@ -54,6 +54,19 @@ def shipped_state_dir(method: str, name: str) -> Path:
     return resources.learned_state_dir(method, folder_name(name))
 
 
+def state_folder(weights: str | None, method: str, name: str) -> Path:
+    """The folder a learned press reads: its `weights` argument, or the shipped state of model `name`."""
+    return Path(weights) if weights else shipped_state_dir(method, name)
+
+
+def state_version(directory: Path) -> tuple[Path, int]:
+    """The resolved folder and its card's modification time: the key under which a press caches the
+    loaded state, so that a retrained state on disk is read again (0 when there is no card: loading
+    then refuses it in one line)."""
+    card = directory / "card.json"
+    return directory.resolve(), card.stat().st_mtime_ns if card.is_file() else 0
+
+
 def train_command_hint(method: str, name: str, press_arg: str) -> str:
     """The commands that make `method`'s state for model `name`, for error messages."""
     data = f"data/{method}/{folder_name(name)}"

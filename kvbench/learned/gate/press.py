@@ -16,8 +16,8 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
-from kvbench.learned.common import check_made_for, model_shape, read_card
-from kvbench.learned.gate.checkpoint import METHOD, default_weights_dir, load_gates, train_command_hint
+from kvbench.learned.common import check_made_for, model_shape, read_card, state_folder, state_version
+from kvbench.learned.gate.checkpoint import METHOD, load_gates, train_command_hint
 from kvbench.learned.gate.gates import GateSet
 
 
@@ -44,16 +44,13 @@ class GatePress(ScorerPress):
     def check_for_model(self, name: str) -> None:
         """Refuse (one line) a missing or corrupt card, or one made for another model, before the model
         loads; the weights and the KV-cache shape are checked once it has."""
-        directory = Path(self.weights) if self.weights else default_weights_dir(name)
-        hint = train_command_hint(name)
+        directory, hint = state_folder(self.weights, METHOD, name), train_command_hint(name)
         check_made_for(read_card(directory, METHOD, hint), name, directory, "gate weights", hint)
 
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)
-        directory = Path(self.weights) if self.weights else default_weights_dir(shape.name)
-        card_file = directory / "card.json"
-        modified = card_file.stat().st_mtime_ns if card_file.is_file() else 0
-        self.gates, _, self.state_digest = cached_gates(directory.resolve(), shape, modified, model.device)
+        directory, modified = state_version(state_folder(self.weights, METHOD, shape.name))
+        self.gates, _, self.state_digest = cached_gates(directory, shape, modified, model.device)
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         return self.gates.logits(module.layer_idx, keys, values).to(keys.dtype)
