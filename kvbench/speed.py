@@ -215,7 +215,12 @@ def run_speed(plan: SpeedPlan, model_name: str, device: str = "cpu", dtype: str 
                 file.write(json.dumps(asdict(cost)) + "\n")
                 file.flush()
                 costs[cost.key()] = cost
-    config = {"lengths": plan.lengths, "new_tokens": plan.new_tokens, "repeats": plan.repeats}
+    config = {
+        "model": model_name,
+        "lengths": plan.lengths,
+        "new_tokens": plan.new_tokens,
+        "repeats": plan.repeats,
+    }
     config["configs"] = [asdict(config_) for config_ in plan.configs]
     summary = {
         f"{c.press} {c.memory or c.ratio} @{c.tokens}": round(c.prefill_overhead, 4) for c in costs.values()

@@ -232,7 +232,10 @@ def views(board: Leaderboard) -> list[ScoreView]:
     return [view for view in (board.ratio, board.budget, board.memory) if view is not None]
 
 
-def leaderboard_blocks(board: Leaderboard, out_dir: Path, styles: dict[str, Style]) -> list:
+def leaderboard_blocks(
+    board: Leaderboard, out_dir: Path, styles: dict[str, Style], cost_blocks: tuple | list = ()
+) -> list:
+    """The board's sections; `cost_blocks` (the accuracy-against-cost view) go after the memory view."""
     blocks = [Heading(board.title)]
     if board.protocol != DEFAULT_PROTOCOL:
         blocks.append(
@@ -254,6 +257,7 @@ def leaderboard_blocks(board: Leaderboard, out_dir: Path, styles: dict[str, Styl
         blocks += budget_blocks(board, out_dir / f"{stem}-budget.png", styles)
     if board.has_bytes and not board.memory_points.empty:
         blocks += memory_blocks(board, out_dir / f"{stem}-memory.png", styles)
+    blocks += cost_blocks
     blocks += part_blocks(board)
     if board.ratio is not None and not board.ratio.average.empty:
         blocks += detail_blocks(board, out_dir, stem)

@@ -8,6 +8,7 @@ import click
 from kvbench.errors import NoResults
 from kvbench.reporting.browser import SCREENSHOT_SIZE, require_browser
 from kvbench.reporting.browser import screenshot as take_screenshot
+from kvbench.reporting.costs import read_costs
 from kvbench.reporting.read import split_press_labels
 from kvbench.reporting.render import render_report
 from kvbench.results import check_folder_writable
@@ -46,6 +47,14 @@ from kvbench.results import check_folder_writable
     "--versus kvp@58260c05679a. Default: only each press's latest state, the others set aside.",
 )
 @click.option(
+    "--costs",
+    "costs_dir",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Set each press's score beside its cost as `kvbench speed --out DIR` measured it (prefill overhead, "
+    "decoding speed, allocated bytes), at the same press and budget: a table and a plot per leaderboard.",
+)
+@click.option(
     "--screenshot",
     is_flag=True,
     help="Also write screenshot.png: the top of index.html as headless Chromium shows it at "
@@ -58,17 +67,19 @@ def report(
     versus: str | None,
     presses: str | None,
     every_state: bool,
+    costs_dir: Path | None,
     screenshot: bool,
 ):
     """Leaderboards, per-task tables and plots from one or more results folders."""
     if screenshot:
         require_browser()  # before any work
     check_folder_writable(out, "--out folder")  # before any row is read
+    costs = read_costs(costs_dir) if costs_dir is not None else None  # checked before any row is read too
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             chosen = split_press_labels(presses) if presses else None
-            out_dir = render_report(list(result_dirs), out, recursive, versus, chosen, every_state)
+            out_dir = render_report(list(result_dirs), out, recursive, versus, chosen, every_state, costs)
         except NoResults as error:
             out_dir = error
     for caught_warning in caught:  # one line each, not Python's two-line warning format

@@ -10,6 +10,7 @@ from pathlib import Path
 from kvbench.errors import BadInput
 from kvbench.reporting.blocks import Code, Heading, Image, Paragraph, Table, leaderboard_blocks
 from kvbench.reporting.boards import build_leaderboards, unscored_note
+from kvbench.reporting.costs import Costs, cost_blocks
 from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
 from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
@@ -74,12 +75,14 @@ def render_report(
     versus: str | None = None,
     presses: list[str] | None = None,
     every_state: bool = False,
+    costs: Costs | None = None,
 ) -> Path:
     """Write README.md, index.html and the PNG plots of the results in `result_dirs` (one folder or a
     list; with `recursive`, the folders below them too) into `out`; the folder written. `versus`: a press,
     as the leaderboard names it, that every other press is compared to, paired by sample. `presses`: only
     these presses (as the leaderboard names them) and the reference; None: every press of the results.
-    `every_state`: rows of a learned press's older states as presses of their own (PRESS@STATE)."""
+    `every_state`: rows of a learned press's older states as presses of their own (PRESS@STATE). `costs`:
+    what `kvbench speed` measured (`read_costs`), set beside each leaderboard's scores."""
     if isinstance(result_dirs, (str, Path)):
         result_dirs = [result_dirs]
     collected = collect(result_dirs, recursive, every_state)
@@ -98,7 +101,8 @@ def render_report(
     blocks += [Paragraph(note) for note in notes if note]
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
     for board in boards:
-        blocks += leaderboard_blocks(board, out_dir, styles)
+        costed = cost_blocks(board, costs, out_dir, styles) if costs is not None else []
+        blocks += leaderboard_blocks(board, out_dir, styles, costed)
     blocks += perplexity_blocks(collected.rows[perplexity], out_dir, styles)
     (out_dir / "README.md").write_text(to_markdown(TITLE, blocks))
     (out_dir / "index.html").write_text(to_html(TITLE, blocks))
