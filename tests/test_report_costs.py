@@ -85,7 +85,7 @@ def test_costs_of_the_shortest_length_when_none_is_the_boards(tmp_path):
 
 def test_costs_of_another_model_are_not_set_beside_the_scores(tmp_path):
     results = write_results(tmp_path / "results", memory_rows())
-    costs = read_costs(write_costs(tmp_path / "speed", COSTS, model="qwen"))
+    costs = write_costs(tmp_path / "speed", COSTS, model="qwen")  # a folder, as the API takes it
     readme = (render_report([results], tmp_path / "report", costs=costs) / "README.md").read_text()
     assert "not set beside this leaderboard: they were measured on qwen" in readme
     assert not (tmp_path / "report" / "smollm2-135m-1024-costs.png").exists()

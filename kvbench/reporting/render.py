@@ -10,7 +10,7 @@ from pathlib import Path
 from kvbench.errors import BadInput
 from kvbench.reporting.blocks import Code, Heading, Image, Paragraph, Table, leaderboard_blocks
 from kvbench.reporting.boards import build_leaderboards, unscored_note
-from kvbench.reporting.costs import Costs, cost_blocks
+from kvbench.reporting.costs import Costs, cost_blocks, read_costs
 from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
 from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
@@ -75,14 +75,17 @@ def render_report(
     versus: str | None = None,
     presses: list[str] | None = None,
     every_state: bool = False,
-    costs: Costs | None = None,
+    costs: Costs | Path | str | None = None,
 ) -> Path:
     """Write README.md, index.html and the PNG plots of the results in `result_dirs` (one folder or a
     list; with `recursive`, the folders below them too) into `out`; the folder written. `versus`: a press,
     as the leaderboard names it, that every other press is compared to, paired by sample. `presses`: only
     these presses (as the leaderboard names them) and the reference; None: every press of the results.
     `every_state`: rows of a learned press's older states as presses of their own (PRESS@STATE). `costs`:
-    what `kvbench speed` measured (`read_costs`), set beside each leaderboard's scores."""
+    what `kvbench speed` measured (its --out folder, or `read_costs` of it), set beside each leaderboard's
+    scores."""
+    if isinstance(costs, (str, Path)):
+        costs = read_costs(costs)  # checked before any row is read
     if isinstance(result_dirs, (str, Path)):
         result_dirs = [result_dirs]
     collected = collect(result_dirs, recursive, every_state)
