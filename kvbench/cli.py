@@ -545,8 +545,12 @@ def prefix_cache(
         device,
         dtype,
     )
+    from kvbench.reporting.prefix_cache import render
+
+    plots = render(out)
     click.echo(table(summaries))
-    click.echo(f"rows: {out}/requests.jsonl  summary: {out}/summary.json")
+    click.echo(f"rows: {out}/requests.jsonl  summary: {out}/summary.json, summary.md")
+    click.echo("plots: " + ", ".join(str(path) for path in plots))
 
 
 if __name__ == "__main__":

@@ -322,16 +322,70 @@ def test_snapkv_window_longer_than_an_entry_is_refused(tmp_path, tiny_llama_dir)
     assert not out.exists()
 
 
-def test_command_writes_trace_rows_and_summary(tmp_path, tiny_llama_dir, one_thread):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def command_run(tmp_path_factory, tiny_llama_dir):
+    """A `kvbench prefix-cache` run on the tiny model, compressed rows included: (its folder, its args)."""
+    out = tmp_path_factory.mktemp("prefix-cache") / "out"
     args = ["prefix-cache", "--out", str(out), "--model", tiny_llama_dir, "--requests", "6"]
     args += ["--chunk-chars", "40", "--budgets", "0.01,1", "--answer-tokens", "1"]
+    args += ["--press", "knorm", "--ratio", "0.5"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     result = CliRunner().invoke(main, args)
+    torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
+    return out, args
+
+
+def test_command_writes_trace_rows_and_summary(command_run):
+    out, args = command_run
     summary = json.loads((out / "summary.json").read_text())
-    policies = [s["policy"] for s in summary["summary"]["policies"]]
-    assert policies == ["none", "prefix", "prefix", "chunk", "chunk", "pegasus", "pegasus"]
-    assert len((out / "requests.jsonl").read_text().splitlines()) == 6 * 7
+    runs = [(s["policy"], s["press"]) for s in summary["summary"]["policies"]]
+    pairs = [("prefix", "none"), ("prefix", "knorm@0.5")] * 2
+    pairs += [("chunk", "none"), ("chunk", "knorm@0.5")] * 2 + [
+        ("pegasus", "none"),
+        ("pegasus", "knorm@0.5"),
+    ] * 2
+    assert runs == [("none", "none"), *pairs]
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 6 * 13
     assert read_trace(out / "trace.jsonl").requests  # the trace replayed is an artefact that reads back
+    assert "| prefix | knorm@0.5 | 1 |" in (out / "summary.md").read_text()
     again = CliRunner().invoke(main, args)  # the folder holds a run: refused, nothing overwritten
     assert again.exit_code == 2
+
+
+def test_plots_hold_one_series_per_run(command_run):
+    from matplotlib.image import imread
+
+    from kvbench.reporting import prefix_cache as plots
+
+    out, _ = command_run
+    summaries = json.loads((out / "summary.json").read_text())["summary"]["policies"]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    policies = ["none", "prefix", "chunk", "pegasus"]
+    markdown = (out / "summary.md").read_text()
+    for name in plots.PLOTS:
+        assert f"]({name})" in markdown
+        height, width, _ = imread(out / name).shape
+        assert width > height > 300
+    # TTFT: one step line per run (13), each over every request, labelled with its policy, press and budget
+    (ax,) = plots.ttft_figure(rows, policies).axes
+    lines = ax.get_lines()
+    assert len(lines) == len(summaries) == 13
+    assert all(len(line.get_xdata()) == 6 for line in lines)
+    assert {line.get_label() for line in lines} >= {"none", "pegasus + knorm@0.5, 1 MiB", "chunk, 0.01 MiB"}
+    assert sum(line.get_linestyle() == "--" for line in lines) == 6  # the compressed runs
+    # hit rate: one line per (policy, press) over the two budgets, at the summaries' values
+    (ax,) = plots.hit_rate_figure(summaries, policies).axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert len(lines) == 6
+    for s in summaries[1:]:
+        line = lines[plots.run_label(s["policy"], s["press"])]
+        assert s["hit_rate"] in list(line.get_ydata())
+    # accuracy: one point per run on each panel, at its TTFT ratio and its accuracy
+    error_ax, same_ax = plots.accuracy_figure(summaries, policies).axes
+    assert len(error_ax.collections) == len(same_ax.collections) == 13
+    base = summaries[0]["ttft_total_s"]
+    for s, point in zip(summaries, same_ax.collections, strict=True):
+        x, y = point.get_offsets()[0]
+        assert x == pytest.approx(s["ttft_total_s"] / base) and y == pytest.approx(s["answer_same"])
