@@ -209,6 +209,41 @@ def attention_hooks(model, hook, *, pre: bool = False, rotary: bool = False):
             handle.remove()
 
 
+@contextlib.contextmanager
+def attention_inputs(model):
+    """Each attention layer's inputs in the block's forwards, as a press's hook reads them: layer index ->
+    (hidden_states, position_embeddings) of the last forward."""
+    inputs = {}
+
+    def hook(module, args, kwargs):
+        inputs[module.layer_idx] = (kwargs["hidden_states"], kwargs["position_embeddings"])
+
+    with attention_hooks(model, hook, pre=True, rotary=True):
+        yield inputs
+
+
+def compress_entry(press: BasePress, module, inputs: tuple, position: int, keys, values, attentions: bool):
+    """The keys and values [1, heads, n, dim] of n consecutive tokens at positions `position`... as `press`
+    keeps them when those tokens are the whole prefill: kvpress's prefill hook, called on a one-layer cache
+    that holds only them, with their own attention inputs (`inputs`: hidden states and position
+    embeddings, from `attention_inputs`) and, for presses that score with them, the attention weights among
+    them. This is how kvpress's ChunkPress compresses each chunk of a context: alone."""
+    hidden_states, position_embeddings = inputs
+    n = keys.shape[2]
+    cache = single_layer_cache(module.layer_idx, keys, values)
+    kwargs = {
+        "hidden_states": hidden_states,
+        "past_key_values": cache,
+        "position_embeddings": position_embeddings,
+        "cache_position": torch.arange(n, device=keys.device),  # a prefill of these tokens alone
+        "position_ids": torch.arange(position, position + n, device=keys.device)[None],  # where they sit
+    }
+    weights = attention_weights(module, hidden_states, position_embeddings, keys) if attentions else None
+    press.forward_hook(module, [], kwargs, (None, weights))
+    layer = cache.layers[module.layer_idx]
+    return layer.keys, layer.values
+
+
 # Scorers whose scores do not depend on the compression ratio (only how many of them are kept does), and
 # are deterministic; StreamingLLM and H2O place their windows by ratio, RandomPress without a seed draws anew.
 RATIO_FREE_SCORERS = (

@@ -488,20 +488,69 @@ def list_tasks():
 @click.option(
     "--answer-tokens", default=4, show_default=True, help="Greedy tokens after the first, to compare answers."
 )
+@click.option(
+    "--press",
+    default="none",
+    show_default=True,
+    help="Also run every reusing policy with its stored entries compressed by this press (see `kvbench "
+    "presses`; an evictor that scores in kvpress's hook: knorm, snapkv, tova, kvp, ...).",
+)
+@click.option(
+    "--ratio", default=None, help="With --press: fraction of each entry's KV entries removed, [0, 1)."
+)
+@click.option(
+    "--press-arg",
+    "press_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Press parameter (repeatable), e.g. window_size=8 for snapkv on 16-token blocks.",
+)
 @model_options
 def prefix_cache(
-    out, trace_path, policies, budgets, block, transition_tol, answer_tokens, model, device, dtype, **made
+    out,
+    trace_path,
+    policies,
+    budgets,
+    block,
+    transition_tol,
+    answer_tokens,
+    press,
+    ratio,
+    press_args,
+    model,
+    device,
+    dtype,
+    **made,
 ):
     """Replay a request trace against a byte-budgeted prefix store, policy by policy: TTFT, hit rate, reuse
-    and accuracy against a full recompute (Pegasus's stateful path caching among them)."""
+    and accuracy against a full recompute (Pegasus's stateful path caching among them), and with --press
+    the same policies with compressed entries. Writes the trace, rows, summary.md and its plots to OUT."""
+    from kvbench.presses import parse_press_args
     from kvbench.serving.bench import run, table
 
     made["interleave"] = not made.pop("no_interleave")
     summaries = run(
-        out, trace_path, made, policies, budgets, block, transition_tol, answer_tokens, model, device, dtype
+        out,
+        trace_path,
+        made,
+        policies,
+        budgets,
+        block,
+        transition_tol,
+        answer_tokens,
+        press,
+        ratio,
+        parse_press_args(press_args),
+        model,
+        device,
+        dtype,
     )
+    from kvbench.reporting.prefix_cache import render
+
+    plots = render(out)
     click.echo(table(summaries))
-    click.echo(f"rows: {out}/requests.jsonl  summary: {out}/summary.json")
+    click.echo(f"rows: {out}/requests.jsonl  summary: {out}/summary.json, summary.md")
+    click.echo("plots: " + ", ".join(str(path) for path in plots))
 
 
 if __name__ == "__main__":

@@ -117,7 +117,10 @@ def model_config(name: str) -> dict | None:
     if not path.is_dir():
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(name, "config.json")
+        try:
+            cached = try_to_load_from_cache(name, "config.json")
+        except ValueError:  # neither a folder nor a hub id (a missing path): loading it says so
+            cached = None
         path = Path(cached).parent if isinstance(cached, str) else None
     if path is None:
         return None

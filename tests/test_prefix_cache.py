@@ -10,11 +10,13 @@ from click.testing import CliRunner
 
 from kvbench.cli import main
 from kvbench.serving.replay import (
+    Compression,
     Settings,
     apply_delta,
     cache_of,
     compare,
     replay,
+    segment_bytes,
     segment_of,
     shift,
     sparse_delta,
@@ -73,6 +75,51 @@ def test_stateless_chunk_reuse_loses_cross_chunk_attention(model):
     ref, _ = replay(model, CharTokenizer(), single, "none", 10**9)
     got = compare(replay(model, CharTokenizer(), single, "chunk", 10**9)[0], ref)
     assert got[1]["reused"] > 0 and got[1]["logit_error"] < 1e-9
+
+
+KNORM = Compression("knorm", 0.5)
+
+
+@pytest.mark.parametrize("policy", ["prefix", "chunk", "pegasus"])
+def test_compressed_store_holds_fewer_bytes_per_entry_within_its_budget(model, policy):
+    trace = hand_trace()
+    budget = 20_000  # bytes: a few entries of the tiny model (a token is 256 bytes)
+    full, _ = replay(model, CharTokenizer(), trace, policy, budget)
+    pressed, run = replay(model, CharTokenizer(), trace, policy, budget, compression=KNORM)
+    for row in full + pressed:
+        assert row["bytes_held"] <= budget
+    per_entry = [
+        sum(r["bytes_held"] for r in rows) / sum(r["entries_held"] for r in rows) for rows in (full, pressed)
+    ]
+    assert per_entry[1] < 0.6 * per_entry[0]  # knorm at 0.5 keeps half of each entry's KV entries
+    # the bytes are those of the entries actually held, counted at 16 bits
+    held = run.store.nodes()
+    assert run.store.held == sum(n.nbytes for n in held)
+    segments = [n.payload[0] if policy == "pegasus" else n.payload for n in held if not n.is_transition]
+    assert [n.nbytes for n in held if not n.is_transition] == [segment_bytes(s) for s in segments]
+    assert max(r["entries_held"] for r in pressed) > max(r["entries_held"] for r in full)  # more fit
+
+
+@pytest.mark.parametrize("policy", ["prefix", "chunk", "pegasus"])
+def test_compression_at_ratio_0_is_the_uncompressed_policy(model, policy):
+    trace = hand_trace()
+    full, _ = replay(model, CharTokenizer(), trace, policy, 20_000)
+    zero, _ = replay(model, CharTokenizer(), trace, policy, 20_000, compression=Compression("knorm", 0.0))
+    keys = ("hits", "misses", "reused", "answer_ids", "bytes_held", "entries_held")
+    assert [[r[k] for k in keys] for r in full] == [[r[k] for k in keys] for r in zero]
+    assert all(torch.equal(a["logits"], b["logits"]) for a, b in zip(full, zero, strict=True))
+
+
+@pytest.mark.parametrize("press", [KNORM, Compression("snapkv", 0.5, (("window_size", 4),))])
+def test_compressed_reuse_moves_the_logits_and_the_error_is_measured(model, press):
+    trace = hand_trace()
+    reference, _ = replay(model, CharTokenizer(), trace, "none", 10**9)
+    rows = compare(replay(model, CharTokenizer(), trace, "prefix", 10**9, compression=press)[0], reference)
+    reusing = [r for r in rows if r["reused"]]
+    assert reusing and min(r["logit_error"] for r in reusing) > 1e-6  # attends to a compressed prefix
+    # a request that reuses nothing answers from the full KV it computed: exact
+    assert all(r["logit_error"] < 1e-9 for r in rows if not r["reused"])
+    assert all(r["compress_s"] > 0 for r in rows if r["misses"])  # the new entries were pressed
 
 
 def states(model, prefix: list[int], chunk: list[int]):
@@ -234,16 +281,111 @@ def test_bad_options_exit_2_writing_nothing(tmp_path, args):
     assert not out.exists()
 
 
-def test_command_writes_trace_rows_and_summary(tmp_path, tiny_llama_dir, one_thread):
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--press", "knrm", "--ratio", "0.5"], "unknown press 'knrm'"),
+        (["--press", "knorm", "--ratio", "1"], "--ratio must be in [0, 1)"),
+        (["--press", "knorm", "--ratio", "nan"], "finite"),
+        (["--press", "knorm", "--ratio", "-0.1"], "--ratio must be in [0, 1)"),
+        (["--press", "knorm"], "needs --ratio"),
+        (["--ratio", "0.5"], "need --press"),
+        (["--press", "quant", "--ratio", "0.5"], "codec"),
+        (["--press", "adakv", "--ratio", "0.5"], "cannot compress a store entry"),
+        (["--press", "knorm", "--ratio", "0.5", "--press-arg", "foo=1"], "no argument 'foo'"),
+    ],
+)
+def test_bad_press_exits_2_before_the_model_loads(tmp_path, args, says):
     out = tmp_path / "out"
+    # a model that does not exist: refused for the press, so the model was never looked for
+    result = CliRunner().invoke(main, ["prefix-cache", "--out", str(out), "--model", "no-such/model", *args])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and says in result.output
+    assert not out.exists()
+
+
+def test_snapkv_window_longer_than_an_entry_is_refused(tmp_path, tiny_llama_dir):
+    out = tmp_path / "out"
+    args = [
+        "prefix-cache",
+        "--out",
+        str(out),
+        "--model",
+        tiny_llama_dir,
+        "--press",
+        "snapkv",
+        "--ratio",
+        "0.5",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "window_size=N with N below 16" in result.output, result.output
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def command_run(tmp_path_factory, tiny_llama_dir):
+    """A `kvbench prefix-cache` run on the tiny model, compressed rows included: (its folder, its args)."""
+    out = tmp_path_factory.mktemp("prefix-cache") / "out"
     args = ["prefix-cache", "--out", str(out), "--model", tiny_llama_dir, "--requests", "6"]
     args += ["--chunk-chars", "40", "--budgets", "0.01,1", "--answer-tokens", "1"]
+    args += ["--press", "knorm", "--ratio", "0.5"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     result = CliRunner().invoke(main, args)
+    torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
+    return out, args
+
+
+def test_command_writes_trace_rows_and_summary(command_run):
+    out, args = command_run
     summary = json.loads((out / "summary.json").read_text())
-    policies = [s["policy"] for s in summary["summary"]["policies"]]
-    assert policies == ["none", "prefix", "prefix", "chunk", "chunk", "pegasus", "pegasus"]
-    assert len((out / "requests.jsonl").read_text().splitlines()) == 6 * 7
+    runs = [(s["policy"], s["press"]) for s in summary["summary"]["policies"]]
+    pairs = [("prefix", "none"), ("prefix", "knorm@0.5")] * 2
+    pairs += [("chunk", "none"), ("chunk", "knorm@0.5")] * 2 + [
+        ("pegasus", "none"),
+        ("pegasus", "knorm@0.5"),
+    ] * 2
+    assert runs == [("none", "none"), *pairs]
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 6 * 13
     assert read_trace(out / "trace.jsonl").requests  # the trace replayed is an artefact that reads back
+    assert "| prefix | knorm@0.5 | 1 |" in (out / "summary.md").read_text()
     again = CliRunner().invoke(main, args)  # the folder holds a run: refused, nothing overwritten
     assert again.exit_code == 2
+
+
+def test_plots_hold_one_series_per_run(command_run):
+    from matplotlib.image import imread
+
+    from kvbench.reporting import prefix_cache as plots
+
+    out, _ = command_run
+    summaries = json.loads((out / "summary.json").read_text())["summary"]["policies"]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    policies = ["none", "prefix", "chunk", "pegasus"]
+    markdown = (out / "summary.md").read_text()
+    for name in plots.PLOTS:
+        assert f"]({name})" in markdown
+        height, width, _ = imread(out / name).shape
+        assert width > height > 300
+    # TTFT: one step line per run (13), each over every request, labelled with its policy, press and budget
+    (ax,) = plots.ttft_figure(rows, policies).axes
+    lines = ax.get_lines()
+    assert len(lines) == len(summaries) == 13
+    assert all(len(line.get_xdata()) == 6 for line in lines)
+    assert {line.get_label() for line in lines} >= {"none", "pegasus + knorm@0.5, 1 MiB", "chunk, 0.01 MiB"}
+    assert sum(line.get_linestyle() == "--" for line in lines) == 6  # the compressed runs
+    # hit rate: one line per (policy, press) over the two budgets, at the summaries' values
+    (ax,) = plots.hit_rate_figure(summaries, policies).axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert len(lines) == 6
+    for s in summaries[1:]:
+        line = lines[plots.run_label(s["policy"], s["press"])]
+        assert s["hit_rate"] in list(line.get_ydata())
+    # accuracy: one point per run on each panel, at its TTFT ratio and its accuracy
+    error_ax, same_ax = plots.accuracy_figure(summaries, policies).axes
+    assert len(error_ax.collections) == len(same_ax.collections) == 13
+    base = summaries[0]["ttft_total_s"]
+    for s, point in zip(summaries, same_ax.collections, strict=True):
+        x, y = point.get_offsets()[0]
+        assert x == pytest.approx(s["ttft_total_s"] / base) and y == pytest.approx(s["answer_same"])

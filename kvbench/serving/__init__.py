@@ -36,6 +36,27 @@ abstract. The choices it leaves open, and why:
   counted as bookkeeping (the store's time) and demotion time (tensor work) apart.
 - Bytes: every cached token costs layers x 2 x KV heads x head_dim x 2 bytes (16 bits, as kvbench's rows
   count them), whatever the dtype the model runs in. The budget must hold at least one block.
-- Not built: compressing the cached states with a kvbench press (compressed prefix caching); see the study
-  page.
+- Compressed prefix caching (`--press NAME --ratio R`): every policy's entries (blocks, states, chunks)
+  are compressed by a press of kvbench's registry before they go into the store, each entry on its own:
+  kvpress's prefill hook is called on a one-layer cache holding only the entry's keys and values, with the
+  entry's own hidden states and position embeddings as queries (kvpress's ChunkPress compresses each chunk
+  of a context so; `adapter.compress_entry`). An entry is a unit the store keeps or drops whole, so its
+  compression cannot depend on what a later request puts beside it.
+- The request that computes an entry answers from the full KV it just computed; the entry is compressed
+  after the first token (`compress_s`, outside TTFT, as inserting is) and only later requests attend to the
+  compressed entry. A serving system has that full KV in hand, and compression is what it pays to keep more
+  of it; so a miss costs what it costs uncompressed, and the error is where the reuse is. Ratio 0 (kvpress's
+  presses leave the entry as it is) gives exactly the uncompressed policy's logits and answers, bit for bit.
+- Positions count tokens, not entries held: tokens after a compressed entry sit where they would after the
+  full one (kvpress's protocol, continuing from the uncompressed length); the kept keys keep their RoPE
+  positions, so the chunk policy's rotation and Pegasus's transitions apply to compressed entries as they
+  are. A transition is made only between two states of a chunk that hold the same number of entries.
+- Bytes of a compressed entry: its kept entries at 16 bits, as kvbench's rows count an evictor's
+  `kv_bytes`; the budget is checked against those, so more entries fit the same budget. Accuracy is what
+  compression costs, measured as for `chunk`: first-token logits and answers against the full recompute.
+- Only presses that compress inside kvpress's hook are offered (scorers and their wrappers, learned ones
+  included: knorm, snapkv, tova, kvp, ...); presses that change the forward, mask heads (AdaKV) or
+  compress while decoding cannot compress one entry alone, and codecs are refused because their groups
+  (32 tokens for quant) are longer than a 16-token block. A SnapKV-style window must be shorter than the
+  shortest entry (`--press-arg window_size=N`).
 """
