@@ -146,17 +146,23 @@ def decode_rate(model, cache, last_hidden, context_tokens: int, steps: int) -> f
 
 def measure_cost(model, config: Config, press, input_ids, plan: SpeedPlan, device: str) -> Cost:
     """One config's Cost on one context, interleaved with the uncompressed prefill and decoding."""
+    from kvbench.adapter import clear_head_masks, masked_entries
     from kvbench.engine import cache_entries, kv_counts
 
     length = input_ids.shape[1]
     runs = []
     for _ in range(plan.repeats):
         none_s, none_cache, none_last = prefill(model, input_ids)
-        press_s, cache, last = prefill(model, input_ids, press)
-        full_bytes, kept_bytes = allocated_bytes(none_cache), allocated_bytes(cache)
-        accounted = kv_counts(model, length, (cache_entries(cache)[0], None), press)
+        full_bytes = allocated_bytes(none_cache)  # before decoding appends to it
         none_rate = decode_rate(model, none_cache, none_last, length, plan.new_tokens)
-        rate = decode_rate(model, cache, last, length, plan.new_tokens)
+        try:
+            press_s, cache, last = prefill(model, input_ids, press)
+            kept_bytes = allocated_bytes(cache)
+            # Head-wise presses (AdaKV's, AnDPro) mask entries they keep allocated: held as the engine counts.
+            accounted = kv_counts(model, length, cache_entries(cache, masked_entries(model)), press)
+            rate = decode_rate(model, cache, last, length, plan.new_tokens)  # under the press's masks
+        finally:
+            clear_head_masks(model)  # they would mask the next uncompressed prefill and decoding
         runs.append((press_s, none_s, rate, none_rate))
     press_s, none_s = min(run[0] for run in runs), min(run[1] for run in runs)
     return Cost(

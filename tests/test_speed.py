@@ -55,6 +55,26 @@ def test_a_second_run_resumes_and_a_damaged_file_is_refused(costs, tiny_llama_di
         speed.plan_speed("knorm", "64", plan.out, memory="0.25")
 
 
+def test_head_wise_masks_count_as_evicted_and_never_outlive_their_press(tiny_llama_dir, tmp_path, one_thread):
+    """AnDPro (kvpress's AdaKV underneath) masks the entries it evicts and keeps them allocated: accounted
+    as the engine counts them (a quarter of the entries at memory 0.25), allocated in full, and its masks
+    are cleared before the next uncompressed prefill."""
+    from kvbench.adapter import masked_entries
+    from kvbench.models import load_model
+
+    plan = speed.plan_speed("andpro", "64", tmp_path / "out", memory="0.25", new_tokens=2, repeats=2)
+    [andpro] = speed.run_speed(plan, tiny_llama_dir)
+    assert andpro.allocated_bytes == andpro.allocated_bytes_full
+    assert andpro.accounted_bytes == pytest.approx(0.25 * andpro.accounted_bytes_full, rel=0.05)
+    model, _ = load_model(tiny_llama_dir)
+    config = plan.configs[0]
+    from kvbench.presses import config_press
+
+    ids = torch.randint(0, model.config.vocab_size, (1, 64))
+    speed.measure_cost(model, config, config_press(config), ids, plan, "cpu")
+    assert masked_entries(model) == 0
+
+
 def fail_if_loaded(*args, **kwargs):
     raise AssertionError("a bad input must fail before the model loads")
 
