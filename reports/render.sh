@@ -52,6 +52,8 @@ uv run kvbench report results/reference results/reference-mixed-agents --out rep
 uv run kvbench report results/reference-heldout results/reference-heldout-agents --out reports/reference-heldout-agents --versus kvp
 # README "Memory leaderboard (embedded model, RULER at 1k tokens, by bytes)"
 uv run kvbench report results/reference-memory --out reports/reference-memory --versus kvp
+# performance.md "The cost board at 1k and 4k": the memory board beside what kvbench speed measured
+uv run kvbench report results/reference-memory --out reports/reference-memory-costs --costs results/study-costs
 # README "Agent traces under the streaming protocol"
 uv run kvbench report results/reference-agent-ratio --out reports/reference-agent-ratio --versus kvp --every-state
 uv run kvbench report results/reference-agent-streaming --out reports/reference-agent-streaming --versus kvp --every-state --presses kvp,kvp@58260c05679a,distillcache,snapkv,streaming_llm,tova,memdecay,h2o,qevict,knorm
