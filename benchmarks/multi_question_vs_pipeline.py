@@ -112,9 +112,8 @@ def main() -> None:
     for name, other in (("per question", naive), ("the list", together)):
         agree = sum(a == b for a, b in zip(engine, other, strict=True))
         print(f"  engine = pipeline {name}: {agree}/{len(engine)}")
-    print(
-        f"  per question = the list: {sum(a == b for a, b in zip(naive, together, strict=True))}/{len(engine)}"
-    )
+    pipelines_agree = sum(a == b for a, b in zip(naive, together, strict=True))
+    print(f"  per question = the list: {pipelines_agree}/{len(engine)}")
 
 
 if __name__ == "__main__":
