@@ -4,8 +4,9 @@ phases allow: the profile behind `benchmarks/sweep_vs_naive.py`'s ratio.
     uv run python benchmarks/engine_profile.py [--length 2048] [--threads 1] [--repeats 3]
 
 One RULER context (niah_single_2) on the embedded model, the 8 presses x 4 ratios of sweep_vs_naive. Each
-phase is timed alone, fastest of `--repeats` (one thread by default: a second thread on a 2-core machine
-shared with other work measures the neighbours):
+phase is timed alone (one thread by default: a second thread on a 2-core machine shared with other work
+measures the neighbours): the prefills and the stacking the fastest of `--repeats`, the question once per
+row count, a step the mean of 5 after 5 untimed ones:
 
 - the prefill of the context, plain, and as the engine runs it (attention weights for h2o, then every
   config's compression in the layer hooks);
