@@ -26,7 +26,7 @@ from pathlib import Path
 from kvbench.config import Config
 from kvbench.errors import BadInput, DataFileError
 from kvbench.planning import configs_for_sweep, split
-from kvbench.validation import STRICT, check_json, parse_int
+from kvbench.validation import STRICT, Count, Memory, Positive, PositiveReal, Ratio, check_json, parse_int
 
 COSTS_FILE = "costs.jsonl"
 DEFAULT_PRESSES = "knorm,snapkv,tova,streaming_llm,kvp,qevict,memdecay,quant"
@@ -41,20 +41,20 @@ class Cost:
     __pydantic_config__ = STRICT
 
     press: str
-    ratio: float
-    memory: float | None
+    ratio: Ratio
+    memory: Memory | None
     press_args: dict
-    tokens: int
+    tokens: Positive
     device: str
-    prefill_s: float
-    prefill_none_s: float
+    prefill_s: PositiveReal
+    prefill_none_s: PositiveReal
     prefill_overhead: float  # prefill_s / prefill_none_s - 1
-    decode_tokens_per_s: float
-    decode_none_tokens_per_s: float
-    allocated_bytes: int
-    allocated_bytes_full: int
-    accounted_bytes: int
-    accounted_bytes_full: int
+    decode_tokens_per_s: PositiveReal
+    decode_none_tokens_per_s: PositiveReal  # the report divides by it, and by the full bytes
+    allocated_bytes: Count
+    allocated_bytes_full: Positive
+    accounted_bytes: Count
+    accounted_bytes_full: Positive
 
     def key(self) -> tuple:
         return cost_key(self.press, self.ratio, self.memory, self.press_args, self.tokens, self.device)

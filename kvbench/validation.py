@@ -37,6 +37,7 @@ Count = Annotated[int, annotated_types.Interval(ge=0, lt=INT64)]
 Positive = Annotated[int, annotated_types.Interval(ge=1, lt=INT64)]
 # Float fields of files (nan and inf are refused for every float of a schema: see `STRICT`).
 NonNegative = Annotated[float, annotated_types.Ge(0)]
+PositiveReal = Annotated[float, annotated_types.Gt(0)]  # a time, a rate: what ratios divide by
 Ratio = Annotated[float, annotated_types.Interval(ge=0, lt=1)]  # fraction of KV entries removed
 Memory = Annotated[float, annotated_types.Interval(gt=0, le=1)]  # fraction of the 16-bit full cache
 # What every schema is validated with: exact JSON types, finite floats.

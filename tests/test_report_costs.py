@@ -44,6 +44,12 @@ def write_costs(folder, costs, model="smollm2-135m"):
     return folder
 
 
+def rewrite_first(folder, **changes):
+    lines = (folder / COSTS_FILE).read_text().splitlines()
+    lines[0] = json.dumps({**json.loads(lines[0]), **changes})
+    (folder / COSTS_FILE).write_text("\n".join(lines) + "\n")
+
+
 COSTS = [
     cost("knorm", 0.5, overhead=0.02, rate=36.0, allocated=0.5, accounted=0.5),
     cost("quant", 0.25, overhead=0.3, rate=30.0, allocated=1.0, accounted=0.2),
@@ -97,6 +103,10 @@ def test_costs_of_another_model_are_not_set_beside_the_scores(tmp_path):
         (lambda folder: (folder / COSTS_FILE).write_text("{not json\n"), "costs.jsonl line 1"),
         (lambda folder: (folder / COSTS_FILE).write_text(""), "holds no costs.jsonl lines"),
         (lambda folder: (folder / COSTS_FILE).unlink(), "holds no costs.jsonl lines"),
+        # what the view divides by: a zero would be a traceback, not a row
+        (lambda folder: rewrite_first(folder, decode_none_tokens_per_s=0.0), "decode_none_tokens_per_s"),
+        (lambda folder: rewrite_first(folder, allocated_bytes_full=0), "allocated_bytes_full"),
+        (lambda folder: rewrite_first(folder, memory=1.5), "memory"),
     ],
 )
 def test_a_bad_costs_folder_is_one_line_exit_2_and_no_report(tmp_path, damage, message):
