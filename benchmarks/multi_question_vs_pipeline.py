@@ -28,23 +28,38 @@ PRESSES = ("knorm", "snapkv", "tova", "h2o", "streaming_llm", "expected_attentio
 RATIOS = (0.25, 0.5, 0.75, 0.9)
 
 
+class PrefixPerQuestion(KVPressTextGenerationPipeline):
+    """kvpress's pipeline given a list of questions, each with its own answer prefix. The pipeline takes one
+    prefix for the whole list, and the parts of a multi-question sample each have theirs (the key they ask
+    about is in it): this tokenizes each question with its prefix by the pipeline's own `preprocess`."""
+
+    prefixes: list[str] = []
+
+    def preprocess(self, context, questions, answer_prefix, max_context_length, enable_thinking=False):
+        asked = [
+            super(PrefixPerQuestion, self).preprocess(context, [q], p, max_context_length, enable_thinking)
+            for q, p in zip(questions, self.prefixes, strict=True)
+        ]
+        return {
+            "context_ids": asked[0]["context_ids"],
+            "questions_ids": [a["questions_ids"][0] for a in asked],
+        }
+
+
 def pipeline_answers(model, tokenizer, sample, configs: list[Config], together: bool) -> list[str]:
-    """kvpress's answers, config by config: one call per question, or one call given all of them."""
-    pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    """kvpress's answers, config by config: one call per question, or one call given all of them; each
+    question with its own answer prefix."""
+    pipeline = PrefixPerQuestion(model=model, tokenizer=tokenizer, device=model.device)
     answers = []
     for config in configs:
         eager = needs_eager(config.press, dict(config.press_args))
         with attention_implementation(model, "eager" if eager else model.config._attn_implementation):
-            asks = (
-                [[part.question for part in sample.parts]]
-                if together
-                else [[p.question] for p in sample.parts]
-            )
-            for questions in asks:
+            asks = [sample.parts] if together else [[part] for part in sample.parts]
+            for parts in asks:
+                pipeline.prefixes = [part.answer_prefix for part in parts]
                 output = pipeline(
                     sample.context,
-                    questions=questions,
-                    answer_prefix=sample.answer_prefix,
+                    questions=[part.question for part in parts],
                     press=config_press(config),
                     max_new_tokens=sample.max_new_tokens,
                 )
