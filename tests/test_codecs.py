@@ -321,14 +321,19 @@ def test_qevict_tiers_promotes_and_demotes_as_the_reference_does():
     check_store(press, got_keys, got_values)
     assert press.layer_bytes[0] <= budget
     after = [reference.tiers(h) for h in range(heads)]
+    expected = {"promoted": 0, "demoted": 0}
     for h in range(heads):
         promoted = [p for p in before[h] if before[h][p] and p in after[h] and not after[h][p]]
         demoted = [p for p in before[h] if not before[h][p] and after[h].get(p)]
         assert promoted and demoted, h
+        expected["promoted"] += len(promoted)
+        expected["demoted"] += len(demoted)
         # the press's own state says the same
         state = press.states[0]
         state_tiers = dict(zip(state.positions[h].tolist(), state.quantised[h].tolist(), strict=True))
         assert state_tiers == after[h]
+    # its count of re-tiered entries is the reference's (the first call's quantising is no demotion)
+    assert press.retiered == expected
 
     # Third call: 24 more tokens with no focus; windows leave the local zone and compete.
     n = got_keys.shape[2] + 24

@@ -301,6 +301,11 @@ class QEvictPress(BasePress):
     scored_queries: Scored = SCORED_QUERIES
     layer_bytes: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     states: dict[int, LayerState] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # Entries re-tiered, summed over calls, layers and rows: "promoted" int4 -> 16-bit (recovery, later
+    # calls only), "demoted" 16-bit -> int4 (a window or the local zone's; benchmarks/qevict_retiering.py).
+    retiered: dict[str, int] = field(
+        default_factory=lambda: {"promoted": 0, "demoted": 0}, init=False, repr=False, compare=False
+    )
     shares_prefill: ClassVar[bool] = True
 
     def __post_init__(self):
@@ -380,6 +385,7 @@ class QEvictPress(BasePress):
         new = n - state.positions.shape[1]
         if new < 0:
             raise ValueError(f"qevict: layer {layer}'s cache lost entries between two calls")
+        seen = state.length  # entries of earlier calls: what can be re-tiered
         state = state.extend(rows, head_dim, new, keys.device)
         if self.compression_ratio is not None and self.accounting == "bytes":
             state.budget = int(n * (1 - self.compression_ratio)) * 2 * head_dim * 2
@@ -429,6 +435,8 @@ class QEvictPress(BasePress):
             tier.gather(1, kept) == 1
         ).repeat_interleave(self.window, dim=1)
         retained = quantised & state.quantised
+        self.retiered["promoted"] += int((state.quantised & ~quantised).sum())
+        self.retiered["demoted"] += int((quantised & ~state.quantised & (state.positions < seen)).sum())
         middle = slice(sinks, sinks + (fp + int4) * self.window)
         shape = (rows, fp + int4, self.window, head_dim)
         key_codes, key_scale, key_zero = quantise_window_keys(keys[:, middle].view(shape))
