@@ -124,6 +124,13 @@ def decoding_press(
         raise BadInput(
             f"{type(press).__name__} cannot compress during decoding: kvpress's DecodingPress takes scorers"
         )
+    # DecodingPress tells its press the target through `compression_ratio`: a codec without one (lowrank,
+    # varrate: a basis fitted once to the context) compresses a cache once, not again as it grows.
+    if codec and not hasattr(press, "compression_ratio"):
+        raise BadInput(
+            f"{type(press).__name__} compresses the context once: it cannot compress the cache again as it "
+            "grows"
+        )
     if isinstance(press, ScorerPress) and not codec:  # (a scorer, unless it is a codec)
         press.compression_ratio = 0.0  # (DecodingPress warns of a ratio it will override)
         keep_cache_order(press)

@@ -249,6 +249,11 @@ CASES = [
         2,
         "cannot run under the streaming",
     ),
+    (
+        [*RUN[:2], "lowrank", "--memory", "0.5", "--protocol", "decode-time", *OUT],
+        2,
+        "LowRankPress compresses the context once: it cannot compress the cache again as it grows",
+    ),
     # run: absolute budgets
     ([*RUN, "--budget", "64", *OUT], 2, "give exactly one of --ratio, --memory or --budget"),
     ([*RUN[:3], "--budget", "0", *OUT], 2, "budget must be at least 1 KV entry per head, got 0"),

@@ -518,14 +518,18 @@ def test_decode_time_compression_in_the_batch_answers_as_kvpress_decoding_press(
     assert all(result["kv_kept"] < results[0]["kv_kept"] for result in results[1:])
 
 
-def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, tokenizer, peaked_model):
-    """QEvict's recoverable tier during decoding: in the engine's batch, each row answers as the press does
-    alone under kvpress's hooks on a plain cache: the prefill, then the same instance (its tiers and
-    scores go on) every 8 decoding steps (its window) on the growing cache."""
+@pytest.mark.parametrize("codec", ["qevict", "quant"])
+def test_a_codec_compresses_while_decoding_as_alone_on_a_plain_cache(
+    monkeypatch, tokenizer, peaked_model, codec
+):
+    """A codec during decoding (QEvict re-tiers, quant quantises the new tokens): in the engine's batch,
+    each row answers as the press does alone under kvpress's hooks on a plain cache: the prefill, then the
+    same instance (QEvict's tiers and scores go on) every 8 decoding steps on the growing cache."""
     model = peaked_model("llama")
     sample = word_soup_sample(150, max_new_tokens=DECODE_STEPS)
     decode_time = {"protocol": "decode-time", "protocol_args": (("interval", 8),)}
-    configs = [Config("qevict", 0.0, memory=m, **decode_time) for m in (0.5, 0.25)] + [Config("knorm", 0.5)]
+    # (0.3: 2-bit codes of this tiny model's 16-dim heads need 0.28 of its 16-bit cache)
+    configs = [Config(codec, 0.0, memory=m, **decode_time) for m in (0.5, 0.3)] + [Config("knorm", 0.5)]
     _, results = engine_token_ids(monkeypatch, model, tokenizer, sample, configs)
     prompt = tokenize_sample(tokenizer, sample)
     n = prompt.context_ids.shape[1]
@@ -543,7 +547,7 @@ def test_qevict_retiers_while_decoding_as_alone_on_a_plain_cache(monkeypatch, to
         assert result["prediction"] == tokenizer.decode(tokens, skip_special_tokens=True), config
         answers.append(tokens)
     assert answers[0] != answers[1]
-    assert results[1]["kv_bytes"] <= 0.25 * results[1]["kv_bytes_full"] < results[0]["kv_bytes"]
+    assert results[1]["kv_bytes"] <= 0.3 * results[1]["kv_bytes_full"] < results[0]["kv_bytes"]
 
 
 def streaming_reference(model, tokenizer, sample, config: Config) -> tuple[list[int], int]:

@@ -148,12 +148,18 @@ class QuantPress(BasePress):
     - `memory`: the budget as a fraction of the 16-bit full cache, given by the registry.
     The residual is returned as a 16-bit store holds it (rounded through float16, bfloat16 for bfloat16
     models), so `unpack(pack(...))` gives back exactly what attention reads.
-    A repeated call (decode-time, streaming) quantises the whole cache again: dequantised groups come back
-    through min-max quantisation at the same codes, up to the fp16 rounding of their parameters.
+    A repeated call (decode-time, streaming, multi-turn: kvpress's DecodingPress around it) quantises the
+    whole cache again: dequantised groups come back through min-max quantisation at the same codes, up to
+    the fp16 rounding of their parameters. There the DecodingPress sets `compression_ratio` to its target,
+    and the budget is that of the evictors beside it, (1 - ratio) of the current length in 16-bit entries
+    (as QEvict reads it), so that the cache stays under the same cap as the answer grows; where even 2 bits
+    exceed that cap (a small memory and a long answer), the press stores 2 bits rather than fail mid-answer,
+    and the bytes accounted say so.
     """
 
     memory: float = 1.0
     bits: int | None = None
+    compression_ratio: float | None = None  # set by a DecodingPress only (above)
     layer_bytes: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     shares_prefill: ClassVar[bool] = True
 
@@ -174,9 +180,13 @@ class QuantPress(BasePress):
 
     def choose_bits(self, length: int, head_dim: int) -> int:
         full = length * 2 * head_dim * 2
+        live = self.compression_ratio is not None
+        memory = int(length * (1 - self.compression_ratio)) / length if live else self.memory
         for bits in [self.bits] if self.bits else BITS:
-            if quant_bytes(length, head_dim, bits) / full <= self.memory:  # as memory_ratio is compared
+            if quant_bytes(length, head_dim, bits) / full <= memory:  # as memory_ratio is compared
                 return bits
+        if live:
+            return self.bits or BITS[-1]
         bits = self.bits or BITS[-1]
         needed = quant_bytes(length, head_dim, bits) / (length * 2 * head_dim * 2)
         raise ValueError(
