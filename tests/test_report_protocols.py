@@ -170,3 +170,28 @@ def test_rows_of_lm_eval_tasks_without_a_length_get_their_board(tmp_path):
     readme = (out / "README.md").read_text()
     assert "## smollm2-135m, 1 task, each task's own length, query-aware" in readme
     assert (out / "smollm2-135m-query-aware-scores.png").is_file()
+
+
+def test_each_protocols_board_cites_the_run_that_made_it(tmp_path):
+    """A sweep records the protocol in each config, not beside them: a folder with a query-agnostic and a
+    multi-turn run puts each run's command under its own board only."""
+    scores = {"none": [[100, 100], [100, 0]], "tova": [[100, 0], [0, 0]]}
+    turn_rows = question_rows("multi-turn", {"turns": 2}, "turn", scores)
+    plain_rows = rows_of({("none", 0.0): {"t1": [100, 100]}, ("tova", 0.5): {"t1": [50, 0]}})
+    multi_turn = [
+        {"press": p, "ratio": r, "press_args": [], "protocol": "multi-turn", "protocol_args": [["turns", 2]]}
+        for p, r in (("none", 0.0), ("tova", 0.5))
+    ]
+    results = write_results(tmp_path / "r", turn_rows, {"configs": multi_turn, "tasks": ["t1"], "samples": 2})
+    plain = [{"press": p, "ratio": r, "press_args": []} for p, r in (("none", 0.0), ("tova", 0.5))]
+    write_results(tmp_path / "r", plain_rows, {"configs": plain, "tasks": ["t1"], "samples": 2})
+    collected = collect([results])
+    boards = {board.protocol: board for board in build_leaderboards(collected.rows, collected.runs)}
+    cited = {
+        protocol: [[c.get("protocol", "query-agnostic") for c in run.config["configs"]] for run in board.runs]
+        for protocol, board in boards.items()
+    }
+    assert cited == {
+        "query-agnostic": [["query-agnostic", "query-agnostic"]],
+        "multi-turn (turns=2)": [["multi-turn", "multi-turn"]],
+    }

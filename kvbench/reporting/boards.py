@@ -310,8 +310,19 @@ def runs_for(rows: pd.DataFrame, runs: list[Run]) -> list[Run]:
         if run.results_dir in sources
         and run.config.get("model") == model
         and run.config.get("length") == length
-        and protocol_label(run.config.get("protocol"), run.config.get("protocol_args")) == protocol
+        and protocol in run_protocols(run.config)
     ]
+
+
+def run_protocols(config: dict) -> set[str]:
+    """The protocol labels a run's configs ran under: a sweep records the protocol in each config, not
+    beside them (a run record without configs, as perplexity's, names one at the top)."""
+    configs = config.get("configs") or [config]
+    return {
+        protocol_label(c.get("protocol"), dict(c.get("protocol_args") or ()))
+        for c in configs
+        if isinstance(c, dict)
+    }
 
 
 def unscored_note(rows: pd.DataFrame) -> str | None:
