@@ -75,3 +75,5 @@ if command -v pngquant >/dev/null; then
 else
     echo "pngquant not found: the plots stay full size (about 15.6 MB instead of 5.2 MB)" >&2
 fi
+# docs/studies/qevict-recovery.md
+uv run kvbench report results/reference-qevict-recovery --out reports/reference-qevict-recovery --versus qevict
