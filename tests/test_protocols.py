@@ -80,9 +80,7 @@ def parts(count: int, **changes) -> list:
     ]
 
 
-def test_compress_once_answer_many_answers_as_the_pipeline_asked_each_question(
-    monkeypatch, tokenizer, model
-):
+def test_compress_once_answer_many_answers_as_the_pipeline_asked_each_question(monkeypatch, tokenizer, model):
     sample = combine_samples(parts(3), "3q-0")
     presses = [("none", 0.0), ("knorm", 0.5), ("snapkv", 0.5), ("streaming_llm", 0.25), ("tova", 0.75)]
     configs = [
