@@ -7,13 +7,16 @@
 Embedded model. Each sample is answered by the engine (`evaluate_sample`, as `kvbench sweep` does) under the
 protocol, QEvict at each memory budget; the presses the engine builds are kept, and their `retiered` counts
 read after the answer. Prints, per memory budget, the mean over samples of the entries promoted and demoted
-(summed over layers and KV heads) beside the entries the cache holds at the end (kv_kept), and the score.
+(summed over layers and KV heads) beside the entries the cache holds (kv_kept: after the prefill's
+compression; multi-turn: when the last turn is asked), and the score.
 Under the query-agnostic protocol both counts are 0 by construction: QEvict compresses once.
 """
 
 import argparse
+from unittest.mock import patch
 
 from kvbench import engine
+from kvbench.config import Config
 from kvbench.models import load_model
 from kvbench.planning import configs_for_run
 from kvbench.presses.qevict import QEvictPress
@@ -60,18 +63,18 @@ def main() -> None:
     built = []
     make = engine.config_press
 
-    def keep_press(config):  # the engine's own presses, to read their counts afterwards
+    def keep_press(config: Config):  # the engine's own presses, to read their counts afterwards
         press = make(config)
         built.append(press)
         return press
 
-    engine.config_press = keep_press
     totals = {
         config.memory: {"promoted": 0, "demoted": 0, "kept": 0, "score": 0.0, "rows": 0} for config in configs
     }
     for sample in samples:
         built.clear()
-        results = engine.evaluate_sample(model, tokenizer, sample, configs, batch_configs=len(configs))
+        with patch.object(engine, "config_press", keep_press):
+            results = engine.evaluate_sample(model, tokenizer, sample, configs, batch_configs=len(configs))
         asked = sample.questions() if args.protocol == "multi-turn" else [sample]
         per_config = len(asked)
         for index, (config, press) in enumerate(zip(configs, built, strict=True)):
@@ -86,7 +89,7 @@ def main() -> None:
             )
             total["rows"] += per_config
     print(f"{args.protocol}, {len(samples)} contexts of {args.tasks} at {args.length} tokens")
-    print("memory | promoted / context | demoted / context | entries kept at the end | score")
+    print("memory | promoted / context | demoted / context | entries held | score")
     for memory, total in totals.items():
         n, score = len(samples), total["score"] / total["rows"]
         promoted, demoted, kept = (total[key] / n for key in ("promoted", "demoted", "kept"))
