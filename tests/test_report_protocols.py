@@ -182,7 +182,7 @@ def test_each_protocols_board_cites_the_run_that_made_it(tmp_path):
         {"press": p, "ratio": r, "press_args": [], "protocol": "multi-turn", "protocol_args": [["turns", 2]]}
         for p, r in (("none", 0.0), ("tova", 0.5))
     ]
-    results = write_results(tmp_path / "r", turn_rows, {"configs": multi_turn, "tasks": ["t1"], "samples": 2})
+    results = write_results(tmp_path / "r", turn_rows, {"configs": multi_turn, "tasks": ["t1"], "samples": 5})
     plain = [{"press": p, "ratio": r, "press_args": []} for p, r in (("none", 0.0), ("tova", 0.5))]
     write_results(tmp_path / "r", plain_rows, {"configs": plain, "tasks": ["t1"], "samples": 2})
     collected = collect([results])
@@ -195,3 +195,6 @@ def test_each_protocols_board_cites_the_run_that_made_it(tmp_path):
         "query-agnostic": [["query-agnostic", "query-agnostic"]],
         "multi-turn (turns=2)": [["multi-turn", "multi-turn"]],
     }
+    # A multi-turn run's `samples` counts contexts (the held-out suite's 10 contexts give each of its 5
+    # tasks 8 rows), so it sets no per-task count to miss; the configs are still compared with each other.
+    assert boards["multi-turn (turns=2)"].ratio.missing == {}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench.config import RECORDED_PROTOCOLS
+from kvbench.config import MULTI_QUESTION_PROTOCOLS, RECORDED_PROTOCOLS
 from kvbench.reporting.read import REFERENCE_PRESS, Run, config_label, protocol_label, with_report_columns
 from kvbench.reporting.stats import config_stats, paired_lead, paired_versus
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
@@ -105,6 +105,8 @@ def find_missing(
     expected_configs = set(counts.index) | set(requested)
     expected = counts.max(axis=0).to_dict()  # task -> most samples any config has
     for run in runs:
+        if any(c.get("protocol") in MULTI_QUESTION_PROTOCOLS for c in run.config.get("configs", [])):
+            continue  # its `samples` counts contexts, each asking several tasks: not samples per task
         wanted = run.config.get("samples")
         for task in run.config.get("tasks", []):
             expected[task] = max(expected.get(task, 0), wanted if isinstance(wanted, int) else 0)
