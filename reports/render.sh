@@ -56,7 +56,7 @@ uv run kvbench report results/reference-memory --out reports/reference-memory --
 uv run kvbench report results/reference-memory --out reports/reference-memory-costs --costs results/study-costs
 # README "Agent traces under the streaming protocol"
 uv run kvbench report results/reference-agent-ratio --out reports/reference-agent-ratio --versus kvp --every-state
-uv run kvbench report results/reference-agent-streaming --out reports/reference-agent-streaming --versus kvp --every-state --presses kvp,kvp@58260c05679a,distillcache,snapkv,streaming_llm,tova,memdecay,h2o,qevict,knorm
+uv run kvbench report results/reference-agent-streaming --out reports/reference-agent-streaming --versus kvp --every-state --presses "kvp,kvp@58260c05679a,distillcache,snapkv,streaming_llm,tova,memdecay(scored_queries=all),h2o,qevict(scored_queries=all),knorm"
 # docs/studies/protocols.md: query-aware RULER against absolute budgets (KVP's paper's Figure 2 form)
 uv run kvbench report results/reference-query-aware --out reports/reference-query-aware --versus kvp
 # docs/studies/protocols.md: compress once answer four, multi-turn, and the same questions alone (held-out)
