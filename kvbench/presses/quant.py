@@ -185,9 +185,9 @@ class QuantPress(BasePress):
         for bits in [self.bits] if self.bits else BITS:
             if quant_bytes(length, head_dim, bits) / full <= memory:  # as memory_ratio is compared
                 return bits
-        if live:
-            return self.bits or BITS[-1]
         bits = self.bits or BITS[-1]
+        if live:
+            return bits
         needed = quant_bytes(length, head_dim, bits) / (length * 2 * head_dim * 2)
         raise ValueError(
             f"quant: memory {self.memory} is below what {bits} bits need: {needed:.3g} of the 16-bit cache"

@@ -105,7 +105,10 @@ def find_missing(
     expected_configs = set(counts.index) | set(requested)
     expected = counts.max(axis=0).to_dict()  # task -> most samples any config has
     for run in runs:
-        if any(c.get("protocol") in MULTI_QUESTION_PROTOCOLS for c in run.config.get("configs", [])):
+        configs = run.config.get("configs")
+        if isinstance(configs, list) and any(
+            isinstance(c, dict) and c.get("protocol") in MULTI_QUESTION_PROTOCOLS for c in configs
+        ):
             continue  # its `samples` counts contexts, each asking several tasks: not samples per task
         wanted = run.config.get("samples")
         for task in run.config.get("tasks", []):
@@ -319,12 +322,23 @@ def runs_for(rows: pd.DataFrame, runs: list[Run]) -> list[Run]:
 def run_protocols(config: dict) -> set[str]:
     """The protocol labels a run's configs ran under: a sweep records the protocol in each config, not
     beside them (a run record without configs, as perplexity's, names one at the top)."""
-    configs = config.get("configs") or [config]
+    configs = config.get("configs")
+    configs = configs if isinstance(configs, list) and configs else [config]
     return {
-        protocol_label(c.get("protocol"), dict(c.get("protocol_args") or ()))
+        protocol_label(c.get("protocol"), pairs_as_dict(c.get("protocol_args")))
         for c in configs
         if isinstance(c, dict)
     }
+
+
+def pairs_as_dict(value) -> dict:
+    """A run record's protocol arguments, [[key, value], ...] as written (or a dict); anything else, none:
+    a hand-edited record names the run less exactly, it does not stop the report."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        return {str(key): item for key, item in value}
+    return {}
 
 
 def unscored_note(rows: pd.DataFrame) -> str | None:
