@@ -5,10 +5,11 @@ absolute budgets against the entries kept."""
 import contextlib
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
-from kvpress import DecodingPress, KVPressTextGenerationPipeline
+from kvpress import DecodingPress
 from kvpress.utils import compute_n_kept
 from test_engine import decoded_token_ids, pipeline_token_ids, word_soup_sample
 
@@ -17,7 +18,7 @@ from kvbench import adapter
 from kvbench.config import Config
 from kvbench.engine import budget_entries, evaluate_sample, sized_config
 from kvbench.models import embedded_folder, load_tokenizer
-from kvbench.presses import config_press, needs_eager
+from kvbench.presses import config_press
 from kvbench.tasks import combine_samples, load_combined_samples
 from kvbench.tasks.prompt import tokenize_sample
 
@@ -89,23 +90,12 @@ def test_compress_once_answer_many_answers_as_the_pipeline_asked_each_question(m
     ]
     ids, results = engine_ids(monkeypatch, model, tokenizer, sample, configs)
     assert len(results) == len(configs) * 3
-    pipeline = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    # The pipeline takes one answer prefix for a list of questions; the parts each have their own, so each
+    # is asked alone of the whole context (the same compressed context: the presses are deterministic).
+    asked = [replace(part, context=sample.context) for part in sample.questions()]
     for index, config in enumerate(configs):
-        calls = decoded_token_ids(monkeypatch, tokenizer)
-        eager = needs_eager(config.press)
-        with adapter.attention_implementation(model, "eager" if eager else model.config._attn_implementation):
-            # The pipeline takes one answer prefix for a list of questions; the parts each have their own,
-            # so each is asked alone (the same compressed context: the presses are deterministic).
-            for part in sample.questions():
-                pipeline(
-                    sample.context,
-                    question=part.question,
-                    answer_prefix=part.answer_prefix,
-                    press=config_press(config),
-                    max_new_tokens=sample.max_new_tokens,
-                )
-        monkeypatch.undo()
-        assert ids[3 * index : 3 * index + 3] == calls, config
+        reference = [pipeline_token_ids(monkeypatch, model, tokenizer, part, config) for part in asked]
+        assert ids[3 * index : 3 * index + 3] == reference, config
     # Every question is answered from the same compressed context.
     assert len({result["kv_kept"] for result in results[3:6]}) == 1
 
