@@ -11,7 +11,7 @@ import click
 from kvbench.errors import BadInput
 from kvbench.learned.common.command import data_option, datagen, device_option, model_option, out_option
 from kvbench.learned.distillcache.policy import ARCHS, INITS
-from kvbench.learned.distillcache.train import TrainConfig
+from kvbench.learned.distillcache.train import CREDITS, TrainConfig
 from kvbench.validation import Number, parse_float
 
 DEFAULTS = TrainConfig()
@@ -84,6 +84,23 @@ distillcache.add_command(datagen)
     show_default=True,
     type=click.Choice(INITS),
     help="uniform: every entry scored alike at step 0; knorm: start from knorm's ranking (a warm start).",
+)
+@click.option(
+    "--credit",
+    default=DEFAULTS.credit,
+    show_default=True,
+    type=click.Choice(CREDITS),
+    help="sequence: one keep-set at prefill, rewarded by the answer's summed KL; per-step: keep-sets "
+    "re-decided every --interval decoding steps (the decode-time protocol), each credited with the KL "
+    "that follows it.",
+)
+@click.option(
+    "--interval",
+    default=DEFAULTS.interval,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="per-step: decoding steps between compressions (run the press with the same "
+    "--protocol decode-time --interval).",
 )
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)

@@ -10,6 +10,9 @@ K - 1 rewards is the baseline), divided by the group's std so that ratios and pr
 -advantage x (Plackett-Luce log-probability of the keep order, per pick) - entropy_bonus x (first-pick
 entropy / log L). AdamW; an exponential moving average (EMA) of the weights is validated (deterministic
 top-k on held-out prompts, mean KL per continuation step at fixed ratios) and the best EMA weights are saved.
+
+`credit="per-step"` trains the same policy on decisions taken while decoding instead, each credited with the
+reward that follows it (per_step.py), and validates under that decode-time replay.
 """
 
 import copy
@@ -25,6 +28,7 @@ from transformers import DynamicCache
 from kvbench.learned.common import TrainingData, TrainingFileError, model_shape
 from kvbench.learned.common.ranking import sample_rankings
 from kvbench.learned.distillcache.checkpoint import METHOD, save_policy
+from kvbench.learned.distillcache.per_step import decision_log_prob, decode_rollout, per_step_loss
 from kvbench.learned.distillcache.policy import (
     WINDOW,
     DistillCachePolicy,
@@ -35,6 +39,7 @@ from kvbench.learned.distillcache.policy import (
 from kvbench.provenance import git_commit
 
 REFERENCES = ("knorm", "snapkv", "random")
+CREDITS = ("sequence", "per-step")
 TENSORS = (
     "keys",
     "values",
@@ -60,6 +65,8 @@ class TrainConfig:
     hidden: int = 32
     arch: str = "shared"  # or "per-head" (kvbench.learned.distillcache.policy)
     init: str = "uniform"  # or "knorm": start from knorm's ranking (DistillCachePolicy.start_as_knorm)
+    credit: str = "sequence"  # or "per-step": decode-time decisions, each with its reward-to-go (per_step.py)
+    interval: int = 8  # per-step: decoding steps between compressions, in training and validation
     seed: int = 0
 
 
@@ -161,6 +168,30 @@ def validate(model, data: DistillData, scorers: dict, ratios: list[float]) -> di
     return totals
 
 
+@torch.no_grad()
+def validate_decoding(model, data: DistillData, scorers: dict, ratios: list[float], interval: int) -> dict:
+    """validate under the decode-time protocol (per_step.decode_rollout, deterministic): mean KL per
+    continuation step over the validation prompts, per scorer and ratio.
+
+    scorers: name -> function(features, layer) -> scores, features (batch, kv_heads, n, 7) of one layer.
+    """
+    totals = {name: {str(r): 0.0 for r in ratios} for name in scorers}
+    for shard in data.val:
+        prompt = data.load(shard)
+        for ratio in ratios:
+            for name, scorer in scorers.items():
+                log_probs, _ = decode_rollout(model, scorer, prompt, ratio, interval, 1)
+                kl = -kl_rewards(prompt["log_probs"], log_probs).mean().item()
+                totals[name][str(ratio)] += kl / len(data.val)
+    return totals
+
+
+def decoding_references(seed: int) -> dict:
+    """The reference scorers of validate_decoding, from the features a decision sees."""
+    generator = torch.Generator().manual_seed(seed)
+    return {name: (lambda f, layer, name=name: reference_scores(f, generator)[name]) for name in REFERENCES}
+
+
 def mean_kl(table: dict[str, float]) -> float:
     return sum(table.values()) / len(table)
 
@@ -181,6 +212,30 @@ def train_step(model, policy, optimizer, prompt: dict, ratios: list[float], conf
         log_prob = keep_order_log_prob(scores, rankings, kept).sum((0, 1)) / (scores[..., 0].numel() * kept)
         loss = loss - (advantage * log_prob).mean() / len(ratios)
         rewards_by_ratio[ratio] = rewards.mean().item()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.item(), "rewards": rewards_by_ratio}
+
+
+def per_step_train_step(
+    model, policy, optimizer, prompt: dict, ratios: list[float], config, generator
+) -> dict:
+    """One REINFORCE step with per-decision credit (per_step.py) on one prompt; the loss and mean return
+    per ratio."""
+    scores = policy(prompt["features"])
+    loss = -config.entropy_bonus * first_pick_entropy(scores).mean() / math.log(scores.shape[-1])
+    rewards_by_ratio = {}
+    for ratio in ratios:
+        sampler = lambda features, layer: policy(features, layer).detach()  # noqa: E731
+        log_probs, decisions = decode_rollout(
+            model, sampler, prompt, ratio, config.interval, config.samples, generator
+        )
+        rewards = kl_rewards(prompt["log_probs"], log_probs)
+        loss = loss + per_step_loss(
+            rewards, [decision_log_prob(policy, d) for d in decisions], [d.first_step for d in decisions]
+        ) / len(ratios)
+        rewards_by_ratio[ratio] = rewards.sum(-1).mean().item()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -212,18 +267,33 @@ def train(
     ema = copy.deepcopy(policy).requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
-    reference_generator = torch.Generator().manual_seed(config.seed)
-    fixed = [reference_scores(data.load(s, ["features"])["features"], reference_generator) for s in data.val]
-    references = validate(
-        model,
-        data,
-        {name: (lambda f, i, name=name: fixed[i][name]) for name in REFERENCES},
-        config.eval_ratios,
-    )
-    log("references " + " | ".join(f"{name} {mean_kl(kl):.4f}" for name, kl in references.items()))
+    if config.credit == "per-step":
+        step_function = per_step_train_step
+        references = validate_decoding(
+            model, data, decoding_references(config.seed), config.eval_ratios, config.interval
+        )
 
-    def validate_ema() -> dict[str, float]:
-        return validate(model, data, {"policy": lambda f, i: ema(f)}, config.eval_ratios)["policy"]
+        def validate_ema() -> dict[str, float]:
+            scorer = {"policy": lambda f, layer: ema(f, layer)}
+            return validate_decoding(model, data, scorer, config.eval_ratios, config.interval)["policy"]
+
+    else:
+        step_function = train_step
+        reference_generator = torch.Generator().manual_seed(config.seed)
+        fixed = [
+            reference_scores(data.load(s, ["features"])["features"], reference_generator) for s in data.val
+        ]
+        references = validate(
+            model,
+            data,
+            {name: (lambda f, i, name=name: fixed[i][name]) for name in REFERENCES},
+            config.eval_ratios,
+        )
+
+        def validate_ema() -> dict[str, float]:
+            return validate(model, data, {"policy": lambda f, i: ema(f)}, config.eval_ratios)["policy"]
+
+    log("references " + " | ".join(f"{name} {mean_kl(kl):.4f}" for name, kl in references.items()))
 
     best = validate_ema()
     best_state, best_step = copy.deepcopy(ema.state_dict()), 0
@@ -234,7 +304,7 @@ def train(
         tick = time.perf_counter()
         shard = data.train[torch.randint(len(data.train), (1,), generator=generator).item()]
         chosen = torch.randperm(len(config.ratios), generator=generator)[: config.ratios_per_step]
-        result = train_step(
+        result = step_function(
             model, policy, optimizer, data.load(shard), [config.ratios[i] for i in chosen], config, generator
         )
         with torch.no_grad():
@@ -264,7 +334,12 @@ def train(
         },
         "data": data.summary(),
         "validation": {
-            "metric": "mean KL(p_full || p_evict) per continuation step, held-out prompts, lower is better",
+            "metric": "mean KL(p_full || p_evict) per continuation step, held-out prompts, lower is better"
+            + (
+                f"; decode-time, compressed every {config.interval} steps"
+                if config.credit == "per-step"
+                else ""
+            ),
             "kl": {"distillcache": best, **references},
             "history": history,
         },
