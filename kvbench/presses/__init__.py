@@ -388,8 +388,9 @@ NOT_REGISTERED: dict[str, str] = {
     "ScorerPress": "kvpress's base class of scorers, not a press",
     "DecodingPress": "what --protocol decode-time and streaming wrap around a config's press",
     "PrefillDecodingPress": "what --protocol decode-time is: the press on the prefill, a DecodingPress after",
-    "FinchPress": "query-aware: it compresses context + a delimiter token added to the tokenizer and to the "
-    "model's embeddings + the question, and the engine runs no query-aware protocol yet",
+    "FinchPress": "adds a delimiter token to the tokenizer and a row to the model's embeddings, so the model "
+    "it compresses is not the one every other press runs on (kvbench's query-aware protocol compresses "
+    "context + question without it)",
     "LUKVPress": "needs a budget curve per (model, scorer), fetched from GitHub at run time, published only "
     "for Llama-3.1-8B-Instruct with expected attention",
 }
