@@ -71,6 +71,10 @@ uv run kvbench report results/reference-cuda --out reports/reference-cuda
 # docs/studies/qevict-recovery.md
 uv run kvbench report results/reference-qevict-recovery --out reports/reference-qevict-recovery --versus qevict
 
+# docs/studies/distillcache-per-step.md: the per-step candidate judged on the third suite, and RULER in distribution
+uv run kvbench report results/reference-third results/reference-per-step-third --out reports/reference-per-step-third --versus distillcache --presses "kvp,distillcache,distillcache(weights=agents/dc-per-step),streaming_llm,knorm"
+uv run kvbench report results/reference-per-step-ruler --out reports/reference-per-step-ruler --versus distillcache
+
 # The plots as committed: palette PNGs, a third of matplotlib's size, alike to the eye (apt-get install pngquant).
 if command -v pngquant >/dev/null; then
     pngquant --force --ext .png --quality 80-100 --speed 1 --strip --skip-if-larger reports/reference*/*.png \
