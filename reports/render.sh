@@ -71,6 +71,8 @@ uv run kvbench report results/reference-cuda --out reports/reference-cuda
 # docs/studies/qevict-recovery.md
 uv run kvbench report results/reference-qevict-recovery --out reports/reference-qevict-recovery --versus qevict
 
+# docs/studies/gate.md "On the memory board": the gate press beside the learned presses and the heuristics
+uv run kvbench report results/reference-memory --out reports/reference-gate-memory --versus kvp --presses gate,kvp,distillcache,streaming_llm,knorm,quant
 # docs/studies/distillcache-per-step.md: the per-step candidate judged on the third suite, and RULER in distribution
 uv run kvbench report results/reference-third results/reference-per-step-third --out reports/reference-per-step-third --versus distillcache --presses "kvp,distillcache,distillcache(weights=agents/dc-per-step),streaming_llm,knorm"
 uv run kvbench report results/reference-per-step-ruler --out reports/reference-per-step-ruler --versus distillcache
