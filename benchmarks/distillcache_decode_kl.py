@@ -10,11 +10,14 @@ both on the replay, the development number of docs/studies/distillcache-per-step
 """
 
 import argparse
+import sys
 from pathlib import Path
 
+from kvbench.errors import KvbenchError
 from kvbench.learned.distillcache.checkpoint import load_policy
 from kvbench.learned.distillcache.train import DistillData, decoding_references, mean_kl, validate_decoding
 from kvbench.models import load_model
+from kvbench.validation import parse_float, parse_int
 
 
 def main() -> None:
@@ -23,18 +26,25 @@ def main() -> None:
     )
     parser.add_argument("policies", nargs="+", help="policy folders")
     parser.add_argument("--data", required=True, help="datagen folder (its validation prompts)")
-    parser.add_argument("--interval", type=int, default=8)
+    parser.add_argument("--interval", default="8")
     parser.add_argument("--ratios", default="0.5,0.75,0.9")
     args = parser.parse_args()
-    ratios = [float(r) for r in args.ratios.split(",")]
-    data = DistillData(Path(args.data))
+    try:  # bad input is one line and exit 2, before the model loads
+        interval = parse_int(args.interval, "--interval", 1)
+        ratios = [
+            parse_float(r, "a ratio", 0, 1, low_open=True, high_open=True) for r in args.ratios.split(",")
+        ]
+        data = DistillData(Path(args.data))
+        policies = {folder: load_policy(Path(folder), data.shape)[0] for folder in args.policies}
+    except KvbenchError as error:
+        print(f"distillcache_decode_kl: {error}", file=sys.stderr)
+        sys.exit(2)
     model = load_model(data.shape.name)[0]
     scorers = decoding_references(seed=0)
-    for folder in args.policies:
-        policy = load_policy(Path(folder), data.shape)[0]
+    for folder, policy in policies.items():
         scorers[folder] = lambda features, layer, policy=policy: policy(features, layer)
-    table = validate_decoding(model, data, scorers, ratios, args.interval)
-    print(f"{len(data.val)} validation prompts, compressed every {args.interval} steps")
+    table = validate_decoding(model, data, scorers, ratios, interval)
+    print(f"{len(data.val)} validation prompts, compressed every {interval} steps")
     print("| scorer | " + " | ".join(f"ratio {r}" for r in ratios) + " | mean |")
     print("|---|" + "---|" * (len(ratios) + 1))
     for name, kls in table.items():
