@@ -111,15 +111,24 @@ def main() -> None:
     frame = load_rows([args.out / "rows.jsonl"])
     frame = frame[frame["length"] == args.length]
     hard = frame.groupby("press")["nll"].mean()
+    per_text = frame.pivot_table(index="press", columns="sample_id", values="nll")
     rows = soft["rows"]
     mean = {name: sum(row[name] for row in rows) / len(rows) for name in ("none", "gate", "kvp")}
-    print(f"| press | soft ppl | hard ppl (ratio {1 - args.keep:g}) | hard / soft |")
-    print("|---|---|---|---|")
-    print(f"| none | {math.exp(mean['none']):.2f} | {math.exp(hard['none']):.2f} | |")
+
+    def texts(name: str) -> str:
+        """Per text (soft.json's order): hard perplexity, and soft after a slash where the press has one."""
+        cells = [f"{math.exp(per_text.loc[name, row['text']]):.1f}" for row in rows]
+        if name in mean and name != "none":
+            cells = [f"{cell}/{math.exp(row[name]):.1f}" for cell, row in zip(cells, rows, strict=True)]
+        return " ".join(cells)
+
+    print(f"| press | soft ppl | hard ppl (ratio {1 - args.keep:g}) | hard / soft | per text: hard[/soft] |")
+    print("|---|---|---|---|---|")
+    print(f"| none | {math.exp(mean['none']):.2f} | {math.exp(hard['none']):.2f} | | {texts('none')} |")
     for name in args.presses.split(","):
         soft_ppl = f"{math.exp(mean[name]):.2f}" if name in mean else "-"
         ratio = f"{math.exp(hard[name] - mean[name]):.3f}" if name in mean else ""
-        print(f"| {name} | {soft_ppl} | {math.exp(hard[name]):.2f} | {ratio} |")
+        print(f"| {name} | {soft_ppl} | {math.exp(hard[name]):.2f} | {ratio} | {texts(name)} |")
     sys.stdout.flush()
     plot(args.out / "gap.png", mean, hard, args.presses.split(","), 1 - args.keep)
 
