@@ -4,6 +4,13 @@ eviction, then write the summary table and the plot.
 
     nice -n 10 uv run python benchmarks/substrate_study.py --out results/study-substrate
     uv run python benchmarks/substrate_study.py --out results/study-substrate --summarise-only
+    # the planned size (4 layers, d = 128, context 256), the design split over two processes, one per core:
+    uv run python benchmarks/substrate_study.py --layers 4 --d-model 128 --context 256 --steps 300 \
+        --models softmax --out results/study-substrate-4l/softmax
+    uv run python benchmarks/substrate_study.py --layers 4 --d-model 128 --context 256 --steps 300 \
+        --models sigmoid --out results/study-substrate-4l/sigmoid
+    uv run python benchmarks/substrate_study.py --merge results/study-substrate-4l/softmax \
+        results/study-substrate-4l/sigmoid --out results/study-substrate-4l
 
 A rerun resumes: models already in <out>/rows.jsonl are skipped.
 """
@@ -20,6 +27,22 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--n-eval", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument(
+        "--models",
+        default="",
+        help="train only the design's models whose name contains this (e.g. softmax, sigmoid-gate)",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=[],
+        help="concatenate these study folders' rows into --out/rows.jsonl and summarise (no training)",
+    )
     ap.add_argument("--summarise-only", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -27,17 +50,56 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"error: --seeds must be comma-separated integers, not {args.seeds!r}", file=sys.stderr)
         return 2
-    if args.steps < 1 or args.n_eval < 2 or args.threads < 1:
-        print("error: --steps and --threads must be >= 1, --n-eval >= 2", file=sys.stderr)
+    sizes = (args.steps, args.threads, args.layers, args.d_model, args.heads, args.context)
+    if min(sizes) < 1 or args.n_eval < 2:
+        print(
+            "error: --steps, --threads, --layers, --d-model, --heads and --context must be >= 1, "
+            "--n-eval >= 2",
+            file=sys.stderr,
+        )
+        return 2
+    if args.context > 4096:
+        print("error: --context must be <= 4096 (the held-out text is ~36 kB)", file=sys.stderr)
+        return 2
+    missing = [str(d) for d in args.merge if not (d / "rows.jsonl").is_file()]
+    if missing:
+        print(f"error: no rows.jsonl in {', '.join(missing)}", file=sys.stderr)
         return 2
     from kvbench.substrate import study
+    from kvbench.substrate.model import SubstrateConfig
 
-    if not args.summarise_only:
+    try:
+        configs = [
+            SubstrateConfig(
+                attention=c.attention,
+                gate=c.gate,
+                rope=c.rope,
+                d_model=args.d_model,
+                n_layer=args.layers,
+                n_head=args.heads,
+                context=args.context,
+            )
+            for c in study.design()
+            if args.models in c.name
+        ]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not configs:
+        print(f"error: no model of the design is named like {args.models!r}", file=sys.stderr)
+        return 2
+
+    if args.merge:
+        args.out.mkdir(parents=True, exist_ok=True)
+        merged = "".join((d / "rows.jsonl").read_text() for d in args.merge)
+        (args.out / "rows.jsonl").write_text(merged)
+    elif not args.summarise_only:
         study.run_study(
             args.out,
             seeds=seeds,
             settings=study.TrainSettings(steps=args.steps),
             n_eval=args.n_eval,
+            configs=configs,
             threads=args.threads,
             log=lambda m: print(m, flush=True),
         )

@@ -71,11 +71,25 @@ def fmt(mean: float, hw: float, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {hw:.{digits}f}"
 
 
-def markdown(agg: list[dict]) -> str:
+def scale(rows: list[dict]) -> str:
+    """The models' size and training, as the rows record them (one study may mix none)."""
+    sizes = sorted(
+        {
+            f"{r['config']['n_layer']} layers, d = {r['config']['d_model']}, {r['config']['n_head']} heads, "
+            f"context {r['config']['context']}, {r['settings']['steps']} steps"
+            for r in rows
+        }
+    )
+    return "; ".join(sizes)
+
+
+def markdown(agg: list[dict], size: str) -> str:
     by = {(a["model"], a["method"], a["keep"]): a for a in agg}
     models = [m for m in MODEL_ORDER if (m, "none", 1.0) in by]
     keeps = sorted({a["keep"] for a in agg if a["method"] != "none"}, reverse=True)
     lines = [
+        f"Models: {size}.",
+        "",
         "Perplexity with the full cache (mean ± 95 % t half-width over seeds), and the change in perplexity "
         "(%) under live-cache eviction against the same model's full cache, paired per seed:",
         "",
@@ -100,7 +114,7 @@ def markdown(agg: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(agg: list[dict], path: Path) -> None:
+def plot(agg: list[dict], path: Path, size: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,9 +141,12 @@ def plot(agg: list[dict], path: Path) -> None:
         ax.set_xlabel("keep fraction")
     axes[0, 0].set_ylabel("perplexity change vs own full cache (%)")
     axes[1, 0].set_ylabel("perplexity change vs own full cache (%)")
-    axes[0, 0].legend()
+    # The legend from the first panel that has curves (a partial study may lack the first model).
+    drawn = next((ax for ax in axes.flat if ax.get_legend_handles_labels()[0]), axes[0, 0])
+    drawn.legend()
     fig.suptitle(
-        "Substrate study: live-cache eviction on tiny byte-level models (mean, 95 % t-interval over seeds)"
+        "Substrate study: live-cache eviction on tiny byte-level models (mean, 95 % t-interval over seeds)\n"
+        + size
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -137,12 +154,14 @@ def plot(agg: list[dict], path: Path) -> None:
 
 
 def write_summary(rows_path: Path, out: Path) -> None:
-    agg = aggregate(load(rows_path))
+    rows = load(rows_path)
+    agg = aggregate(rows)
+    size = scale(rows)
     out.mkdir(parents=True, exist_ok=True)
     cols = list(agg[0])
     with (out / "summary.csv").open("w") as f:
         f.write(",".join(cols) + "\n")
         for a in agg:
             f.write(",".join("" if a[c] is None else str(a[c]) for c in cols) + "\n")
-    (out / "summary.md").write_text(markdown(agg))
-    plot(agg, out / "substrate.png")
+    (out / "summary.md").write_text(markdown(agg, size))
+    plot(agg, out / "substrate.png", size)
