@@ -120,6 +120,9 @@ def plot(agg: list[dict], path: Path, size: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # One colour per method in every panel: ungated models have no gate curve, and the default colour
+    # cycle would shift the others' colours there.
+    colour = {m: f"C{i}" for i, m in enumerate(METHOD_ORDER)}
     fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey=True)
     for ax, model in zip(axes.flat, MODEL_ORDER, strict=True):
         for meth in METHOD_ORDER:
@@ -132,11 +135,18 @@ def plot(agg: list[dict], path: Path, size: str) -> None:
                 continue
             xs, ys, hw = zip(*pts, strict=True)
             ax.errorbar(
-                xs, ys, yerr=[0 if math.isnan(h) else h for h in hw], marker="o", capsize=3, label=meth
+                xs,
+                ys,
+                yerr=[0 if math.isnan(h) else h for h in hw],
+                marker="o",
+                capsize=3,
+                label=meth,
+                color=colour[meth],
             )
         ax.set_title(model)
         ax.set_xscale("log")
         ax.set_xticks([0.1, 0.25, 0.5], ["0.1", "0.25", "0.5"])
+        ax.minorticks_off()
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_xlabel("keep fraction")
     axes[0, 0].set_ylabel("perplexity change vs own full cache (%)")
