@@ -5,18 +5,23 @@
 Embedded model, RULER niah_single_2 samples, 4 presses x 3 ratios under the decode-time protocol (the
 prefill compressed at the ratio, then every `--interval` decoding steps back to that size), plus no
 compression, all in one engine batch. The reference is kvpress's own pipeline with the equivalent
-PrefillDecodingPress(press at the ratio, DecodingPress(press, interval, size)), one config at a time.
+PrefillDecodingPress(press at the ratio, DecodingPress(press, interval, size)), one config at a time, its
+decoding press keeping the entries it keeps in cache order as the engine's do (kvpress issue #173,
+`kvbench.adapter.keep_cache_order`, as the engine's parity tests set up the pipeline: without it kvpress's
+StreamingLLM drops its sinks from the second compression on, and its answers differ by that bug).
 Both decode exactly `--tokens` tokens: stop tokens are switched off on both sides, so that the decoding,
 where decode-time compression acts, is what is timed. Prints both times, the speed-up and the fraction of
 identical answers. Goal: >= 5x with 100 % identical answers.
 """
 
 import argparse
+import os
 import time
 
 import torch
 from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodingPress
 
+from kvbench.adapter import keep_cache_order
 from kvbench.config import Config
 from kvbench.engine import budget_entries, evaluate_sample
 from kvbench.models import load_model
@@ -35,8 +40,10 @@ def pipeline_answers(model, tokenizer, sample, configs: list[Config], interval: 
     for config in configs:
         press = config_press(config)
         if press is not None:
+            base = config_press(Config(config.press, 0.0))
+            keep_cache_order(base)
             decoding = DecodingPress(
-                base_press=config_press(Config(config.press, 0.0)),
+                base_press=base,
                 compression_interval=interval,
                 target_size=budget_entries(config, context_length),
             )
@@ -97,7 +104,12 @@ def main() -> None:
     print(f"speed-up: {pipeline_s / engine_s:.1f}x wall, {pipeline_cpu / engine_cpu:.1f}x CPU")
     print(f"identical answers: {total - len(differing)}/{total}")
     for config, prediction, answer in differing:
-        print(f"  {config.press}@{config.ratio}: {prediction[:60]!r} vs pipeline {answer[:60]!r}")
+        # From the first differing character: 128-token answers often share a long beginning.
+        at = len(os.path.commonprefix([prediction, answer]))
+        print(
+            f"  {config.press}@{config.ratio}, from character {at}: {prediction[at : at + 50]!r} "
+            f"vs pipeline {answer[at : at + 50]!r}"
+        )
 
 
 if __name__ == "__main__":
