@@ -16,6 +16,7 @@ A rerun resumes: models already in <out>/rows.jsonl are skipped.
 """
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -66,22 +67,10 @@ def main(argv=None) -> int:
         print(f"error: no rows.jsonl in {', '.join(missing)}", file=sys.stderr)
         return 2
     from kvbench.substrate import study
-    from kvbench.substrate.model import SubstrateConfig
 
-    try:
-        configs = [
-            SubstrateConfig(
-                attention=c.attention,
-                gate=c.gate,
-                rope=c.rope,
-                d_model=args.d_model,
-                n_layer=args.layers,
-                n_head=args.heads,
-                context=args.context,
-            )
-            for c in study.design()
-            if args.models in c.name
-        ]
+    size = dict(d_model=args.d_model, n_layer=args.layers, n_head=args.heads, context=args.context)
+    try:  # replace() validates the new size as the constructor does
+        configs = [dataclasses.replace(c, **size) for c in study.design() if args.models in c.name]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
