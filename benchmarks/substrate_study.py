@@ -17,8 +17,22 @@ A rerun resumes: models already in <out>/rows.jsonl are skipped.
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
+
+
+def merge_rows(folders: list[Path], out: Path) -> None:
+    """The union of the folders' rows (one per model, seed, method and keep; the first folder's wins) into
+    `out`, so that the rows already in `out` are kept and merging again changes nothing."""
+    rows = {}
+    for folder in folders:
+        path = folder / "rows.jsonl"
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            r = json.loads(line)
+            rows.setdefault((r["model"], r["seed"], r["method"], r["keep"]), line)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(line + "\n" for line in rows.values()))
 
 
 def main(argv=None) -> int:
@@ -42,7 +56,7 @@ def main(argv=None) -> int:
         nargs="+",
         type=Path,
         default=[],
-        help="concatenate these study folders' rows into --out/rows.jsonl and summarise (no training)",
+        help="add these study folders' rows to --out/rows.jsonl (rows already there kept) and summarise",
     )
     ap.add_argument("--summarise-only", action="store_true")
     args = ap.parse_args(argv)
@@ -79,9 +93,7 @@ def main(argv=None) -> int:
         return 2
 
     if args.merge:
-        args.out.mkdir(parents=True, exist_ok=True)
-        merged = "".join((d / "rows.jsonl").read_text() for d in args.merge)
-        (args.out / "rows.jsonl").write_text(merged)
+        merge_rows([*args.merge, args.out], args.out / "rows.jsonl")
     elif not args.summarise_only:
         study.run_study(
             args.out,

@@ -47,3 +47,7 @@ def test_split_runs_merge_into_one_summary(tmp_path):
     assert {r["config"]["n_layer"] for r in rows} == {1} and {r["config"]["context"] for r in rows} == {16}
     summary = (tmp_path / "all" / "summary.csv").read_text()
     assert "softmax-nogate-rope" in summary and ",2," in summary  # two seeds per cell
+    # Merging again, or a folder already merged, keeps every row once.
+    merged = (tmp_path / "all" / "rows.jsonl").read_text()
+    assert main(["--merge", str(tmp_path / "0"), "--out", str(tmp_path / "all")]) == 0
+    assert (tmp_path / "all" / "rows.jsonl").read_text() == merged

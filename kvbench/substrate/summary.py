@@ -72,7 +72,7 @@ def fmt(mean: float, hw: float, digits: int = 1) -> str:
 
 
 def scale(rows: list[dict]) -> str:
-    """The models' size and training, as the rows record them (one study may mix none)."""
+    """The models' size and training, as the rows record them (joined by "; " where a study mixes sizes)."""
     sizes = sorted(
         {
             f"{r['config']['n_layer']} layers, d = {r['config']['d_model']}, {r['config']['n_head']} heads, "
