@@ -17,20 +17,23 @@ A rerun resumes: models already in <out>/rows.jsonl are skipped.
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 
 def merge_rows(folders: list[Path], out: Path) -> None:
     """The union of the folders' rows (one per model, seed, method and keep; the first folder's wins) into
-    `out`, so that the rows already in `out` are kept and merging again changes nothing."""
+    `out`, so that the rows already in `out` are kept and merging again changes nothing. Every file is
+    checked against the rows' schema before anything is written."""
+    from kvbench.substrate.summary import load
+
     rows = {}
-    for folder in folders:
-        path = folder / "rows.jsonl"
-        for line in path.read_text().splitlines() if path.is_file() else []:
-            r = json.loads(line)
-            rows.setdefault((r["model"], r["seed"], r["method"], r["keep"]), line)
+    for path in [folder / "rows.jsonl" for folder in folders]:
+        if path.is_file():
+            for r, line in zip(
+                load(path), [x for x in path.read_text().splitlines() if x.strip()], strict=True
+            ):
+                rows.setdefault((r["model"], r["seed"], r["method"], r["keep"]), line)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(line + "\n" for line in rows.values()))
 
@@ -39,17 +42,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/study-substrate"))
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--n-eval", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", default="200")
+    ap.add_argument("--n-eval", default="32")
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--layers", default="2")
+    ap.add_argument("--d-model", default="64")
+    ap.add_argument("--heads", default="4")
+    ap.add_argument("--context", default="128")
     ap.add_argument(
         "--models",
         default="",
-        help="train only the design's models whose name contains this (e.g. softmax, sigmoid-gate)",
+        help="train only the design's models named with these parts (e.g. softmax, sigmoid-gate, nope)",
     )
     ap.add_argument(
         "--merge",
@@ -60,21 +63,27 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--summarise-only", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        print(f"error: --seeds must be comma-separated integers, not {args.seeds!r}", file=sys.stderr)
-        return 2
-    sizes = (args.steps, args.threads, args.layers, args.d_model, args.heads, args.context)
-    if min(sizes) < 1 or args.n_eval < 2:
-        print(
-            "error: --steps, --threads, --layers, --d-model, --heads and --context must be >= 1, "
-            "--n-eval >= 2",
-            file=sys.stderr,
+    from kvbench.errors import KvbenchError
+    from kvbench.validation import parse_int
+
+    try:  # every number through the validation layer, before any work
+        seeds = [parse_int(seed, "a seed", 0) for seed in args.seeds.split(",")]
+        steps, threads = parse_int(args.steps, "--steps", 1), parse_int(args.threads, "--threads", 1)
+        n_eval = parse_int(args.n_eval, "--n-eval", 2)
+        size = dict(
+            n_layer=parse_int(args.layers, "--layers", 1),
+            d_model=parse_int(args.d_model, "--d-model", 1),
+            n_head=parse_int(args.heads, "--heads", 1),
+            context=parse_int(args.context, "--context", 2, 4096),  # the held-out text is ~36 kB
         )
+    except KvbenchError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.context > 4096:
-        print("error: --context must be <= 4096 (the held-out text is ~36 kB)", file=sys.stderr)
+    if args.out.exists() and not args.out.is_dir():
+        print(f"error: --out {args.out} is a file, not a folder", file=sys.stderr)
+        return 2
+    if args.summarise_only and not (args.out / "rows.jsonl").is_file():
+        print(f"error: no rows.jsonl in {args.out} to summarise", file=sys.stderr)
         return 2
     missing = [str(d) for d in args.merge if not (d / "rows.jsonl").is_file()]
     if missing:
@@ -82,9 +91,9 @@ def main(argv=None) -> int:
         return 2
     from kvbench.substrate import study
 
-    size = dict(d_model=args.d_model, n_layer=args.layers, n_head=args.heads, context=args.context)
+    wanted = set(args.models.split("-")) - {""}  # "gate" is not "nogate": names match part by part
     try:  # replace() validates the new size as the constructor does
-        configs = [dataclasses.replace(c, **size) for c in study.design() if args.models in c.name]
+        configs = [dataclasses.replace(c, **size) for c in study.design() if wanted <= set(c.name.split("-"))]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -92,21 +101,25 @@ def main(argv=None) -> int:
         print(f"error: no model of the design is named like {args.models!r}", file=sys.stderr)
         return 2
 
-    if args.merge:
-        merge_rows([*args.merge, args.out], args.out / "rows.jsonl")
-    elif not args.summarise_only:
-        study.run_study(
-            args.out,
-            seeds=seeds,
-            settings=study.TrainSettings(steps=args.steps),
-            n_eval=args.n_eval,
-            configs=configs,
-            threads=args.threads,
-            log=lambda m: print(m, flush=True),
-        )
     from kvbench.substrate import summary
 
-    summary.write_summary(args.out / "rows.jsonl", args.out)
+    try:
+        if args.merge:
+            merge_rows([*args.merge, args.out], args.out / "rows.jsonl")
+        elif not args.summarise_only:
+            study.run_study(
+                args.out,
+                seeds=seeds,
+                settings=study.TrainSettings(steps=steps),
+                n_eval=n_eval,
+                configs=configs,
+                threads=threads,
+                log=lambda m: print(m, flush=True),
+            )
+        summary.write_summary(args.out / "rows.jsonl", args.out)
+    except KvbenchError as error:  # a damaged rows file: named in one line, nothing written over it
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -23,9 +23,11 @@ def script():
     [
         (["--models", "relu"], "no model of the design"),
         (["--d-model", "6", "--heads", "4"], "even integer"),
-        (["--context", "5000"], "<= 4096"),
-        (["--layers", "0"], ">= 1"),
-        (["--seeds", "0,x"], "integers"),
+        (["--models", "gate-relu"], "no model of the design"),
+        (["--context", "5000"], "at most 4096"),
+        (["--layers", "0"], "at least 1"),
+        (["--steps", "nan"], "whole number"),
+        (["--seeds", "0,x"], "whole number"),
         (["--merge", "no/such/folder"], "no rows.jsonl"),
     ],
 )
@@ -51,3 +53,17 @@ def test_split_runs_merge_into_one_summary(tmp_path):
     merged = (tmp_path / "all" / "rows.jsonl").read_text()
     assert main(["--merge", str(tmp_path / "0"), "--out", str(tmp_path / "all")]) == 0
     assert (tmp_path / "all" / "rows.jsonl").read_text() == merged
+
+
+@pytest.mark.parametrize("damage", ["", "{not json\n", '{"model": "m"}\n'])
+def test_a_damaged_rows_file_is_one_line_and_nothing_is_written(damage, tmp_path, capsys):
+    main = script().main
+    ok = str(tmp_path / "ok")
+    assert main([*TINY, "--models", "softmax-nogate-rope", "--seeds", "0", "--out", ok]) == 0
+    before = (tmp_path / "ok" / "rows.jsonl").read_text()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "rows.jsonl").write_text(damage)
+    assert main(["--merge", str(tmp_path / "bad"), "--out", str(tmp_path / "ok")]) == 2
+    err = capsys.readouterr().err
+    assert "rows.jsonl" in err and err.count("\n") == 1
+    assert (tmp_path / "ok" / "rows.jsonl").read_text() == before

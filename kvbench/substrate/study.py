@@ -307,10 +307,10 @@ def run_study(
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "rows.jsonl"
     done = set()
-    if rows_path.exists():
-        for line in rows_path.read_text().splitlines():
-            r = json.loads(line)
-            done.add((r["model"], r["seed"]))
+    if rows_path.exists() and rows_path.read_text().strip():
+        from kvbench.substrate.summary import load  # checks every row against the file's schema
+
+        done = {(r["model"], r["seed"]) for r in load(rows_path)}
     train_b, held_b = language_reference()
     train, held = as_tensor(train_b), as_tensor(held_b)
     configs = list(configs) if configs is not None else design()

@@ -6,7 +6,14 @@ substrate.png (change against keep fraction, one panel per model)."""
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import annotated_types
+
+from kvbench.errors import DataFileError
+from kvbench.validation import STRICT, Int64, NonNegative, Positive, PositiveReal, check_json
 
 MODEL_ORDER = [
     f"{a}-{g}-{r}" for a in ("softmax", "sigmoid") for g in ("gate", "nogate") for r in ("rope", "nope")
@@ -26,8 +33,52 @@ def t_interval(values: list[float]) -> tuple[float, float]:
     return mean, stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
 
 
+@dataclass
+class ModelSize:
+    __pydantic_config__ = STRICT
+    n_layer: Positive
+    d_model: Positive
+    n_head: Positive
+    context: Positive
+
+
+@dataclass
+class Steps:
+    __pydantic_config__ = STRICT
+    steps: Positive
+
+
+@dataclass
+class StudyRow:
+    """One line of a substrate study's rows.jsonl, its schema (checked wherever the file is read: resume,
+    merge, summary); the fields the summary and the resume use."""
+
+    __pydantic_config__ = STRICT
+    model: str
+    seed: Int64
+    method: str
+    keep: Annotated[float, annotated_types.Interval(gt=0, le=1)]
+    ppl: PositiveReal
+    ppl_late: PositiveReal
+    train_s: NonNegative
+    gate_mean_last20: float | None
+    config: ModelSize
+    settings: Steps
+
+
 def load(rows_path: Path) -> list[dict]:
-    return [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    """The rows of `rows_path`, each checked against StudyRow: DataFileError with one line (file, line,
+    field) for a damaged one, and for a file without rows."""
+    rows = []
+    for number, line in enumerate(rows_path.read_text().splitlines(), 1):
+        if line.strip():
+            check_json(StudyRow, line, f"{rows_path} line {number}", DataFileError)
+            rows.append(json.loads(line))
+    if not rows:
+        raise DataFileError(f"{rows_path}: no rows")
+    if not any(r["method"] == "none" for r in rows):
+        raise DataFileError(f"{rows_path}: no full-cache ('none') row to compare against")
+    return rows
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
