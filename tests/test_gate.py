@@ -134,6 +134,18 @@ def test_training_lowers_the_kl(model):
     assert card["training"]["best_step"] > 0
 
 
+def test_the_softness_term_drives_gates_to_0_or_1(model):
+    generator = torch.Generator().manual_seed(3)
+    texts = [torch.randint(0, 128, (1, 24), generator=generator) for _ in range(3)]
+    softness = {}
+    for binarise in (0.0, 1.0):
+        config = TrainConfig(keep=0.5, steps=30, eval_every=10, lr=0.2, length=24, binarise=binarise)
+        _, card = train(model.float(), config, (texts, texts), log=lambda line: None)
+        softness[binarise] = card["validation"]["softness"]
+        assert abs(card["validation"]["mean_gate"] - 0.5) < 0.05  # still at the keep fraction
+    assert softness[1.0] < 0.8 * softness[0.0] and softness[0.0] <= 1.0
+
+
 def write_checkpoint(tmp_path, model_dir, **model_fields):
     from kvbench.models import load_model
 

@@ -37,6 +37,14 @@ def gate():
     "--source", default=DEFAULTS.source, show_default=True, type=click.Choice(["prose", "code", "agent"])
 )
 @click.option("--lr", default=DEFAULTS.lr, show_default=True, type=Number(0, low_open=True))
+@click.option(
+    "--binarise",
+    default=DEFAULTS.binarise,
+    show_default=True,
+    type=Number(0),
+    help="Weight of the softness term 4 g (1 - g), driving gates to 0 or 1 so that the soft forward is "
+    "what hard eviction does (0: the shipped gates' loss).",
+)
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(out, model, device, **options):
