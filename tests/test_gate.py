@@ -13,7 +13,7 @@ from kvbench.engine import kv_counts
 from kvbench.learned.common import TrainingFileError, model_shape
 from kvbench.learned.gate.checkpoint import WEIGHTS_FILE, load_gates, save_gates
 from kvbench.learned.gate.gates import GateSet, soft_gates
-from kvbench.learned.gate.train import TrainConfig, train
+from kvbench.learned.gate.train import RoundedGates, TrainConfig, train
 from kvbench.presses import build_press
 
 LENGTH = 16
@@ -144,6 +144,19 @@ def test_the_softness_term_drives_gates_to_0_or_1(model):
         softness[binarise] = card["validation"]["softness"]
         assert abs(card["validation"]["mean_gate"] - 0.5) < 0.05  # still at the keep fraction
     assert softness[1.0] < 0.8 * softness[0.0] and softness[0.0] <= 1.0
+
+
+def test_rounded_gates_keep_the_top_gates_per_head():
+    gates = GateSet(1, 2, 4)
+    with torch.no_grad():
+        gates.weight.normal_(generator=torch.Generator().manual_seed(4))
+    keys, values = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4)
+    logits = gates.logits(0, keys, values)
+    log_g = RoundedGates(gates, keep=0.5).log_gates(0, keys, values)
+    kept = log_g == 0
+    assert kept.sum(-1).tolist() == [[5, 5]]  # ceil(0.5 x 9) per head, the rest -inf
+    assert torch.isneginf(log_g[~kept]).all()
+    assert logits[kept].view(2, 5).min(-1).values.gt(logits[~kept].view(2, 4).max(-1).values).all()
 
 
 def write_checkpoint(tmp_path, model_dir, **model_fields):
