@@ -123,7 +123,7 @@ def test_live_cache_perplexity_holds_the_gate_budget(tiny_model, one_thread, ids
     assert rows[1]["nll"] != rows[0]["nll"]
 
 
-def test_training_lowers_the_kl(model):
+def test_training_lowers_the_kl(model, tmp_path):
     generator = torch.Generator().manual_seed(2)
     texts = [torch.randint(0, 128, (1, 24), generator=generator) for _ in range(3)]
     config = TrainConfig(keep=0.5, steps=30, eval_every=10, lr=0.05, length=24)
@@ -132,6 +132,9 @@ def test_training_lowers_the_kl(model):
     assert validation["kl"] < 0.9 * validation["kl_ungated_start"]
     assert abs(validation["mean_gate"] - 0.5) < 0.05  # the sparsity term holds the keep fraction
     assert card["training"]["best_step"] > 0
+    save_gates(tmp_path, gates, {**card, "model": {**card["model"], "name": "tiny"}})
+    shown = CliRunner().invoke(main, ["gate", "report", str(tmp_path)])
+    assert shown.exit_code == 0 and f"rounded {validation['hard_kl']:.4f}" in shown.output
 
 
 def test_the_softness_term_drives_gates_to_0_or_1(model):
