@@ -44,7 +44,7 @@ uv run kvbench report results/reference-heldout results/reference-confirm result
 uv run kvbench report results/reference-{confirm,third,fourth,fifth} --out reports/reference-after-choice-fifth --versus kvp --presses kvp,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
 # README "A sixth held-out suite, and the agents shipped now"; TRAINING "The mixed-target agents, and the sixth suite"
 uv run kvbench report results/reference-sixth --out reports/reference-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,tova,streaming_llm,knorm,snapkv,h2o,expected_attention,distillcache
-uv run kvbench report results/reference-{confirm,third,fourth,fifth,sixth} --out reports/reference-after-choice-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
+uv run kvbench report results/reference-{confirm,third,fourth,fifth,sixth} --out reports/reference-after-choice-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention,gate
 uv run kvbench report results/reference-{confirm,third,fourth,sixth} --out reports/reference-after-choice-sixth-without-fifth --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
 uv run kvbench report results/reference-heldout --out reports/reference-heldout-mixed-agents --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
 uv run kvbench report results/reference results/reference-mixed-agents --out reports/reference-mixed-agents --versus kvp
@@ -71,6 +71,8 @@ uv run kvbench report results/reference-cuda --out reports/reference-cuda
 # docs/studies/qevict-recovery.md
 uv run kvbench report results/reference-qevict-recovery --out reports/reference-qevict-recovery --versus qevict
 
+# docs/studies/gate.md "On the six held-out suites": the gate against every heuristic, paired, pooled over six suites
+uv run kvbench report results/reference-{heldout,confirm,third,fourth,fifth,sixth} --out reports/reference-gate-heldout --versus gate --presses gate,kvp,streaming_llm,tova,knorm,h2o,snapkv,expected_attention,distillcache
 # docs/studies/gate.md "On the memory board": the gate press beside the learned presses and the heuristics
 uv run kvbench report results/reference-memory --out reports/reference-gate-memory --versus kvp --presses gate,kvp,distillcache,streaming_llm,knorm,quant
 # docs/studies/distillcache-per-step.md: the per-step candidate judged on the third suite, and RULER in distribution
