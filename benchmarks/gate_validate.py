@@ -53,7 +53,7 @@ def main() -> None:
         result = validate(model, gates, [torch.tensor([text.ids]) for text in made], keep)
         print(
             f"| {folder} ({digest[:12]}) | {keep} | {count} x {training['length']} {training['source']} | "
-            f"{result['kl']:.4f} | {result['hard_kl']:.4f} | {result['mean_gate']:.3f} | "
+            f"{result['kl']:.4f} | {result['rounded_kl']:.4f} | {result['mean_gate']:.3f} | "
             f"{result['softness']:.3f} |",
             flush=True,
         )

@@ -86,7 +86,7 @@ def report(weights):
 
     card = read_card(weights, METHOD, train_command_hint("MODEL"))
     training, validation = card["training"], card["validation"]
-    rounded = f", rounded {validation['hard_kl']:.4f}" if "hard_kl" in validation else ""
+    rounded = f", rounded {validation['rounded_kl']:.4f}" if "rounded_kl" in validation else ""
     click.echo(
         f"{card['model']['name']}: keep {training['keep']}, {training['steps']} steps (best "
         f"{training['best_step']}), {training['seconds']:.0f} s; validation KL {validation['kl']:.4f}"

@@ -15,7 +15,7 @@ Driving the gates to 0 or 1 makes the soft forward what eviction does: with ever
 keep fraction, its gates of 1 are the entries the hard press keeps. The term's gradient is 0 at g = 1/2,
 so from the uniform start it sharpens whatever ranking the KL makes rather than choosing one. The saved
 step is the one of lowest validation KL + binarise x softness (the loss less its sparsity term; with
-binarise 0 the KL alone, as before). Validation also reports the *hard KL*: the KL with every head's gates
+binarise 0 the KL alone, as before). Validation also reports the *rounded KL*: the KL with every head's gates
 rounded (its top keep fraction of the text's entries at 1, the rest at 0, `RoundedGates`), the soft
 forward's view of eviction, so the gap shows in training.
 
@@ -81,7 +81,7 @@ class RoundedGates:
         return rounded.scatter(-1, kept, 0.0)
 
 
-def kl_and_mean_gate(model, gates: GateSet, ids: torch.Tensor, full_log_p: torch.Tensor | None = None):
+def kl_and_gate_stats(model, gates: GateSet, ids: torch.Tensor, full_log_p: torch.Tensor | None = None):
     """(mean KL(p_full || p_gated) per position, mean gate per (layer, head) (layers, kv_heads), mean
     softness 4 g (1 - g) over every layer's gates)."""
     if full_log_p is None:
@@ -95,21 +95,21 @@ def kl_and_mean_gate(model, gates: GateSet, ids: torch.Tensor, full_log_p: torch
 
 
 def validate(model, gates: GateSet, texts, keep: float) -> dict:
-    kls, hard_kls, means, softness = [], [], [], []
+    kls, rounded_kls, means, softness = [], [], [], []
     with torch.no_grad():
         for ids in texts:
             ids = ids.to(model.device)
             full_log_p = F.log_softmax(model(ids).logits.float(), dim=-1)
-            kl, mean_gate, soft = kl_and_mean_gate(model, gates, ids, full_log_p)
-            hard_kl, _, _ = kl_and_mean_gate(model, RoundedGates(gates, keep), ids, full_log_p)
+            kl, mean_gate, soft = kl_and_gate_stats(model, gates, ids, full_log_p)
+            rounded_kl, _, _ = kl_and_gate_stats(model, RoundedGates(gates, keep), ids, full_log_p)
             kls.append(float(kl))
-            hard_kls.append(float(hard_kl))
+            rounded_kls.append(float(rounded_kl))
             means.append(mean_gate)
             softness.append(float(soft))
     mean_gate = torch.stack(means).mean(0)
     return {
         "kl": sum(kls) / len(kls),
-        "hard_kl": sum(hard_kls) / len(hard_kls),
+        "rounded_kl": sum(rounded_kls) / len(rounded_kls),
         "mean_gate": float(mean_gate.mean()),
         "gate_gap": float((mean_gate - keep).abs().max()),
         "softness": sum(softness) / len(softness),
@@ -131,13 +131,13 @@ def train(model, config: TrainConfig, texts, log=print):
     start = time.perf_counter()
     initial = validate(model, gates, val_texts, config.keep)
     log(
-        f"step 0: val KL {initial['kl']:.4f} (rounded {initial['hard_kl']:.4f}), mean gate "
+        f"step 0: val KL {initial['kl']:.4f} (rounded {initial['rounded_kl']:.4f}), mean gate "
         f"{initial['mean_gate']:.3f}, softness {initial['softness']:.3f}"
     )
     best, best_state, history = None, None, [{"step": 0, **initial}]
     for step in range(1, config.steps + 1):
         ids = train_texts[(step - 1) % len(train_texts)].to(model.device)
-        kl, mean_gate, softness = kl_and_mean_gate(model, gates, ids)
+        kl, mean_gate, softness = kl_and_gate_stats(model, gates, ids)
         sparsity = ((mean_gate - config.keep) ** 2).mean()
         loss = kl + config.sparsity * sparsity + config.binarise * softness
         optimizer.zero_grad()
@@ -148,7 +148,7 @@ def train(model, config: TrainConfig, texts, log=print):
             history.append({"step": step, **result, "train_kl": kl.item()})
             log(
                 f"step {step}: train KL {kl.item():.4f}, val KL {result['kl']:.4f} (rounded "
-                f"{result['hard_kl']:.4f}), mean gate "
+                f"{result['rounded_kl']:.4f}), mean gate "
                 f"{result['mean_gate']:.3f} (worst head off by {result['gate_gap']:.3f}), softness "
                 f"{result['softness']:.3f}, {time.perf_counter() - start:.0f} s"
             )
@@ -174,7 +174,7 @@ def train(model, config: TrainConfig, texts, log=print):
         "validation": {
             "kl_ungated_start": initial["kl"],
             "kl": best["kl"],
-            "hard_kl": best["hard_kl"],
+            "rounded_kl": best["rounded_kl"],
             "mean_gate": best["mean_gate"],
             "worst_head_gate_gap": best["gate_gap"],
             "softness": best["softness"],
