@@ -25,17 +25,16 @@ def merge_rows(folders: list[Path], out: Path) -> None:
     """The union of the folders' rows (one per model, seed, method and keep; the first folder's wins) into
     `out`, so that the rows already in `out` are kept and merging again changes nothing. Every file is
     checked against the rows' schema before anything is written."""
+    import json
+
     from kvbench.substrate.summary import load
 
     rows = {}
     for path in [folder / "rows.jsonl" for folder in folders]:
-        if path.is_file():
-            for r, line in zip(
-                load(path), [x for x in path.read_text().splitlines() if x.strip()], strict=True
-            ):
-                rows.setdefault((r["model"], r["seed"], r["method"], r["keep"]), line)
+        for row in load(path) if path.is_file() else []:
+            rows.setdefault((row["model"], row["seed"], row["method"], row["keep"]), row)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(line + "\n" for line in rows.values()))
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows.values()))  # as run_study writes them
 
 
 def main(argv=None) -> int:
