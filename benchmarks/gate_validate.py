@@ -35,22 +35,20 @@ def main() -> None:
         print(f"gate_validate: {error}", file=sys.stderr)
         sys.exit(2)
 
-    import torch
-
     from kvbench.learned.common import model_shape
+    from kvbench.learned.gate.command import token_ids
     from kvbench.learned.gate.train import VAL_SEED, validate
     from kvbench.models import load_model, load_tokenizer
-    from kvbench.perplexity import generated_texts
 
     model, _ = load_model()
-    shape = model_shape(model)
+    shape, tokenizer = model_shape(model), load_tokenizer()
     print("| gates | keep | texts | soft KL | rounded KL | mean gate | softness |")
     print("|---|---|---|---|---|---|---|")
     for folder in args.folders:
         gates, card, digest = load_gates(folder, shape)
         keep, training = card["training"]["keep"], card["training"]
-        made = generated_texts(load_tokenizer(), training["source"], count, training["length"], VAL_SEED)
-        result = validate(model, gates, [torch.tensor([text.ids]) for text in made], keep)
+        texts = token_ids(tokenizer, training["source"], count, training["length"], VAL_SEED)
+        result = validate(model, gates, texts, keep)
         print(
             f"| {folder} ({digest[:12]}) | {keep} | {count} x {training['length']} {training['source']} | "
             f"{result['kl']:.4f} | {result['rounded_kl']:.4f} | {result['mean_gate']:.3f} | "

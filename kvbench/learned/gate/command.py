@@ -48,16 +48,14 @@ def gate():
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(out, model, device, **options):
-    """Train the gates on generated texts with the model frozen; save the best (by validation KL)."""
+    """Train the gates on generated texts with the model frozen; save the best step (lowest validation KL
+    + binarise x softness, among steps at the keep fraction)."""
     import sys
-
-    import torch
 
     from kvbench.learned.gate.checkpoint import save_gates
     from kvbench.learned.gate.train import TRAIN_SEED, VAL_SEED
     from kvbench.learned.gate.train import train as train_gates
     from kvbench.models import check_device, load_model, load_tokenizer, resolve
-    from kvbench.perplexity import generated_texts
     from kvbench.results import check_folder_writable
 
     check_folder_writable(out, "--out folder")
@@ -66,15 +64,23 @@ def train(out, model, device, **options):
     config = TrainConfig(**options)
     llm, _ = load_model(model, device=device)
     tokenizer = load_tokenizer(model)
-
-    def texts(count: int, seed: int) -> list:
-        made = generated_texts(tokenizer, config.source, count, config.length, seed)
-        return [torch.tensor([text.ids]) for text in made]
-
-    data = (texts(config.texts, TRAIN_SEED), texts(config.val_texts, VAL_SEED))
+    data = (
+        token_ids(tokenizer, config.source, config.texts, config.length, TRAIN_SEED),
+        token_ids(tokenizer, config.source, config.val_texts, config.length, VAL_SEED),
+    )
     gates, card = train_gates(llm, config, data, log=click.echo)
     save_gates(out, gates, {**card, "command": "kvbench " + " ".join(sys.argv[1:])})
     click.echo(f"wrote {out}")
+
+
+def token_ids(tokenizer, source: str, count: int, length: int, seed: int) -> list:
+    """The live-cache protocol's generated texts as (1, length) token ids: what the gates train and validate
+    on (kvbench.learned.gate.train may not import kvbench.perplexity; this layer may)."""
+    import torch
+
+    from kvbench.perplexity import generated_texts
+
+    return [torch.tensor([text.ids]) for text in generated_texts(tokenizer, source, count, length, seed)]
 
 
 @gate.command()
