@@ -24,7 +24,8 @@ from pathlib import Path
 def merge_rows(folders: list[Path], out: Path) -> None:
     """The union of the folders' rows (one per model, seed, method and keep; the first folder's wins) into
     `out`, so that the rows already in `out` are kept and merging again changes nothing. Every file is
-    checked against the rows' schema before anything is written."""
+    checked against the rows' schema before anything is written, and `out` is replaced whole
+    (`write_whole`): a full disk or a kill leaves it as it was."""
     import json
 
     from kvbench.substrate.summary import load
@@ -33,8 +34,34 @@ def merge_rows(folders: list[Path], out: Path) -> None:
     for path in [folder / "rows.jsonl" for folder in folders]:
         for row in load(path) if path.is_file() else []:
             rows.setdefault((row["model"], row["seed"], row["method"], row["keep"]), row)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(row) + "\n" for row in rows.values()))  # as run_study writes them
+    text = "".join(json.dumps(row) + "\n" for row in rows.values())  # as run_study writes them
+    write_whole(out, text.encode())
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Replace `path` by `data`: written to a temporary file beside it, fsync'd, and renamed over it, so
+    `path` holds either its old bytes or all the new ones, never part of them. ResultsWriteError (one
+    line) when it cannot be written; no temporary file is left behind."""
+    import os
+    import tempfile
+
+    from kvbench.errors import ResultsWriteError
+
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
+        with open(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's file is private; the rows are not
+        os.replace(tmp, path)
+    except OSError as error:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise ResultsWriteError(f"cannot write {path}: {error.strerror}; it is as it was") from None
 
 
 def main(argv=None) -> int:
@@ -116,9 +143,9 @@ def main(argv=None) -> int:
                 log=lambda m: print(m, flush=True),
             )
         summary.write_summary(args.out / "rows.jsonl", args.out)
-    except KvbenchError as error:  # a damaged rows file: named in one line, nothing written over it
+    except KvbenchError as error:  # a damaged rows file or a full disk: one line, nothing written over it
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return error.exit_code
     return 0
 
 

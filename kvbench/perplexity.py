@@ -66,6 +66,7 @@ from kvbench.planning import (
 )
 from kvbench.presses import build_press, check_press_runnable
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id_of, load_rows
+from kvbench.validation import jsonl_lines
 
 PROTOCOL = "perplexity"
 SOURCES = ("prose", "code", "agent")
@@ -204,7 +205,7 @@ def local_texts(data_dir: Path) -> Iterator[tuple[str, str]]:
             if content.strip():
                 yield path.name, content
             continue
-        for number, line in enumerate(content.splitlines(), start=1):
+        for number, line in enumerate(jsonl_lines(content), start=1):
             if not line.strip():
                 continue
             try:

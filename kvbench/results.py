@@ -7,7 +7,9 @@ FOLDER` folds a folder's rows into it). A folder's rows are those of its `rows.j
 
 Rows are only ever appended, one `write` per line on an O_APPEND file, then fsync'd, so a run killed at any
 point (even kill -9) leaves at most one torn last line, which the next writer cuts. A rerun computes only
-the keys that are missing.
+the keys that are missing. Lines are split by `kvbench.validation.jsonl_lines` (at "\n", "\r\n" or a lone
+"\r"), by every reader of the store, so a file written with other line ends by another tool reads and
+resumes as the store's own.
 
 A row's key is (config_id, task, length, seed, sample_id, content_hash): the config, which sample, and a hash
 of the sample's content (`Sample.content_hash`: prompt, question, references, ...), so that regenerated task
@@ -44,7 +46,17 @@ from filelock import FileLock, Timeout
 
 from kvbench.config import DEFAULT_PROTOCOL, Config
 from kvbench.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
-from kvbench.validation import Count, Int64, Memory, NonNegative, Positive, Ratio, check_fields
+from kvbench.validation import (
+    Count,
+    Int64,
+    Memory,
+    NonNegative,
+    Positive,
+    Ratio,
+    check_fields,
+    jsonl_lines,
+    whole_lines_size,
+)
 
 ROWS_FILE = "rows.jsonl"
 ROWS_GZ = "rows.jsonl.gz"  # compressed rows, read-only (see the module's docstring)
@@ -274,18 +286,18 @@ class ResultsStore:
         with open(self.rows_path, "rb+") as file:
             size = file.seek(0, os.SEEK_END)
             file.seek(size - 1)
-            if file.read(1) == b"\n":
+            if file.read(1) in (b"\n", b"\r"):  # every line ends, whatever its line ends
                 return
             start = max(self.offset, 0)
             file.seek(start)
             tail = file.read()
-            cut = tail.rfind(b"\n")
-            if is_json(tail[cut + 1 :]):
+            cut = whole_lines_size(tail)
+            if is_json(tail[cut:]):
                 file.write(b"\n")
                 file.flush()
                 os.fsync(file.fileno())
                 return
-            file.truncate(start + cut + 1 if cut >= 0 else start)
+            file.truncate(start + cut)
 
     def refresh(self, fresh: bool = True) -> None:
         """Read the whole lines written since the last read (by this writer or another)."""
@@ -294,9 +306,9 @@ class ResultsStore:
         with open(self.rows_path, "rb") as file:
             file.seek(self.offset)
             data = file.read()
-        end = data.rfind(b"\n") + 1
+        end = whole_lines_size(data)
         self.offset += end
-        for row in parse_rows(data[:end].decode("utf-8", errors="replace").splitlines(), self.rows_path):
+        for row in parse_rows(jsonl_lines(data[:end].decode("utf-8", errors="replace")), self.rows_path):
             self.done.add(row.key)
             if fresh:
                 self.fresh.add(row.key)
@@ -491,14 +503,19 @@ def read_file(path: Path) -> list[Row]:
     """The rows of one file (gzip'd if its name ends in .gz); none if it is not there."""
     if not Path(path).is_file():
         return []
-    if not str(path).endswith(".gz"):
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return parse_rows(file, Path(path))
-    try:  # a compressed file is read whole: a torn or foreign one is refused, not half read
-        text = gzip.decompress(Path(path).read_bytes()).decode("utf-8", errors="replace")
+    text = file_bytes(Path(path)).decode("utf-8", errors="replace")
+    return parse_rows(jsonl_lines(text), Path(path))
+
+
+def file_bytes(path: Path) -> bytes:
+    """The bytes of a rows file, decompressed if its name ends in .gz. A compressed file is read whole: a
+    torn or foreign one is refused (DataFileError), not half read."""
+    if path.suffix != ".gz":
+        return path.read_bytes()
+    try:
+        return gzip.decompress(path.read_bytes())
     except (OSError, EOFError) as error:
         raise DataFileError(f"{path} is not a readable gzip file of rows ({error})") from None
-    return parse_rows(text.splitlines(keepends=True), Path(path))
 
 
 def read_rows(path: Path) -> list[Row]:
@@ -588,24 +605,90 @@ def load_runs(paths) -> list[dict]:
 
 
 def compress_rows(folder: Path) -> Path:
-    """Fold a folder's rows (rows.jsonl.gz, then rows.jsonl) into one rows.jsonl.gz, byte for byte, and
-    remove its rows.jsonl: gzip level 9 with mtime 0 and no name, so the same rows give the same bytes."""
+    """Fold a folder's rows (rows.jsonl.gz, then rows.jsonl) into one rows.jsonl.gz and remove its
+    rows.jsonl. Each line is kept byte for byte and ends in "\n" (a file whose lines end in "\r" or
+    "\r\n", or whose last row lacks its end, is folded in whole); only a torn last line (no line end, not
+    JSON: a writer killed mid-row) is dropped. gzip level 9 with mtime 0 and no name, so the same rows give
+    the same bytes.
+
+    Never loses a row: the new file is written to a temporary file beside it and fsync'd, read back, and
+    must hold every row the folder held, in order (else ResultsWriteError, nothing changed); only then
+    does it replace rows.jsonl.gz, and only after that is rows.jsonl removed. A failure at any point
+    (a full disk, a kill) leaves the folder's rows readable as they were; at worst, killed between the
+    two steps, rows.jsonl's rows are there twice, which readers keep once."""
     folder = Path(folder)
     if not rows_files(folder):
         raise BadInput(f"{folder} holds no rows.jsonl to compress")
     for path in rows_files(folder):
         read_file(path)  # a torn or foreign .gz is refused before anything is written, the lock included
     with FileLock(str(folder / LOCK_FILE)):
-        data = b""
-        for path in rows_files(folder):
-            text = gzip.decompress(path.read_bytes()) if path.name == ROWS_GZ else path.read_bytes()
-            data += text[: text.rfind(b"\n") + 1]  # whole lines only: a torn last line is dropped
-        target, tmp = folder / ROWS_GZ, folder / (ROWS_GZ + ".tmp")
-        with open(tmp, "wb") as raw, gzip.GzipFile("", "wb", 9, raw, mtime=0) as file:
-            file.write(data)
-        tmp.rename(target)
-        (folder / ROWS_FILE).unlink(missing_ok=True)
+        for stale in folder.glob(ROWS_GZ + ".*.tmp"):  # of a compress killed mid-way (made under this lock)
+            stale.unlink(missing_ok=True)
+        lines, before = [], []
+        with warnings.catch_warnings():  # corrupt lines were reported by the reads above
+            warnings.simplefilter("ignore", KvbenchWarning)
+            for path in rows_files(folder):
+                before += read_file(path)
+                text = file_bytes(path).decode("utf-8", errors="surrogateescape")  # bytes kept as they are
+                found = jsonl_lines(text)
+                if found and not text.endswith(("\n", "\r")) and not is_json(found[-1]):
+                    found.pop()  # a torn last line
+                lines += found
+        data = "".join(line + "\n" for line in lines).encode("utf-8", errors="surrogateescape")
+        target, tmp = folder / ROWS_GZ, None
+        try:
+            fd, name = tempfile.mkstemp(prefix=ROWS_GZ + ".", suffix=".tmp", dir=folder)
+            tmp = Path(name)
+            with open(fd, "wb") as raw:
+                with gzip.GzipFile("", "wb", 9, raw, mtime=0) as file:
+                    file.write(data)
+                raw.flush()
+                os.fsync(raw.fileno())
+            after = read_back(tmp)
+            if [row.to_dict() for row in after] != [row.to_dict() for row in before]:
+                tmp.unlink()
+                raise ResultsWriteError(
+                    f"cannot compress {folder}: {len(before)} rows read, {len(after)} in the compressed "
+                    "file; nothing changed"
+                )
+            os.chmod(tmp, 0o644)  # mkstemp's file is private; the rows are not
+            os.replace(tmp, target)
+            sync_folder(folder)
+        except ResultsWriteError:
+            raise
+        except OSError as error:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot compress {folder}: {error.strerror}; nothing changed") from None
+        try:
+            (folder / ROWS_FILE).unlink(missing_ok=True)
+        except OSError as error:
+            raise ResultsWriteError(
+                f"compressed {folder}, but cannot remove its rows.jsonl ({error.strerror}): its rows are in "
+                "both files until it is removed"
+            ) from None
     return target
+
+
+def read_back(path: Path) -> list[Row]:
+    """The rows of a gzip'd rows file whatever its name (a temporary one), without warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KvbenchWarning)
+        return parse_rows(jsonl_lines(gzip.decompress(path.read_bytes()).decode("utf-8", "replace")), path)
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder, so that a rename in it survives a crash; where folders cannot be opened, nothing."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":  # python -m kvbench.results compress FOLDER...
@@ -617,11 +700,8 @@ if __name__ == "__main__":  # python -m kvbench.results compress FOLDER...
     parser.add_argument("folders", nargs="+", type=Path)
     for folder in parser.parse_args().folders:
         try:
-            before = len(load_rows(folder))
-            path = compress_rows(folder)
-        except KvbenchError as error:  # one line and exit 2, as kvbench's own commands
+            path = compress_rows(folder)  # checks its own count before it removes anything
+        except KvbenchError as error:  # one line, and kvbench's exit code: 2, or 1 for a write that failed
             print(f"Error: {str(error).splitlines()[0]}", file=sys.stderr)
-            raise SystemExit(2) from None
-        if len(load_rows(folder)) != before:
-            raise SystemExit(f"{folder}: {before} rows before compressing, {len(load_rows(folder))} after")
-        print(f"{path}: {before} rows, {path.stat().st_size} bytes")
+            raise SystemExit(error.exit_code) from None
+        print(f"{path}: {len(load_rows(folder))} rows, {path.stat().st_size} bytes")

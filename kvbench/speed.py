@@ -26,7 +26,17 @@ from pathlib import Path
 from kvbench.config import Config
 from kvbench.errors import BadInput, DataFileError
 from kvbench.planning import configs_for_sweep, split
-from kvbench.validation import STRICT, Count, Memory, Positive, PositiveReal, Ratio, check_json, parse_int
+from kvbench.validation import (
+    STRICT,
+    Count,
+    Memory,
+    Positive,
+    PositiveReal,
+    Ratio,
+    check_json,
+    jsonl_lines,
+    parse_int,
+)
 
 COSTS_FILE = "costs.jsonl"
 DEFAULT_PRESSES = "knorm,snapkv,tova,streaming_llm,kvp,qevict,memdecay,quant"
@@ -95,7 +105,7 @@ def load_costs(out: Path) -> dict:
         return {}
     done = {}
     try:
-        lines = path.read_text().splitlines()
+        lines = jsonl_lines(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:
         raise DataFileError(f"{path} is unreadable ({error})") from None
     for number, line in enumerate(lines, 1):

@@ -13,6 +13,8 @@ reads, each refused in one line that names the culprit.
   kvbench wrote holds the exact JSON types it wrote, so "0.5" where a number belongs, 1.0 where an integer
   belongs or a list where an object belongs is a damaged file, not something to coerce.
 - Integers in files must fit in 64 bits (`Int64`): what pandas and torch hold without overflow.
+- JSONL lines: `jsonl_lines` is the one way every JSONL file kvbench reads (results rows, costs, traces,
+  study rows, local texts) is cut into lines, so that all its readers agree on where a line ends.
 
 The lowest layer: of kvbench it imports only the errors (BadInput by default; callers that read files
 pass their own type), and pydantic only when a first file is checked, so `kvbench --help` does not pay
@@ -23,6 +25,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import re
 from typing import Annotated, Any
 
 import annotated_types
@@ -42,6 +45,25 @@ Ratio = Annotated[float, annotated_types.Interval(ge=0, lt=1)]  # fraction of KV
 Memory = Annotated[float, annotated_types.Interval(gt=0, le=1)]  # fraction of the 16-bit full cache
 # What every schema is validated with: exact JSON types, finite floats.
 STRICT = {"strict": True, "allow_inf_nan": False}
+LINE_END = re.compile(r"\r\n|\r|\n")  # where a JSONL line ends: JSON text never holds these raw
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSONL `text`, without their ends. A line ends at "\n", "\r\n" or a lone "\r", and
+    nowhere else: not at U+2028, U+2029 or U+0085, which JSON allows raw inside a string (`jq -c` writes
+    them so), as `str.splitlines()` would. A last line without an end is a line; a final end starts none.
+    Blank lines are kept (they count in line numbers); each reader skips them."""
+    lines = LINE_END.split(text)
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def whole_lines_size(data: bytes) -> int:
+    """How many bytes of `data` are whole lines: up to and with its last line end (b"\n" or b"\r", as
+    `jsonl_lines` splits); 0 when it holds none. Safe on UTF-8: neither byte occurs inside a multi-byte
+    character. A trailing b"\r" counts as an end (a "\n" after it would only add a blank line)."""
+    return max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
 
 
 def interval_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kvbench.reporting.plots import MARKERS, PALETTE, new_figure, save, wrapped_title
 from kvbench.serving.bench import MIB, table
+from kvbench.validation import jsonl_lines
 
 PLOTS = {
     "ttft.png": "TTFT distribution per run",
@@ -140,7 +141,7 @@ def render(folder: Path | str) -> list[Path]:
     folder = Path(folder)
     record = json.loads((folder / "summary.json").read_text())
     summaries = record["summary"]["policies"]
-    rows = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines() if line]
+    rows = [json.loads(line) for line in jsonl_lines((folder / "requests.jsonl").read_text()) if line.strip()]
     policies = list(dict.fromkeys(s["policy"] for s in summaries))
     figures = {
         "ttft.png": ttft_figure(rows, policies),

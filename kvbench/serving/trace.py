@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from kvbench.errors import BadInput, DataFileError
-from kvbench.validation import parse_int
+from kvbench.validation import jsonl_lines, parse_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +140,7 @@ def read_trace(path: Path) -> Trace:
         raise DataFileError(f"{path}: cannot read the trace ({error.__class__.__name__})") from None
     chunks: dict[str, str] = {}
     requests: list[Request] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(jsonl_lines(text), 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"

@@ -13,7 +13,7 @@ from typing import Annotated
 import annotated_types
 
 from kvbench.errors import DataFileError
-from kvbench.validation import STRICT, Int64, NonNegative, Positive, PositiveReal, check_json
+from kvbench.validation import STRICT, Int64, NonNegative, Positive, PositiveReal, check_json, jsonl_lines
 
 MODEL_ORDER = [
     f"{a}-{g}-{r}" for a in ("softmax", "sigmoid") for g in ("gate", "nogate") for r in ("rope", "nope")
@@ -70,7 +70,7 @@ def load(rows_path: Path) -> list[dict]:
     """The rows of `rows_path`, each checked against StudyRow: DataFileError with one line (file, line,
     field) for a damaged one, and for a file without rows."""
     rows = []
-    for number, line in enumerate(rows_path.read_text().splitlines(), 1):
+    for number, line in enumerate(jsonl_lines(rows_path.read_text(encoding="utf-8")), 1):
         if line.strip():
             check_json(StudyRow, line, f"{rows_path} line {number}", DataFileError)
             rows.append(json.loads(line))
