@@ -54,6 +54,7 @@ LAYERS = [
     ("kvbench.errors", 0),
     ("kvbench.provenance", 0),
     ("kvbench.resources", 0),
+    ("kvbench.registry", 0),
 ]
 
 
