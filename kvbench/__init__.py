@@ -8,9 +8,11 @@ The Python API is what the `kvbench` command line calls, and scores the same row
     kvbench.report("results", out="reports/mine")
 
 `run`, `sweep` (kvbench.runner), `report` (kvbench.reporting), `load_results` (a DataFrame of the rows of
-results folders), the look-ups `list_presses`, `list_tasks`, `list_suites`, `load_samples`, and the
-dataclasses `Row`, `Config`, `Plan`, `Unit`, `Sample`, `Suite`. Names load on first use, so that
-`import kvbench` (and `kvbench --help`) stays fast; errors are kvbench.errors' types.
+results folders), the look-ups `list_presses`, `list_tasks`, `list_suites`, `load_samples`, the
+registrations of a user's own work `register_press`, `register_family`, `register_metric`,
+`register_data_task` (with `DataTask`), and the dataclasses `Row`, `Config`, `Plan`, `Unit`, `Sample`,
+`Suite`. `sweep` and `run` also take presses as objects or targets (docs/extending.md). Names load on
+first use, so that `import kvbench` (and `kvbench --help`) stays fast; errors are kvbench.errors' types.
 """
 
 import importlib
@@ -33,12 +35,24 @@ if TYPE_CHECKING:  # what the names below resolve to, for type checkers and edit
     from kvbench.config import Config
     from kvbench.engine import evaluate_sample
     from kvbench.models import load_model
-    from kvbench.presses import PressSpec, build_press, list_presses
+    from kvbench.presses import PressSpec, build_press, list_presses, register_press
+    from kvbench.registry import PluginError
     from kvbench.reporting import render_report as report
     from kvbench.results import ResultsStore, Row
     from kvbench.results import load_rows as load_results
     from kvbench.runner import Plan, Unit, evaluate_unit, run, run_configs, sweep
-    from kvbench.tasks import Sample, Suite, TaskInfo, list_suites, list_tasks, load_samples
+    from kvbench.tasks import (
+        Sample,
+        Suite,
+        TaskInfo,
+        list_suites,
+        list_tasks,
+        load_samples,
+        register_data_task,
+        register_family,
+        register_metric,
+    )
+    from kvbench.tasks.jsonl import DataTask
 
 LAZY = {
     "run": "kvbench.runner:run",
@@ -62,6 +76,12 @@ LAZY = {
     "Suite": "kvbench.tasks:Suite",
     "TaskInfo": "kvbench.tasks:TaskInfo",
     "load_model": "kvbench.models:load_model",
+    "register_press": "kvbench.presses:register_press",
+    "register_family": "kvbench.tasks:register_family",
+    "register_metric": "kvbench.tasks:register_metric",
+    "register_data_task": "kvbench.tasks:register_data_task",
+    "DataTask": "kvbench.tasks.jsonl:DataTask",
+    "PluginError": "kvbench.registry:PluginError",
     "evaluate_sample": "kvbench.engine:evaluate_sample",
 }
 
@@ -88,6 +108,12 @@ __all__ = [  # the lazy names above, kvbench's errors, and the console script
     "TaskInfo",
     "load_model",
     "evaluate_sample",
+    "register_press",
+    "register_family",
+    "register_metric",
+    "register_data_task",
+    "DataTask",
+    "PluginError",
     "BadInput",
     "DataFileError",
     "KvbenchError",

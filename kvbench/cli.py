@@ -148,10 +148,31 @@ def task_options(command):
         click.option(
             "--suite",
             default=None,
-            help="Suite from tasks/*.yaml (default ruler-smoke; see `kvbench tasks`).",
+            help="Suite name (default ruler-smoke; see `kvbench tasks`) or a suite YAML's path (its folder's "
+            "task YAMLs are included).",
         ),
         click.option(
             "--task", "tasks", multiple=True, help="Task name (repeatable); overrides the suite's tasks."
+        ),
+        click.option(
+            "--data",
+            multiple=True,
+            metavar="PATH",
+            help="Your own samples as a task named after the file (repeatable): a .jsonl of {context, "
+            "question, answers, id?}, a .parquet file or a datasets folder; overrides the suite's tasks.",
+        ),
+        click.option(
+            "--metric",
+            default=None,
+            help="Metric of the --data tasks [qa_f1]: exact_match, contains, qa_f1, rouge, string_match_all, "
+            "... or module:function / file.py:function returning a score in [0, 1].",
+        ),
+        click.option(
+            "--include-path",
+            multiple=True,
+            metavar="DIR",
+            help="Folder of task YAMLs (task, data, metric, fields, templates, ...) and suite YAMLs to add "
+            "to the registry (repeatable).",
         ),
         click.option(
             "--length",
@@ -296,7 +317,11 @@ def print_summary(frame, out: Path) -> None:
 
 
 @main.command()
-@click.option("--press", required=True, help="Press name (see `kvbench presses`).")
+@click.option(
+    "--press",
+    required=True,
+    help="Press name (see `kvbench presses`), or your own: module:Class, path/to/file.py:Class, NAME=target.",
+)
 @click.option("--ratio", default=None, help="Fraction of KV entries removed, in [0, 1).")
 @click.option(
     "--memory",
@@ -313,7 +338,7 @@ def print_summary(frame, out: Path) -> None:
     "press_args",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Press parameter (repeatable), e.g. window_size=32 or inner=tova.",
+    help="Press parameter (repeatable), e.g. window_size=32 or inner=tova (PRESS.KEY=VALUE works too).",
 )
 @protocol_options
 @task_options
@@ -342,7 +367,12 @@ def run(press, ratio, memory, budget, press_args, **options):
 
 
 @main.command()
-@click.option("--presses", required=True, help="Comma-separated press names, e.g. kvp,snapkv,h2o,tova.")
+@click.option(
+    "--presses",
+    required=True,
+    help="Comma-separated presses, e.g. kvp,snapkv,h2o,tova; your own as module:Class, path/to/file.py:Class "
+    "or NAME=target.",
+)
 @click.option("--ratios", default=None, help="Comma-separated ratios in [0, 1), e.g. 0.25,0.5,0.75,0.9.")
 @click.option(
     "--memory",
@@ -361,7 +391,8 @@ def run(press, ratio, memory, budget, press_args, **options):
     "press_args",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Press parameter for every press of the sweep (repeatable), e.g. agents=agents/broad for kvp.",
+    help="Press parameter (repeatable): KEY=VALUE for every press of the sweep, PRESS.KEY=VALUE for one, "
+    "e.g. kvp.agents=agents/broad snapkv.window_size=16.",
 )
 @protocol_options
 @task_options
@@ -383,6 +414,7 @@ def sweep(
       kvbench sweep --presses kvp,snapkv --ratios 0.5 --suite ruler-4k --ray auto --ray-gpus 1 --device cuda
       kvbench sweep --presses kvp,snapkv,tova --budget 64,128,256 --protocol query-aware --suite ruler-1k
       kvbench sweep --presses kvp,knorm --ratios 0.5 --protocol multi-question --suite heldout --length 2048
+      kvbench sweep --presses my_press.py:MyPress,snapkv --ratios 0.5 --data mine.jsonl --metric exact_match
     """
     from kvbench.presses import parse_press_args
     from kvbench.runner import sweep as sweep_presses
@@ -409,16 +441,25 @@ def list_presses():
     width = max(len(spec.name) for spec in specs)
     for spec in specs:
         needs = f"  [needs: {', '.join(spec.needs)}]" if spec.needs else ""
-        click.echo(f"{spec.name:<{width}}  {spec.description}{needs}")
+        source = spec.source
+        origin = f"  [from {source.package} {source.version}]" if source and source.package else ""
+        click.echo(f"{spec.name:<{width}}  {spec.description}{needs}{origin}")
     click.echo("kvpress presses not in the registry:")
     for name, reason in NOT_REGISTERED.items():
         click.echo(f"  {name}: {reason}")
 
 
 @main.command(name="tasks")
-def list_tasks():
+@click.option(
+    "--include-path", multiple=True, metavar="DIR", help="Folder of your task and suite YAMLs to list too."
+)
+def list_tasks(include_path):
     """List task families, tasks and suites."""
+    from kvbench.tasks import include_path as include
     from kvbench.tasks import list_suites, list_tasks
+
+    for folder in include_path:
+        include(folder)
 
     family = None
     for task in list_tasks():
@@ -426,7 +467,7 @@ def list_tasks():
             family = task.family
             click.echo(f"{family}:")
         click.echo(f"  {task.name:<28} {task.description}")
-    click.echo("suites (tasks/*.yaml):")
+    click.echo("suites (tasks/*.yaml and --include-path):")
     for suite in list_suites():
         length = f"{suite.length} tokens" if suite.length else "the model's limit"
         click.echo(

@@ -10,8 +10,9 @@ import dataclasses
 import functools
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvbench import tasks
 from kvbench.config import DEFAULT_PROTOCOL, PROTOCOL_ARGS, Config
@@ -22,7 +23,8 @@ from kvbench.presses import (
     build_press,
     check_press_runnable,
     config_press,
-    press_state,
+    config_state,
+    resolve_press,
     unknown_press,
 )
 from kvbench.validation import parse_float, parse_int
@@ -115,8 +117,38 @@ def budget_configs(
     return [Config(press, r, press_args, protocol=name, protocol_args=protocol_args) for r in ratios]
 
 
+def press_args_for(name: str, press_args: dict | None, names: Sequence[str]) -> tuple:
+    """The press arguments of press `name` among the presses `names` of a run or sweep, as a config holds
+    them: the unprefixed ones (every press's) and those given as `name.key`; a prefix that names none of
+    `names` is refused."""
+    own = {}
+    for key, value in (press_args or {}).items():
+        prefix, dot, arg = str(key).rpartition(".")
+        if not dot:
+            own.setdefault(key, value)
+            continue
+        if prefix not in names:
+            raise BadInput(
+                f"press argument {key!r} names press {prefix!r}, which is not among {', '.join(names)}"
+            )
+        if prefix == name:
+            own[arg] = value
+    return tuple(sorted(own.items()))
+
+
+def press_names(presses) -> list[str]:
+    """The registry's names of the presses asked for: names, targets (`module:Class`, `file.py:Class`,
+    `name=target`) or objects, as a sequence, comma-separated text, or a mapping name -> press (the
+    Python API's `{"mine": MyPress, "snapkv": "snapkv"}`); users' presses are registered here."""
+    if isinstance(presses, Mapping):
+        return [resolve_press(press, str(name)) for name, press in presses.items()]
+    if isinstance(presses, str) or not isinstance(presses, Sequence):
+        presses = split(presses) if isinstance(presses, str) else [presses]
+    return [resolve_press(press) for press in presses if not (isinstance(press, str) and not press.strip())]
+
+
 def configs_for_run(
-    press: str,
+    press,
     ratio: float | str | None = None,
     memory: float | str | None = None,
     press_args: dict | None = None,
@@ -128,9 +160,10 @@ def configs_for_run(
     `protocol_args`: the protocol's argument by its option name (`PROTOCOL_OPTIONS`)."""
     if sum(value is not None for value in (ratio, memory, budget)) != 1:
         raise BadInput("give exactly one of --ratio, --memory or --budget")
+    press = resolve_press(press)
     if press == "none" and (ratio is None or parse_ratio(ratio) != 0):
         raise BadInput("press 'none' compresses nothing: give --ratio 0")
-    args = tuple(sorted((press_args or {}).items()))
+    args = press_args_for(press, press_args, [press])
     ratios = [parse_ratio(ratio)] if ratio is not None else []
     memories = [parse_memory(memory)] if memory is not None else []
     budgets = [parse_budget(budget)] if budget is not None else []
@@ -138,7 +171,7 @@ def configs_for_run(
 
 
 def configs_for_sweep(
-    presses: Sequence[str] | str,
+    presses,
     ratios: Sequence[float | str] | str | None = None,
     memory: Sequence[float | str] | str | None = None,
     protocol: str = DEFAULT_PROTOCOL,
@@ -147,8 +180,9 @@ def configs_for_sweep(
     **protocol_args: int | None,
 ) -> list[Config]:
     """The grid of `kvbench sweep`: no compression, then every press at every ratio (or memory budget, or
-    absolute budget). `press_args` go to every press of the grid (e.g. another set of KVP agents), never to
-    `none`. `protocol_args`: the protocol's argument by its option name (`PROTOCOL_OPTIONS`).
+    absolute budget). `presses`: names, users' presses (`press_names`). `press_args` go to every press of the
+    grid but `none`, those given as `press.key` to that press alone (`kvp.agents`). `protocol_args`: the
+    protocol's argument by its option name (`PROTOCOL_OPTIONS`).
 
     Each list may also be given as comma-separated text ("knorm,snapkv", "0.25,0.5"). A codec asked for a
     memory it cannot reach (2-bit codes still cost more than 10 %) is left out of the grid with a
@@ -156,19 +190,25 @@ def configs_for_sweep(
     """
     if sum(value is not None for value in (ratios, memory, budget)) != 1:
         raise BadInput("give exactly one of --ratios, --memory or --budget")
-    names = [str(name).strip() for name in split(presses) if str(name).strip()]
+    names = press_names(presses)
     ratio_values = [parse_ratio(value) for value in split(ratios) if str(value).strip()]
     memory_values = [parse_memory(value) for value in split(memory) if str(value).strip()]
     budget_values = [parse_budget(value) for value in split(budget) if str(value).strip()]
     if not names or not (ratio_values or memory_values or budget_values):
         raise BadInput("--presses and --ratios (or --memory, or --budget) must each name at least one value")
     protocol_ = protocol_of(protocol, **protocol_args)
-    args = tuple(sorted((press_args or {}).items()))
     configs = [Config("none", 0.0, protocol=protocol_[0], protocol_args=protocol_[1])] + [
         config
         for name in names
         if name != "none"
-        for config in budget_configs(name, ratio_values, memory_values, protocol_, args, budget_values)
+        for config in budget_configs(
+            name,
+            ratio_values,
+            memory_values,
+            protocol_,
+            press_args_for(name, press_args, names),
+            budget_values,
+        )
     ]
     if len(set(configs)) != len(configs):
         raise BadInput("duplicate configs: each press and ratio may appear once")
@@ -208,7 +248,7 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, or does not fit its protocol;
     the presses, built (None for `none`). Configs given press arguments are also run on a tiny model at
     the context `length` (`check_press_args_run`): arguments that build a press but break its prefill (a
-    zero window) fail here too. Imports the engine,
+    zero window) fail here too; so are users' presses, with or without arguments. Imports the engine,
     so kvpress and torch: the checks of names, numbers and paths come before it."""
     from kvbench.engine import check_protocol
 
@@ -224,7 +264,8 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
         group = (config.press, config.press_args, config.protocol, config.protocol_args)
         # Presses that download per model cannot run on the trial model (and were refused if the hub is
         # unreachable): their arguments are left to the real run.
-        if config.press_args and group not in tried and "hub" not in PRESSES[config.press].needs:
+        tries = config.press_args or PRESSES[config.press].source is not None
+        if tries and group not in tried and "hub" not in PRESSES[config.press].needs:
             tried.add(group)
             check_press_args_run(config, min(length or TRIAL_TOKENS, TRIAL_TOKENS))
     return presses
@@ -241,17 +282,22 @@ def check_press_args_run(config: Config, tokens: int = TRIAL_TOKENS) -> None:
     arguments only when the same press runs there without them: some presses cannot run on a nameless random
     model at all (KVzip loads the model's tokenizer, learned presses their state for the model), and what
     the trial cannot judge is left to the real run."""
+    where = f"a {tokens}-token prefill of a tiny model"
     try:
         trial_run(config, tokens)
     except Exception as error:
         try:
             trial_run(dataclasses.replace(config, press_args=()), tokens)
-        except Exception:
-            return
+        except Exception as bare:
+            if PRESSES[config.press].source is None:
+                return
+            # A user's press that fails on its own: its bug, said before any model loads.
+            raise BadInput(
+                f"press {config.press!r} fails on {where}: {type(bare).__name__}: {first_line(bare)}"
+            ) from None
         if isinstance(error, KvbenchError):
             raise error from None
         args = ", ".join(f"{key}={value!r}" for key, value in config.press_args)
-        where = f"a {tokens}-token prefill of a tiny model"
         raise BadInput(f"press {config.press!r} fails with {args} on {where}: {first_line(error)}") from None
 
 
@@ -323,7 +369,7 @@ def key_by_learned_state(model, configs: list[Config], presses: list) -> list[Co
     for press in filter(None, presses):
         press.post_init_from_model(model)
     return [
-        dataclasses.replace(config, press_state=press_state(press))
+        dataclasses.replace(config, press_state=config_state(config.press, dict(config.press_args), press))
         for config, press in zip(configs, presses, strict=True)
     ]
 
@@ -343,14 +389,25 @@ def plan_tasks(
     task_list: Sequence[str] = (),
     length: int | None = None,
     samples: int | None = None,
+    data: Sequence[str] | str = (),
+    metric: str | None = None,
+    include_path: Sequence[str] | str = (),
 ) -> TaskPlan:
-    """The suite's tasks (the default suite without tasks or suite), or the tasks named; the suite's
-    length and samples unless given. Checked against the registry and each task's minimum length."""
+    """The suite's tasks (the default suite without tasks, data or suite), or the tasks named and the
+    user's data files (`data`, scored by `metric`, default qa_f1); the suite's length and samples unless
+    given. `include_path`: folders whose task YAMLs are registered first (a suite given by its path
+    includes its own folder). Checked against the registry and each task's minimum length."""
     task_list = [task_list] if isinstance(task_list, str) else list(task_list)
+    data = [str(data)] if isinstance(data, (str, Path)) else [str(path) for path in data]
+    if metric is not None and not data:
+        raise BadInput("--metric applies to --data files (a task YAML names its own metric)")
+    for folder in [include_path] if isinstance(include_path, (str, Path)) else include_path:
+        tasks.include_path(folder)
+    task_list += [tasks.register_data_task(tasks.jsonl.data_task(path, metric or "qa_f1")) for path in data]
     suite_spec = None
     if suite or not task_list:
         name = suite or DEFAULT_SUITE
-        if name not in tasks.suite_names():
+        if not tasks.is_suite_path(name) and name not in tasks.suite_names():
             raise tasks.unknown_suite(name)
         suite_spec = tasks.load_suite(name)
     names = list(task_list) or suite_spec.tasks
@@ -370,12 +427,13 @@ def plan_tasks(
 
 def task_lengths(names: list[str], length: int | None, limit: int | None, model: str) -> dict[str, int]:
     """Each task's context length, checked against the model's context (`limit`) before any work: the
-    one asked for; without one, LongBench's official per-model limit and RULER's 1024."""
+    one asked for; without one, LongBench's official per-model limit (the user's data too) and RULER's
+    1024."""
     lengths = {}
     for name in names:
         if length is not None:
             lengths[name] = length
-        elif name in tasks.longbench.TASKS:
+        elif name in tasks.longbench.TASKS or name in tasks.jsonl.DATA_TASKS:
             if limit is None:
                 raise BadInput(f"give --length: the context length of model {model!r} is unknown")
             lengths[name] = tasks.longbench.official_length(limit)

@@ -49,9 +49,13 @@ class SweepWorker:
         import torch
 
         from kvbench.models import load_model
-        from kvbench.presses import config_press, press_state
+        from kvbench.presses import config_press, config_state, register_user_presses
 
         torch.set_num_threads(threads)
+        from kvbench.tasks import register_user_metrics
+
+        register_user_presses(plan.user_presses)
+        register_user_metrics(plan.user_metrics)
         self.plan = plan
         self.model, self.tokenizer = load_model(plan.model, device=plan.device, dtype=plan.dtype)
         # Rows are keyed by the learned state the main process planned with: this worker must load the same.
@@ -59,9 +63,10 @@ class SweepWorker:
             press = config_press(config)
             if press is not None and config.press_state is not None:
                 press.post_init_from_model(self.model)
-                if press_state(press) != config.press_state:
+                state = config_state(config.press, dict(config.press_args), press)
+                if state != config.press_state:
                     raise RayUnavailable(
-                        f"a Ray worker loads other {config.press} state ({press_state(press)}) than the "
+                        f"a Ray worker loads other {config.press} state ({state}) than the "
                         f"sweep planned with ({config.press_state}): install the same kvbench on every node"
                     )
 

@@ -130,6 +130,8 @@ class Row:
     sample_id: str
     press_args: dict[str, Any] = field(default_factory=dict)
     press_state: str | None = None  # digest of the press's learned state (KVP agents), if any
+    # A user's press: where it comes from (target, module, qualname, file, sha256, package, version).
+    press_source: dict[str, Any] | None = None
     memory: Memory | None = None  # the memory budget asked for (fraction of the 16-bit full cache), if any
     budget: Positive | None = None  # the absolute budget asked for (KV entries kept per head and layer)
     protocol: str = DEFAULT_PROTOCOL

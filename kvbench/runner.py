@@ -34,15 +34,18 @@ from kvbench.planning import (
     plan_tasks,
     task_lengths,
 )
-from kvbench.presses import press_state_from_files
+from kvbench.presses import PRESSES, press_state_from_files, user_presses
 from kvbench.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id_of, load_rows
 from kvbench.tasks import (
     Sample,
     check_combinable,
     check_data,
+    jsonl,
     load_combined_samples,
     load_samples,
+    reads_data_dir,
     score_sample,
+    user_metrics,
 )
 from kvbench.validation import parse_int
 
@@ -70,6 +73,11 @@ class Plan:
     dtype: str = "float32"
     lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
     out: Path = Path("results")  # the results folder
+    # Users' presses the configs name (press or `inner`): name -> target, registered again by Ray workers;
+    # and users' metrics (target -> target), which score on the workers.
+    user_presses: dict[str, str] = field(default_factory=dict)
+    user_metrics: dict[str, str] = field(default_factory=dict)
+    data_tasks: dict[str, dict] = field(default_factory=dict)  # the user's data tasks: `data_task_record`
 
     def task_length(self, task: str) -> int | None:
         return self.lengths.get(task, self.length)
@@ -159,6 +167,9 @@ def prepare_plan(
     length: int | None = None,
     samples: int | None = None,
     seed: int = 0,
+    data: Sequence[str | Path] | str | Path = (),
+    metric: str | None = None,
+    include_path: Sequence[str | Path] | str | Path = (),
     data_dir: Path | str | None = None,
     out: Path | str = "results",
     force: bool = False,
@@ -176,10 +187,15 @@ def prepare_plan(
 
     With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
     and the model loads here on the CPU, only to plan (context lengths, learned state)."""
-    task_plan = plan_tasks(suite, tasks, length, samples)
+    task_plan = plan_tasks(suite, tasks, length, samples, data, metric, include_path)
     data_dir = Path(data_dir) if data_dir is not None else None
     if data_dir is not None and not data_dir.is_dir():
         raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
+    if data_dir is not None and not any(reads_data_dir(name) for name in task_plan.tasks):
+        raise BadInput(
+            "--data-dir applies to tasks that read local files (LongBench, RULER's qa_1 and qa_2); "
+            f"none of {', '.join(task_plan.tasks)} does (your own files: --data)"
+        )
     for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
         check_data(name, data_dir)
     seed = parse_int(seed, "--seed")
@@ -210,6 +226,9 @@ def prepare_plan(
         device=device,
         dtype=dtype,
         out=Path(out),
+        user_presses=user_presses_of(configs),
+        user_metrics=user_metrics(),
+        data_tasks={name: data_task_record(name) for name in names if name in jsonl.DATA_TASKS},
     )
     if not force and lengths is not None and (held := held_plan(plan, lengths)) is not None:
         return held
@@ -225,6 +244,30 @@ def prepare_plan(
         check_lengths(configs, lengths)
     configs = key_by_learned_state(llm, configs, presses)
     return replace(plan, configs=configs, lengths=lengths_apart(lengths, asked)), llm, tokenizer
+
+
+def data_task_record(name: str) -> dict:
+    """What a run record says of a user's data task: its file or folder, the file's sha256, its metric, the
+    fields and templates it reads records with."""
+    import hashlib
+
+    task = jsonl.DATA_TASKS[name]
+    digest = hashlib.sha256(task.path.read_bytes()).hexdigest() if task.path.is_file() else None
+    return {
+        "path": str(task.path),
+        **({"sha256": digest} if digest else {}),
+        "metric": task.metric,
+        **({"fields": dict(task.fields)} if task.fields else {}),
+        **({"templates": dict(task.templates)} if task.templates else {}),
+    }
+
+
+def user_presses_of(configs: list[Config]) -> dict[str, str]:
+    """The users' presses `configs` run, as press or as the `inner` press they wrap: name -> target."""
+    named = {config.press for config in configs} | {
+        value for config in configs for _, value in config.press_args if isinstance(value, str)
+    }
+    return {name: target for name, target in user_presses().items() if name in named}
 
 
 def lengths_apart(lengths: dict[str, int], asked: int | None) -> dict[str, int]:
@@ -370,6 +413,7 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
                     sample_id=f"{sample.id}/{j}" if several else sample.id,
                     press_args=dict(config.press_args),
                     press_state=config.press_state,
+                    press_source=press_source(config.press),
                     memory=config.memory,
                     budget=config.budget,
                     protocol=config.protocol,
@@ -380,6 +424,12 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
                 )
             )
     return rows
+
+
+def press_source(name: str) -> dict | None:
+    """Where a user's press comes from (`registry.Source`), as its rows record it; None for kvbench's."""
+    source = PRESSES[name].source if name in PRESSES else None
+    return source.as_dict() if source is not None else None
 
 
 def evaluate_sample(
@@ -532,6 +582,11 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     config = {
         "model": plan.model,
         "configs": [asdict(config) for config in plan.configs],
+        **(
+            {"press_sources": {name: press_source(name) for name in plan.user_presses}}
+            if plan.user_presses
+            else {}
+        ),
         "tasks": plan.tasks,
         "suite": plan.suite,
         "length": plan.length,
@@ -539,6 +594,7 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
         "samples": plan.samples,
         "seed": plan.seed,
         "data_dir": str(plan.data_dir) if plan.data_dir else None,
+        **({"data_tasks": plan.data_tasks} if plan.data_tasks else {}),
         "device": plan.device,
         "dtype": plan.dtype,
     }

@@ -7,7 +7,32 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from kvbench import presses, tasks
 from kvbench.models import load_model, load_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def clean_registries():
+    """Each test registers its own presses, tasks, metrics and suites (users' own): none outlives it."""
+    saved = (
+        dict(presses.PRESSES.entries),
+        presses.PRESSES.points,
+        dict(tasks.METRICS.entries),
+        tasks.METRICS.points,
+        dict(tasks.TASK_FAMILIES.entries),
+        tasks.TASK_FAMILIES.points,
+        dict(tasks.jsonl.DATA_TASKS),
+        dict(tasks.jsonl.TASKS),
+        dict(tasks.SUITE_PATHS),
+    )
+    yield
+    presses.PRESSES.entries, presses.PRESSES.points = saved[0], saved[1]
+    tasks.METRICS.entries, tasks.METRICS.points = saved[2], saved[3]
+    tasks.TASK_FAMILIES.entries, tasks.TASK_FAMILIES.points = saved[4], saved[5]
+    kept = ((tasks.jsonl.DATA_TASKS, saved[6]), (tasks.jsonl.TASKS, saved[7]), (tasks.SUITE_PATHS, saved[8]))
+    for live, entries in kept:
+        live.clear()
+        live.update(entries)
 
 
 def pytest_addoption(parser):

@@ -22,7 +22,7 @@ def rows_of(folder) -> list[dict]:
 def without_timings(rows: list[dict]) -> list[dict]:
     return sorted(
         ({key: value for key, value in row.items() if key not in TIMINGS} for row in rows),
-        key=lambda row: (row["sample_id"], row["config_id"]),
+        key=lambda row: (row["task"], row["sample_id"], row["config_id"]),
     )
 
 
@@ -62,13 +62,32 @@ def test_ray_missing_is_one_line_before_any_work(monkeypatch, tmp_path):
 
 def sweep_resumed_on_ray(model_dir: str, tmp_path) -> list[dict]:
     """A sweep run in one process, then on 2 Ray workers into a store that already holds its first rows:
-    checks the Ray sweep kept those and wrote every other row once, as one process wrote it."""
-    sweep = ["sweep", "--presses", "knorm,tova,think", "--ratios", "0.5", "--task", "niah_single_1"]
+    checks the Ray sweep kept those and wrote every other row once, as one process wrote it. Among its
+    presses and metrics, a user's own from files (workers are other processes: they register them again)."""
+    (tmp_path / "my_press.py").write_text(USER_PRESS)
+    (tmp_path / "my_metric.py").write_text(USER_METRIC)
+    (tmp_path / "mine.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "context": " ".join(f"w{j}" for j in range(80)) + f" box {i}",
+                    "question": "Box?",
+                    "answers": [f"{i}"],
+                }
+            )
+            + "\n"
+            for i in range(2)
+        )
+    )
+    presses = f"knorm,tova,think,{tmp_path / 'my_press.py'}:MinePress"
+    sweep = ["sweep", "--presses", presses, "--ratios", "0.5", "--task", "niah_single_1"]
+    sweep += ["--data", str(tmp_path / "mine.jsonl"), "--metric", f"{tmp_path / 'my_metric.py'}:digits"]
     sweep += ["--samples", "2", "--length", "512", "--batch-configs", "2", "--model", model_dir]
     one = CliRunner().invoke(main, [*sweep, "--out", str(tmp_path / "one")])
     assert one.exit_code == 0, one.output
     expected = rows_of(tmp_path / "one")
-    assert len(expected) == 2 * 4  # 2 samples x (none + 3 presses)
+    assert len(expected) == 2 * 2 * 5  # 2 tasks x 2 samples x (none + 4 presses)
+    assert {row["press_source"]["qualname"] for row in expected if row["press_source"]} == {"MinePress"}
 
     # An interrupted sweep: the first sample's first unit ([none, knorm]) and half of its second ([tova,
     # think]) are in the store.
@@ -85,6 +104,22 @@ def sweep_resumed_on_ray(model_dir: str, tmp_path) -> list[dict]:
     assert rows[:3] == expected[:3]  # kept as they were, timings included: not computed again
     assert without_timings(rows) == without_timings(expected)  # every row once, as one process wrote it
     return rows
+
+
+USER_PRESS = """
+from dataclasses import dataclass
+
+from kvpress import ScorerPress
+
+
+@dataclass
+class MinePress(ScorerPress):
+    compression_ratio: float = 0.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return keys.sum(dim=-1)  # no ties between positions (norms tie: RoPE rotates, keeping them)
+"""
+USER_METRIC = "def digits(prediction, references):\n    return float(any(c.isdigit() for c in prediction))\n"
 
 
 class FakePool:

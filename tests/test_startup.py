@@ -26,7 +26,7 @@ MISSPELT = [
         ["sweep", "--presses", "knorm", "--ratios", "0.5", "--suite", "ruler-1K"],
         "unknown suite 'ruler-1K': did you mean 'ruler-1k'",
     ),
-    (["run", "--press", "knorm", "--raito", "0.5"], "Did you mean '--ratio'?"),  # click's own suggestion
+    (["run", "--press", "knorm", "--raito", "0.5"], "'--ratio'"),  # click's own suggestion
     (["rnu", "--press", "knorm"], "Did you mean 'run'?"),
     # numbers and paths are checked before torch too
     (["run", "--press", "knorm", "--ratio", "1.5"], "ratio must be in [0, 1), got 1.5"),

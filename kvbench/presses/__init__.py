@@ -7,6 +7,11 @@ per_layer_compression: a threshold or per-layer ratios decide, and what they rem
 prefill) run at ratio 0 with that knob as a press argument (`PressSpec.knob`). Wrappers (adakv, chunkkv, ...)
 wrap the scorer named by `inner` (default snapkv). kvpress's exported presses the registry does not build are
 in `NOT_REGISTERED` with the reason.
+
+The registry is open (`kvbench.registry`): `register_press(spec)` adds a press, installed packages add
+theirs through the entry-point group `kvbench.presses`, and `resolve_press` turns a user's own press (a
+class or factory object, `module:Class` or `path/to/file.py:Class`) into a registered name whose spec
+records where it comes from (`PressSpec.source`).
 """
 
 import dataclasses
@@ -14,6 +19,7 @@ import hashlib
 import importlib
 import inspect
 import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -25,6 +31,7 @@ import yaml
 from kvbench import resources
 from kvbench.config import Config
 from kvbench.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
+from kvbench.registry import PluginError, Registry, Source, is_target, load_target, source_of
 
 DEFAULT_INNER = "snapkv"
 
@@ -53,6 +60,7 @@ class PressSpec:
     # read-only (measured after the prefill): they run at ratio 0 and need that argument.
     knob: str = ""
     state: LearnedState | None = None  # learned presses only
+    source: Source | None = None  # a user's press: where its class or factory is defined
 
 
 def press_class(path: str) -> type:
@@ -69,7 +77,7 @@ class Factory:
     before anything is built."""
 
     build: Callable
-    press_path: str
+    press_path: str  # "" for a user's factory function: its arguments are its signature's
     own_args: tuple[str, ...] = ()
 
     def __call__(self, ratio: float, **press_args):
@@ -379,7 +387,113 @@ SPECS = [
         ("hub",),
     ),
 ]
-PRESSES: dict[str, PressSpec] = {spec.name: spec for spec in SPECS}
+
+PRESS_NAME = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_-]*\Z"
+)  # no ",", "=", "." or ":": sweeps and press args split on them
+
+
+def user_press_spec(name: str, obj: object, source: Source) -> PressSpec:
+    """The spec of a user's press: a kvpress press class (a dataclass with a `compression_ratio` field, set
+    to each config's ratio), a factory `(ratio, **press_args) -> press`, or a PressSpec of its own.
+    PluginError when `obj` is none of these."""
+    import kvpress
+
+    what = f"press {source.target!r}"
+    if isinstance(obj, PressSpec):
+        return dataclasses.replace(obj, name=name, source=obj.source or source)
+    if inspect.isclass(obj):
+        if not issubclass(obj, kvpress.BasePress):
+            raise PluginError(f"{what}: {obj.__name__} is not a kvpress press (a subclass of BasePress)")
+        init = (
+            [field.name for field in dataclasses.fields(obj) if field.init]
+            if dataclasses.is_dataclass(obj)
+            else []
+        )
+        if "compression_ratio" not in init:
+            raise PluginError(
+                f"{what}: {obj.__name__} has no compression_ratio field, through which kvbench sets the "
+                "ratio (give a factory `(ratio, **press_args) -> press` instead)"
+            )
+        factory = scorer(f"{obj.__module__}:{obj.__qualname__}")
+    elif callable(obj):
+        try:
+            inspect.signature(obj).bind(0.0)
+        except (TypeError, ValueError):
+            raise PluginError(
+                f"{what}: a press factory must take the ratio as its one positional argument"
+            ) from None
+        factory = Factory(obj, "")
+    else:
+        raise PluginError(f"{what}: {type(obj).__name__} is neither a press class nor a press factory")
+    doc = (inspect.getdoc(obj) or "").strip().splitlines()
+    generated = not doc or doc[0].startswith(f"{getattr(obj, '__name__', '')}(")  # a dataclass's own
+    return PressSpec(name, f"{source.target}" if generated else doc[0], factory, source=source)
+
+
+def press_from_plugin(name: str, loaded: object) -> PressSpec:
+    return user_press_spec(name, loaded, source_of(loaded))
+
+
+PRESSES: Registry[PressSpec] = Registry("presses", press_from_plugin)
+
+
+def register_press(spec: PressSpec, *, replace: bool = False) -> PressSpec:
+    """Add a press to the registry under `spec.name` (BadInput if taken, unless `replace`)."""
+    return PRESSES.register(spec.name, spec, replace=replace)
+
+
+for built_in in SPECS:
+    register_press(built_in)
+
+
+def resolve_press(press: object, name: str | None = None) -> str:
+    """The registry's name of `press`: a registered name as it is; a user's press (a class or factory, a
+    target `module:Class` or `path/to/file.py:Class`, or `name=target`) registered first, under `name` or
+    its class's name. The same target again (an edited file included) replaces its entry; a name taken
+    by another press is refused. BadInput/PluginError in one line for what cannot be a press."""
+    if isinstance(press, str):
+        text = press.strip()
+        alias, sep, rest = text.partition("=")
+        if sep and is_target(rest.strip()):
+            name, text = alias.strip(), rest.strip()
+        if not is_target(text):
+            if name is not None and name != text:
+                raise BadInput(f"press {text!r} is registered: it keeps its name (not {name!r})")
+            if text not in PRESSES:
+                raise unknown_press(text)
+            return text
+        obj = load_target(text, "press")
+        module, _, attribute = text.rpartition(":")
+        by_file = module.endswith(".py") or "/" in module
+        source = source_of(obj, f"{Path(module).resolve()}:{attribute}" if by_file else text)
+    else:
+        obj, source = press, source_of(press)
+    name = name if name is not None else getattr(obj, "__name__", None)
+    if not isinstance(name, str) or not PRESS_NAME.match(name):
+        raise BadInput(
+            f"press name {name!r}: use letters, digits, _ and - (give one as NAME={source.target})"
+        )
+    existing = PRESSES.get(name)
+    if existing is not None and (existing.source is None or existing.source.target != source.target):
+        taken = "a built-in press" if existing.source is None else existing.source.target
+        raise BadInput(f"press name {name!r} is taken by {taken}: give another, as OTHER={source.target}")
+    if existing is not None and existing.source == source:
+        return name
+    register_press(user_press_spec(name, obj, source), replace=True)
+    return name
+
+
+def user_presses() -> dict[str, str]:
+    """The presses registered from a user's target: name -> target, what a Ray worker registers again."""
+    return {name: spec.source.target for name, spec in PRESSES.entries.items() if spec.source is not None}
+
+
+def register_user_presses(targets: dict[str, str]) -> None:
+    """Register `user_presses()` of another process (a Ray worker's copy of the plan's)."""
+    for name, target in targets.items():
+        resolve_press(target, name)
+
 
 # kvpress's exported presses that the registry does not build, and why (tests/test_kvpress_presses.py fails
 # on an exported press that is neither registered nor here, so a new kvpress release cannot add one unseen).
@@ -397,7 +511,8 @@ NOT_REGISTERED: dict[str, str] = {
 
 
 def list_presses() -> list[PressSpec]:
-    """Every press of the registry: name, description, what it needs, whether it is a codec."""
+    """Every press of the registry, plugins loaded: name, description, what it needs, whether it is a
+    codec, where it comes from."""
     return list(PRESSES.values())
 
 
@@ -455,6 +570,12 @@ def check_press_args(name: str, press_args: dict) -> None:
     (`window_size=abc`), so that a typo fails in the CLI instead of deep inside the first prefill."""
     factory = PRESSES[name].factory
     if factory is None:
+        return
+    if not factory.press_path:  # a user's factory: its signature says what it takes
+        try:
+            inspect.signature(factory.build).bind(0.0, **press_args)
+        except TypeError as error:
+            raise BadInput(f"bad press argument for {name!r}: {error}") from None
         return
     cls = press_class(factory.press_path)
     fields = {field.name for field in dataclasses.fields(cls) if field.init}
@@ -543,7 +664,33 @@ def press_state(press) -> str | None:
     return "+".join(digests) or None
 
 
+def source_digests(name: str, press_args: dict) -> list[str]:
+    """The digests of the user's files that define the press `name` and the press it wraps (`inner`):
+    part of its rows' key, so that an edited press is scored again."""
+    spec = PRESSES[name]
+    digests = [spec.source.digest] if spec.source is not None else []
+    if spec.factory is not None and "inner" in spec.factory.own_args:
+        inner = press_args.get("inner", inspect.signature(spec.factory.build).parameters["inner"].default)
+        if isinstance(inner, str) and inner in PRESSES:
+            digests += source_digests(inner, {})
+    return digests
+
+
+def config_state(name: str, press_args: dict, press) -> str | None:
+    """What a config's rows are keyed by beside its arguments: the learned state `press` loaded
+    (`press_state`), then the digests of the user's files that define it (`source_digests`)."""
+    return "+".join(filter(None, [press_state(press), *source_digests(name, press_args)])) or None
+
+
 def press_state_from_files(name: str, press_args: dict, model_name: str) -> str | None:
+    """`config_state` of the press `name` built with `press_args` once it has loaded its state for
+    `model_name`, read from files alone (no torch, no model). Raises LookupError when a file is missing:
+    only building the press can say what is wrong."""
+    learned = learned_state_from_files(name, press_args, model_name)
+    return "+".join(filter(None, [learned, *source_digests(name, press_args)])) or None
+
+
+def learned_state_from_files(name: str, press_args: dict, model_name: str) -> str | None:
     """What `press_state` gives the press `name` built with `press_args` once it has loaded its state for
     `model_name`, read from the learned state's files alone (no torch, no model): the digests of its own
     state (PressSpec.state) and of the inner press it wraps (built with its defaults), joined by "+".
@@ -566,7 +713,7 @@ def press_state_from_files(name: str, press_args: dict, model_name: str) -> str 
         inner = press_args.get("inner", inspect.signature(spec.factory.build).parameters["inner"].default)
         if inner not in PRESSES:
             raise LookupError(inner)
-        digests.append(press_state_from_files(inner, {}, model_name))
+        digests.append(learned_state_from_files(inner, {}, model_name))
     return "+".join(filter(None, digests)) or None
 
 

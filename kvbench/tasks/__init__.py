@@ -1,16 +1,28 @@
 """Task registry: RULER, agent traces and the text/held-out kinds (generated offline), LongBench (hub or local
-JSONL), YAML suites."""
+JSONL), the user's own data (`jsonl`: JSONL, Parquet, datasets folders), metrics, YAML suites.
 
-from dataclasses import dataclass, replace
+Task families and metrics are registries (`kvbench.registry`) that plugins extend through the entry-point
+groups `kvbench.tasks` and `kvbench.metrics`; suites are the YAML files of tasks/ and of the folders given
+with `include_path`, or a suite YAML given by its path.
+"""
+
+import json
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Annotated, Any
 
-import yaml
+import annotated_types
 
 from kvbench.errors import BadInput, DataFileError, UnknownTask, did_you_mean
+from kvbench.registry import PluginError, Registry, is_target, load_target
 from kvbench.resources import suites_dir
-from kvbench.tasks import agent, heldout, longbench, ruler, text
+from kvbench.tasks import agent, heldout, jsonl, longbench, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
+from kvbench.tasks.longbench_metrics import normalize_answer
 from kvbench.tasks.prompt import transcript
+from kvbench.validation import STRICT, check_json, load_yaml
 
 __all__ = [
     "Sample",
@@ -25,17 +37,129 @@ __all__ = [
     "score_sample",
 ]
 
-# Each family module exposes: TASKS {name: one-line description}, METRICS {name: fn(prediction, sample)},
-# min_length(task) -> int, make_samples(task, length, samples, seed, tokenizer, data_dir) -> list[Sample].
-TASK_FAMILIES = {
+# A family (a module or any object) exposes: TASKS {name: one-line description}, METRICS {name:
+# fn(prediction, sample) -> score in [0, 100]}, min_length(task) -> int, make_samples(task, length, samples,
+# seed, tokenizer, data_dir) -> list[Sample], and optionally reads_data_dir(task) -> bool (default False).
+FAMILY_API = ("TASKS", "METRICS", "min_length", "make_samples")
+
+
+def family_from_plugin(name: str, family: Any) -> Any:
+    missing = [attribute for attribute in FAMILY_API if not hasattr(family, attribute)]
+    if missing:
+        raise PluginError(f"not a task family: it lacks {', '.join(missing)}")
+    for metric_name, metric in family.METRICS.items():
+        if METRICS.entries.get(metric_name, metric) is not metric:
+            raise PluginError(f"task family {name!r}: metric {metric_name!r} is another family's already")
+        METRICS.register(metric_name, metric, replace=True)
+    return family
+
+
+TASK_FAMILIES: Registry = Registry("tasks", family_from_plugin)
+
+
+def register_family(name: str, family: Any) -> Any:
+    """Add a task family (`FAMILY_API`) and its metrics to the registries."""
+    return TASK_FAMILIES.register(name, family_from_plugin(name, family))
+
+
+def is_score(value: object) -> bool:
+    """Whether a user's metric gave a score: a finite number in [0, 1]."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and 0 <= value <= 1
+
+
+@dataclass(frozen=True)
+class UserMetric:
+    """A user's metric `function(prediction, references) -> score in [0, 1]`, called as kvbench's metrics
+    are, `(prediction, sample) -> score in [0, 100]`; a score that is not a number in [0, 1] is BadInput
+    naming the metric and the sample."""
+
+    name: str
+    function: Callable
+
+    def __call__(self, prediction: str, sample: Sample) -> float:
+        score = self.function(prediction, list(sample.references))
+        if not is_score(score):
+            raise BadInput(
+                f"metric {self.name!r} gave {score!r} for sample {sample.task}/{sample.id}: not in [0, 1]"
+            )
+        return 100.0 * float(score)
+
+
+def metric_from_plugin(name: str, function: object) -> UserMetric:
+    """A metric of a plugin or target: a function `(prediction, references) -> score in [0, 1]`, tried on
+    one answer first so that a wrong signature fails before any model loads."""
+    if not callable(function):
+        raise PluginError(f"metric {name!r} is {type(function).__name__}, not a function")
+    try:
+        score = function("a", ["a"])
+    except Exception as error:
+        raise PluginError(
+            f"metric {name!r} fails on ('a', ['a']): {type(error).__name__}: {error}; a metric takes "
+            "(prediction, references) and returns a score in [0, 1]"
+        ) from None
+    if not is_score(score):
+        raise PluginError(
+            f"metric {name!r} gave {score!r} on ('a', ['a']): a metric returns a score in [0, 1]"
+        )
+    return UserMetric(name, function)
+
+
+def exact_match(prediction: str, sample: Sample) -> float:
+    """100 if the prediction equals a reference after SQuAD's normalisation (case, punctuation, articles,
+    spaces), else 0."""
+    return 100.0 * any(normalize_answer(prediction) == normalize_answer(ref) for ref in sample.references)
+
+
+METRICS: Registry = Registry("metrics", metric_from_plugin)
+METRICS.register("exact_match", exact_match)
+METRICS.register("contains", ruler.string_match_part)  # any reference in the prediction, case-insensitive
+for family_name, family_module in {
     "ruler": ruler,
     "agent": agent,
     "text": text,
     **{suite.name: suite.module for suite in heldout.SUITES},  # each held-out suite is its own family
     "longbench": longbench,
-}
-METRICS = {name: metric for module in TASK_FAMILIES.values() for name, metric in module.METRICS.items()}
+    "jsonl": jsonl,  # the user's own data
+}.items():
+    register_family(family_name, family_module)
+
+
+def register_metric(name: str, function) -> str:
+    """Add a user's metric `function(prediction, references) -> score in [0, 1]` under `name`."""
+    METRICS.register(name, metric_from_plugin(name, function), replace=name in user_metrics())
+    return name
+
+
+def resolve_metric(metric: str) -> str:
+    """The registry's name of `metric`: a name as it is, a target `module:function` (or
+    `file.py:function`) registered under the target; BadInput naming the known metrics if neither."""
+    if not isinstance(metric, str) or not metric.strip():
+        raise BadInput(f"--metric must name a metric, got {metric!r}")
+    if metric in METRICS:
+        METRICS[metric]  # a plugin's metric loads (and is checked) now
+        return metric
+    if is_target(metric):
+        register_metric(metric, load_target(metric, "metric"))
+        return metric
+    raise BadInput(f"unknown metric {metric!r}{did_you_mean(metric, METRICS)} (one of {', '.join(METRICS)})")
+
+
+def user_metrics() -> dict[str, str]:
+    """The metrics registered from a user's target: name -> target, what a Ray worker registers again."""
+    return {
+        name: name
+        for name, metric in METRICS.entries.items()
+        if isinstance(metric, UserMetric) and is_target(name)
+    }
+
+
+def register_user_metrics(targets: dict[str, str]) -> None:
+    for target in targets.values():
+        resolve_metric(target)
+
+
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite
+SUITE_PATHS: dict[str, Path] = {}  # suites from the user's folders (`include_path`) and paths, by name
 
 
 def family_of(task: str):
@@ -55,6 +179,41 @@ def unknown_suite(name: str) -> UnknownTask:
 
 def task_names() -> list[str]:
     return [name for module in TASK_FAMILIES.values() for name in module.TASKS]
+
+
+def reads_data_dir(task: str) -> bool:
+    """Whether `task` reads local files from --data-dir (LongBench's JSONL, RULER QA's SQuAD or HotpotQA)."""
+    if task in longbench.TASKS or task in ruler.QA_FILES:
+        return True
+    family = family_of(task)
+    return bool(getattr(family, "reads_data_dir", lambda task: False)(task))
+
+
+def register_data_task(task: "jsonl.DataTask") -> str:
+    """Add the user's data task to the registry (its metric resolved: a name or `module:function`); a name
+    taken by another task is refused. Its records are read when a run checks its data."""
+    if task.name in task_names() and jsonl.DATA_TASKS.get(task.name, task).path != task.path:
+        raise BadInput(f"task name {task.name!r} is taken by another task: name yours in a task YAML")
+    if task.name in task_names() and task.name not in jsonl.DATA_TASKS:
+        raise BadInput(f"task name {task.name!r} is taken by a task of kvbench: name yours in a task YAML")
+    jsonl.register_data_task(replace(task, metric=resolve_metric(task.metric)))
+    return task.name
+
+
+def include_path(folder: Path | str) -> list[str]:
+    """Register every task YAML of `folder` (a YAML with a `task` key: `jsonl.TaskFile`) and make its suite
+    YAMLs (with `tasks`) known by name; the task names registered."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BadInput(f"--include-path {str(folder)!r} is not a folder")
+    names = []
+    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+        spec = load_yaml(path, DataFileError)
+        if isinstance(spec, dict) and "task" in spec:
+            names.append(register_data_task(jsonl.read_task_file(path)))
+        elif isinstance(spec, dict) and "tasks" in spec:
+            SUITE_PATHS.setdefault(path.stem, path)
+    return names
 
 
 @dataclass(frozen=True)
@@ -212,8 +371,10 @@ def load_combined_samples(
 
 
 def check_data(task: str, data_dir: Path | None) -> None:
-    """Read the local data files a task would use (LongBench's JSONL, RULER QA's SQuAD or HotpotQA JSON), so
-    that a missing or malformed file is an error naming it before any model loads."""
+    """Read the local data files a task would use (LongBench's JSONL, RULER QA's SQuAD or HotpotQA JSON, a
+    user's records), so that a missing or malformed file is an error naming it before any model loads."""
+    if task in jsonl.DATA_TASKS:
+        jsonl.checked_records(jsonl.DATA_TASKS[task])
     if task in longbench.TASKS and data_dir is not None:
         longbench.read_rows(longbench.parse_task(task)[1], data_dir)
     if task in ruler.QA_FILES and data_dir is not None and (Path(data_dir) / ruler.QA_FILES[task]).is_file():
@@ -233,20 +394,46 @@ class Suite:
     description: str = ""
 
 
+@dataclass
+class SuiteFile:
+    """The schema of a suite YAML: its tasks (names, at least one), and optionally the context length in
+    tokens, the samples per task and a description. Unknown keys are refused."""
+
+    __pydantic_config__ = {**STRICT, "extra": "forbid"}
+
+    tasks: Annotated[list[Annotated[str, annotated_types.MinLen(1)]], annotated_types.MinLen(1)]
+    length: Annotated[int, annotated_types.Interval(ge=1, lt=2**31)] | None = None
+    samples: Annotated[int, annotated_types.Interval(ge=1, lt=2**31)] = 5
+    description: str = field(default="")
+
+
 def suite_names() -> list[str]:
-    return sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
+    return sorted({*(p.stem for p in SUITES_DIR.glob("*.yaml")), *SUITE_PATHS})
 
 
 def list_suites() -> list[Suite]:
     return [load_suite(name) for name in suite_names()]
 
 
+def is_suite_path(name: str) -> bool:
+    """Whether a --suite value names a file (`path/to/suite.yaml`) rather than a suite of the registry."""
+    return name.endswith((".yaml", ".yml")) or "/" in name
+
+
 def load_suite(name: str) -> Suite:
-    path = SUITES_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise unknown_suite(name)
-    try:
-        spec = yaml.safe_load(path.read_text())
-        return Suite(name=name, **spec)
-    except (yaml.YAMLError, TypeError) as error:
-        raise DataFileError(f"{path}: not a suite ({str(error).splitlines()[0]})") from None
+    """The suite `name` (tasks/, or a folder given with `include_path`) or the suite YAML at path `name`,
+    whose folder's task YAMLs are registered first; checked against `SuiteFile`."""
+    if is_suite_path(name):
+        path = Path(name)
+        if not path.is_file():
+            raise UnknownTask(f"--suite {name!r}: no such file")
+        include_path(path.parent)
+    else:
+        path = SUITE_PATHS.get(name, SUITES_DIR / f"{name}.yaml")
+        if not path.is_file():
+            raise unknown_suite(name)
+    spec = json.dumps(
+        load_yaml(path, DataFileError), default=str
+    )  # strict JSON mode: objects fill dataclasses
+    parsed = check_json(SuiteFile, spec, f"{path}: not a suite", DataFileError)
+    return Suite(path.stem, list(parsed.tasks), parsed.length, parsed.samples, parsed.description)
