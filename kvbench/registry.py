@@ -157,8 +157,8 @@ def load_target(target: str, kind: str) -> object:
 
 def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
     """The Python file at `path` imported as a module named after its path and bytes, so that two files
-    (even of one name and content), or an edited file, are modules of their own (kept in sys.modules: dataclasses and pickling
-    look classes up there)."""
+    (even of one name and content), or an edited file, are modules of their own (kept in sys.modules:
+    dataclasses and pickling look classes up there)."""
     if not path.is_file():
         raise PluginError(f"{kind} {target!r}: {str(path)!r} is not a file")
     path = path.resolve()
