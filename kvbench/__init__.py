@@ -83,6 +83,7 @@ LAZY = {
     "DataTask": "kvbench.tasks.jsonl:DataTask",
     "PluginError": "kvbench.registry:PluginError",
     "evaluate_sample": "kvbench.engine:evaluate_sample",
+    "check_press": "kvbench.conformance:check_press",
 }
 
 __all__ = [  # the lazy names above, kvbench's errors, and the console script
@@ -108,6 +109,7 @@ __all__ = [  # the lazy names above, kvbench's errors, and the console script
     "TaskInfo",
     "load_model",
     "evaluate_sample",
+    "check_press",
     "register_press",
     "register_family",
     "register_metric",

@@ -49,6 +49,10 @@ LAZY_COMMANDS = {
         "kvbench.perplexity_cli:perplexity",
         "Perplexity of long texts with each press's KV cache held at its budget as the text is read.",
     ),
+    "check-press": (
+        "kvbench.conformance_cli:check_press_command",
+        "Whether a press does what it claims: budget, memory, cache order, determinism, parity, cost.",
+    ),
     "speed": (
         "kvbench.speed_cli:speed",
         "What each press costs run alone: prefill overhead, decode tokens/s, allocated vs accounted bytes.",
@@ -443,7 +447,8 @@ def list_presses():
         needs = f"  [needs: {', '.join(spec.needs)}]" if spec.needs else ""
         source = spec.source
         origin = f"  [from {source.package} {source.version}]" if source and source.package else ""
-        click.echo(f"{spec.name:<{width}}  {spec.description}{needs}{origin}")
+        caveat = f"  [conformance: {spec.caveat}]" if spec.caveat else ""
+        click.echo(f"{spec.name:<{width}}  {spec.description}{needs}{origin}{caveat}")
     click.echo("kvpress presses not in the registry:")
     for name, reason in NOT_REGISTERED.items():
         click.echo(f"  {name}: {reason}")

@@ -181,6 +181,11 @@ def check_compresses_live(config: Config) -> None:
             + ("" if config.protocol == "multi-question" else "; kvpress's DecodingPress takes scorers")
         )
     if config.protocol != "multi-question":  # the others compress again after the prefill
+        if config.press in PRESSES and PRESSES[config.press].prefill_only:
+            raise BadInput(
+                f"press {config.press!r} scores a whole prefill only (kvpress asserts it): it cannot "
+                f"compress the cache again under the {config.protocol} protocol"
+            )
         decoding_press(press, 1, 1)  # a press kvpress's DecodingPress does not take fails here
         check_query_window(config, press)
 

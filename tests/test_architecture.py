@@ -19,6 +19,7 @@ LAYERS = [
     ("kvbench.lm_eval_cli", 6),
     ("kvbench.perplexity_cli", 6),
     ("kvbench.speed_cli", 6),
+    ("kvbench.conformance_cli", 6),
     # 5: from what a user asks to rows and reports
     ("kvbench.planning", 5),
     ("kvbench.runner", 5),
@@ -26,6 +27,7 @@ LAYERS = [
     ("kvbench.lmeval", 5),
     ("kvbench.perplexity", 5),
     ("kvbench.speed", 5),
+    ("kvbench.conformance", 5),
     ("kvbench.reporting", 5),
     ("kvbench.reporting.*", 5),
     ("kvbench.serving", 5),

@@ -35,7 +35,7 @@ def test_the_tutorial_lists_its_blocks():
     steps = doc_steps()
     files = [path for kind, path, _ in steps if kind == "file"]
     assert files == ["my_press.py", "make_data.py", "api.py", "tasks/meetings.yaml", "tasks/my_suite.yaml"]
-    assert sum(kind == "run" for kind, _, _ in steps) == 7
+    assert sum(kind == "run" for kind, _, _ in steps) == 8
 
 
 @pytest.mark.slow  # the embedded model through every command of the page: about two minutes on 2 cores

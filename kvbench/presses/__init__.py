@@ -60,6 +60,10 @@ class PressSpec:
     # read-only (measured after the prefill): they run at ratio 0 and need that argument.
     knob: str = ""
     state: LearnedState | None = None  # learned presses only
+    # Scores a whole prefill only (kvpress asserts it): refused where a cache is compressed again.
+    prefill_only: bool = False
+    # Where the press does not keep what kvbench's conformance kit checks (docs/conformance.md), and why.
+    caveat: str = ""
     source: Source | None = None  # a user's press: where its class or factory is defined
 
 
@@ -211,7 +215,12 @@ SPECS = [
     PressSpec("none", "no compression (the reference)", None),
     PressSpec("knorm", "evict keys with the largest L2 norm", scorer("KnormPress")),
     PressSpec("snapkv", "attention of the last prompt window's queries, pooled", scorer("SnapKVPress")),
-    PressSpec("tova", "attention of the last prompt query, averaged over heads", scorer("TOVAPress")),
+    PressSpec(
+        "tova",
+        "attention of the last prompt query, averaged over heads",
+        scorer("TOVAPress"),
+        caveat="kvpress's TOVAPress crashes on a 1-token context (max() of an empty tensor)",
+    ),
     PressSpec(
         "streaming_llm",
         "keep the first tokens (sinks) and the most recent",
@@ -261,11 +270,30 @@ SPECS = [
     ),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),
-    PressSpec("pyramidkv", "SnapKV with a per-layer pyramid budget", scorer("PyramidKVPress")),
+    PressSpec(
+        "pyramidkv",
+        "SnapKV with a per-layer pyramid budget",
+        scorer("PyramidKVPress"),
+        caveat="its per-layer budgets round up: a few entries more than the ratio's total (10 a head for 9 "
+        "at ratio 0.9 of 96 tokens)",
+    ),
     PressSpec("cur", "CUR decomposition leverage of keys and values", scorer("CURPress")),
-    PressSpec("leverage", "approximate leverage scores of keys", scorer("LeverageScorePress")),
-    PressSpec("non_causal_attention", "chunked non-causal attention scores", scorer("NonCausalAttnPress")),
-    PressSpec("compactor", "leverage + non-causal attention blend", scorer("CompactorPress")),
+    PressSpec(
+        "leverage", "approximate leverage scores of keys", scorer("LeverageScorePress"), prefill_only=True
+    ),
+    PressSpec(
+        "non_causal_attention",
+        "chunked non-causal attention scores",
+        scorer("NonCausalAttnPress"),
+        prefill_only=True,
+    ),
+    PressSpec(
+        "compactor",
+        "leverage + non-causal attention blend",
+        scorer("CompactorPress"),
+        prefill_only=True,
+        caveat="kvpress's CompactorPress crashes on a 1-token context (a reshape of 0 elements)",
+    ),
     PressSpec("cap", "CAP: expected attention with a tempered prior", scorer("CapPress")),
     PressSpec(
         "think",
@@ -279,6 +307,7 @@ SPECS = [
         "KVCompose: attention of a second pass over the context; layer budgets from composite scores, "
         "one size for the heads of a layer",
         build_kvcompose,
+        caveat="its layer budgets round: a few entries more than the ratio's total (38 for 36 at ratio 0.9)",
     ),
     PressSpec(
         "simlayerkv",
@@ -314,6 +343,7 @@ SPECS = [
         "andpro",
         "AnDPro: chunks scored by projection on the window's anchor output, AdaKV head-wise budgets",
         build_andpro,
+        caveat="as the paper, no per-head floor: at high ratios a head can hold no entry",
     ),
     PressSpec(
         "varrate",
@@ -329,7 +359,12 @@ SPECS = [
     ),
     PressSpec("critical_kv", "CriticalKV value-norm correction of `inner`", wrapper("CriticalKVPress")),
     PressSpec("critical_adakv", "CriticalKV + AdaKV around `inner`", wrapper("CriticalAdaKVPress")),
-    PressSpec("chunkkv", "keep whole chunks, scored by `inner`", wrapper("ChunkKVPress")),
+    PressSpec(
+        "chunkkv",
+        "keep whole chunks, scored by `inner`",
+        wrapper("ChunkKVPress"),
+        caveat="whole chunks: fewer entries than the ratio keeps (76 for 86 at ratio 0.1 of 96 tokens)",
+    ),
     PressSpec(
         "entropy_gated_chunkkv",
         "ChunkKV whose spiky chunks (low score entropy) keep only their best tokens, scored by `inner`",

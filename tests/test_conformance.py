@@ -1,0 +1,288 @@
+"""`kvbench check-press`: built-in and users' presses pass the battery on the tiny models; a press broken in
+one way fails that check and no other."""
+
+import random
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from kvpress import ScorerPress
+from kvpress.utils import compute_n_kept
+
+from kvbench import conformance
+from kvbench.cli import main
+from kvbench.conformance import CHECKS, check_press
+
+
+def in_cache_order(keys, values, scores, n_kept):
+    """The `n_kept` entries of highest score, gathered in cache order, as a correct press keeps them."""
+    indices = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values
+    indices = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+    return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()
+
+
+@dataclass
+class NormPress(ScorerPress):
+    """A correct press: knorm's scores, kvpress's own compress."""
+
+    compression_ratio: float = 0.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return -keys.norm(dim=-1)
+
+
+@dataclass
+class EmptiesShortContexts(NormPress):
+    """Budget: int(L x (1 - ratio)) entries without kvpress's floor of one, so a short context empties."""
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.compression_ratio == 0:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        return in_cache_order(keys, values, scores, int(keys.shape[2] * (1 - self.compression_ratio)))
+
+
+@dataclass
+class ClampsItsRatio(NormPress):
+    """Budget: never removes more than 80 %, whatever the ratio asked (keeps more than it promises)."""
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        ratio = min(self.compression_ratio, 0.8)
+        if ratio == 0:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        return in_cache_order(keys, values, scores, compute_n_kept(keys.shape[2], ratio))
+
+
+@dataclass
+class KeepsAView(NormPress):
+    """Memory: moves the kept entries to the front of a copy of the whole cache and keeps a slice of it,
+    a view that holds the whole copy alive."""
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.compression_ratio == 0:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        n_kept = compute_n_kept(keys.shape[2], self.compression_ratio)
+        kept = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values
+        chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, kept, True)
+        order = torch.cat([kept, (~chosen).nonzero()[:, -1].view(*scores.shape[:2], -1)], dim=-1)
+        order = order.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+        return keys.gather(2, order)[:, :, :n_kept], values.gather(2, order)[:, :, :n_kept]
+
+
+@dataclass
+class ScoreOrder(NormPress):
+    """Cache order: a compress of its own that gathers the kept entries in the order of their scores."""
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.compression_ratio == 0:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        indices = scores.topk(compute_n_kept(keys.shape[2], self.compression_ratio), dim=-1).indices
+        indices = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+        return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()
+
+
+@dataclass
+class UnseededNoise(NormPress):
+    """Determinism: noise from Python's global generator, which kvbench does not seed."""
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        noise = torch.tensor([random.random() for _ in range(keys.shape[2])], dtype=keys.dtype)
+        return noise.expand(keys.shape[:3]).clone()
+
+
+@dataclass
+class SizesItsWindowFromThePrompt(NormPress):
+    """Isolation: keeps a recent window as long as what follows the context in the prompt's regions (the
+    question's length) - it mistakes the prompt's end for the context's."""
+
+    prompt_tokens: int = 0
+
+    def use_regions(self, regions):
+        self.prompt_tokens = len(regions)
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        scores = super().score(module, hidden_states, keys, values, attentions, kwargs)
+        window = max(self.prompt_tokens - keys.shape[2], 0)
+        if window:
+            scores[..., -window:] += 1e3
+        return scores
+
+
+@dataclass
+class WritesIntoValues(NormPress):
+    """Shared prefill: scales the values it is given in place (harmless alone; the configs that share its
+    prefill see them too)."""
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        values.mul_(-3.0)
+        return super().score(module, hidden_states, keys, values, attentions, kwargs)
+
+
+@dataclass
+class ScoresWithItsOwnTokens(NormPress):
+    """Protocols: weighs each key by its own token's hidden state, which only the prefill gives (a decoding
+    step's hidden states are those of the new tokens only)."""
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return -keys.norm(dim=-1) * hidden_states.norm(dim=-1)[:, None, :]
+
+
+@dataclass
+class FixedBuffer(NormPress):
+    """Cost: scores into a buffer of 256 entries, so it crashes on the cost check's longer context."""
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return torch.zeros(1, 1, 256, dtype=keys.dtype)[..., : keys.shape[2]] + super().score(
+            module, hidden_states, keys, values, attentions, kwargs
+        )
+
+
+BROKEN = [
+    (EmptiesShortContexts, "budget kept", "holds no entry"),
+    (ClampsItsRatio, "budget kept", "expected"),
+    (KeepsAView, "memory freed", "a view"),
+    (ScoreOrder, "cache order", "expected increasing"),
+    (UnseededNoise, "determinism", "two runs with one seed"),
+    (SizesItsWindowFromThePrompt, "protocol isolation", "two questions"),
+    (WritesIntoValues, "shared prefill", "writes into the keys or values"),
+    (ScoresWithItsOwnTokens, "protocols", "crashes"),
+    (FixedBuffer, "cost", "crashes"),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def tiny_models():
+    conformance.tiny_subjects()  # built once: the first check pays for it
+
+
+def verdicts(checks) -> dict[str, str]:
+    assert [check.name for check in checks] == list(CHECKS)
+    return {check.name: check.verdict for check in checks}
+
+
+def test_a_correct_press_passes_every_check():
+    checks = check_press(NormPress, quick=True)
+    assert set(verdicts(checks).values()) == {"pass"}, conformance.table(checks)
+
+
+@pytest.mark.parametrize(
+    ("press", "check", "evidence"), BROKEN, ids=[press.__name__ for press, _, _ in BROKEN]
+)
+def test_a_broken_press_fails_its_check_and_no_other(press, check, evidence):
+    checks = check_press(press, quick=True)
+    failed = {c.name: c.evidence for c in checks if c.verdict == "fail"}
+    assert list(failed) == [check], conformance.table(checks)
+    assert evidence in failed[check] and "llama-gqa" in failed[check]
+
+
+def test_every_check_has_a_broken_press():
+    assert {check for _, check, _ in BROKEN} == set(CHECKS)
+
+
+@pytest.mark.parametrize("press", ["knorm", "snapkv"])
+def test_built_in_presses_pass_quick(press):
+    checks = check_press(press, quick=True)
+    assert "fail" not in verdicts(checks).values(), conformance.table(checks)
+    assert verdicts(checks)["budget kept"] == verdicts(checks)["shared prefill"] == "pass"
+
+
+def test_head_wise_masks_are_reported_as_freeing_nothing():
+    checks = {check.name: check for check in check_press("adakv", quick=True)}
+    assert checks["memory freed"].verdict == "n/a"
+    assert checks["memory freed"].evidence.startswith("masks, frees nothing")
+    assert checks["budget kept"].verdict == checks["shared prefill"].verdict == "pass"
+
+
+def test_the_command_checks_a_users_press_file(tmp_path):
+    path = tmp_path / "my_press.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from dataclasses import dataclass
+
+            from kvpress import ScorerPress
+
+
+            @dataclass
+            class ValueNormPress(ScorerPress):
+                compression_ratio: float = 0.0
+                power: float = 2.0
+
+                def score(self, module, hidden_states, keys, values, attentions, kwargs):
+                    return values.abs().pow(self.power).sum(dim=-1)
+            """
+        )
+    )
+    result = CliRunner().invoke(
+        main, ["check-press", f"{path}:ValueNormPress", "--quick", "--press-arg", "power=1"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["check", "verdict", "evidence"]
+    assert [line.split()[-1] for line in lines[1:]] != []
+    assert all(" pass " in line for line in lines[1:]), result.output
+
+
+def test_the_command_exits_1_when_a_check_fails():
+    result = CliRunner().invoke(main, ["check-press", f"{__file__}:ScoreOrder", "--quick"])
+    assert result.exit_code == 1, result.output
+    assert "cache order         fail" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nosuchpress"], "unknown press 'nosuchpress'"),
+        (["snapkv", "--press-arg", "window=3"], "has no argument 'window'"),
+        (["snapkv", "--press-arg", "window_size=abc"], "window_size='abc' is not int"),
+        (["none"], "compresses nothing"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2_before_any_model(args, message, monkeypatch):
+    monkeypatch.setattr(conformance, "tiny_subjects", lambda: pytest.fail("a model was built"))
+    result = CliRunner().invoke(main, ["check-press", *args, "--quick"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_the_committed_board_is_what_the_command_writes(tmp_path):
+    """docs/conformance.md is regenerated whenever a press or the battery changes what it finds."""
+    out = tmp_path / "board.md"
+    result = CliRunner().invoke(main, ["check-press", "--all", "--quick", "--markdown", str(out)])
+    assert result.exit_code in (0, 1), result.output
+    committed = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
+    assert out.read_text() == committed.read_text()
+    # Every built-in press that fails a check says why in `kvbench presses`.
+    listing = CliRunner().invoke(main, ["presses"]).output
+    for line in out.read_text().splitlines():
+        if line.startswith("| ") and "| fail" in line:
+            name = line.split("|")[1].strip()
+            assert any(row.split()[0] == name and "[conformance: " in row for row in listing.splitlines()), (
+                name
+            )
+
+
+@pytest.mark.parametrize("protocol", ["streaming", "decode-time"])
+def test_a_prefill_only_press_is_refused_where_a_cache_is_compressed_again(tmp_path, protocol):
+    args = [
+        "run",
+        "--press",
+        "leverage",
+        "--ratio",
+        "0.5",
+        "--protocol",
+        protocol,
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and result.output == (
+        f"Error: press 'leverage' scores a whole prefill only (kvpress asserts it): it cannot compress the "
+        f"cache again under the {protocol} protocol\n"
+    )
