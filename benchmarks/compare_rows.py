@@ -20,7 +20,7 @@ import argparse
 
 import pandas as pd
 
-from kvbench.results import load_rows
+from kvbench.store.results import load_rows
 
 KEY = ["config_id", "task", "sample_id"]
 BUDGET_KEY = ["press", "ratio", "memory", "protocol", "task", "sample_id"]

@@ -7,8 +7,8 @@ prefill compressed at the ratio, then every `--interval` decoding steps back to 
 compression, all in one engine batch. The reference is kvpress's own pipeline with the equivalent
 PrefillDecodingPress(press at the ratio, DecodingPress(press, interval, size)), one config at a time, its
 decoding press keeping the entries it keeps in cache order as the engine's do (kvpress issue #173,
-`kvbench.adapter.keep_cache_order`, as the engine's parity tests set up the pipeline: without it kvpress's
-StreamingLLM drops its sinks from the second compression on, and its answers differ by that bug).
+`kvbench.bridge.adapter.keep_cache_order`, as the engine's parity tests set up the pipeline: without it
+kvpress's StreamingLLM drops its sinks from the second compression on, and its answers differ by that bug).
 Both decode exactly `--tokens` tokens: stop tokens are switched off on both sides, so that the decoding,
 where decode-time compression acts, is what is timed. Prints both times, the speed-up and the fraction of
 identical answers. Goal (issue 32): >= 8x with 100 % identical answers.
@@ -21,10 +21,10 @@ import time
 import torch
 from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodingPress
 
-from kvbench.adapter import keep_cache_order
-from kvbench.config import Config
+from kvbench.bridge.adapter import keep_cache_order
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
 from kvbench.engine import budget_entries, evaluate_sample
-from kvbench.models import load_model
 from kvbench.presses import config_press
 from kvbench.tasks import load_samples
 from kvbench.tasks.prompt import tokenize_sample

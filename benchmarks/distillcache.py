@@ -16,9 +16,9 @@ import time
 import torch
 from transformers import DynamicCache
 
+from kvbench.bridge.models import load_model
 from kvbench.learned.distillcache.policy import DistillCachePolicy
 from kvbench.learned.distillcache.train import DistillData, TrainConfig, feature_statistics, train_step
-from kvbench.models import load_model
 from kvbench.presses import build_press
 
 

@@ -13,11 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvbench.errors import KvbenchError
+from kvbench.bridge.models import load_model
+from kvbench.core.errors import KvbenchError
+from kvbench.core.validation import parse_float, parse_int
 from kvbench.learned.distillcache.checkpoint import load_policy
 from kvbench.learned.distillcache.train import DistillData, decoding_references, mean_kl, validate_decoding
-from kvbench.models import load_model
-from kvbench.validation import parse_float, parse_int
 
 
 def main() -> None:

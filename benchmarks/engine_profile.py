@@ -27,11 +27,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from kvbench.adapter import compress_for_each, language_model, pad_caches
-from kvbench.config import Config
-from kvbench.decoder import BatchedDecoder
+from kvbench.bridge.adapter import compress_for_each, language_model, pad_caches
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
 from kvbench.engine import Run, longest_first, tokenize_sample
-from kvbench.models import load_model
+from kvbench.engine.decoder import BatchedDecoder
 from kvbench.presses import config_press, needs_eager
 from kvbench.tasks import load_samples
 

@@ -48,12 +48,12 @@ class KVPSoftGates:
 
 
 def soft_rows(keep: float, texts: int, length: int, seed: int) -> dict:
+    from kvbench.bridge.models import load_model, load_tokenizer
+    from kvbench.harness.perplexity import generated_texts
     from kvbench.learned.common import model_shape
     from kvbench.learned.gate.checkpoint import default_weights_dir, load_gates
     from kvbench.learned.gate.train import GateTap, soft_nll
     from kvbench.learned.kvp.press import cached_agents
-    from kvbench.models import load_model, load_tokenizer
-    from kvbench.perplexity import generated_texts
 
     model, _ = load_model()
     shape = model_shape(model)
@@ -106,7 +106,7 @@ def main() -> None:
         command += ["--every", str(args.every), "--seed", str(args.seed), "--out", str(args.out)]
         print(" ".join(command), flush=True)
         subprocess.run(command, check=True)
-    from kvbench.results import load_rows
+    from kvbench.store.results import load_rows
 
     frame = load_rows([args.out / "rows.jsonl"])
     frame = frame[frame["length"] == args.length]

@@ -20,11 +20,11 @@ def main() -> None:
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--val-texts", default="4")
     args = parser.parse_args()
-    from kvbench.errors import KvbenchError
+    from kvbench.bridge.models import EMBEDDED
+    from kvbench.core.errors import KvbenchError
+    from kvbench.core.validation import parse_int
     from kvbench.learned.common import check_made_for, read_card
     from kvbench.learned.gate.checkpoint import METHOD, load_gates, train_command_hint
-    from kvbench.models import EMBEDDED
-    from kvbench.validation import parse_int
 
     try:  # bad input is one line and exit 2, before the model loads
         count = parse_int(args.val_texts, "--val-texts", 1)
@@ -35,10 +35,10 @@ def main() -> None:
         print(f"gate_validate: {error}", file=sys.stderr)
         sys.exit(2)
 
+    from kvbench.bridge.models import load_model, load_tokenizer
+    from kvbench.cli.gate import token_ids
     from kvbench.learned.common import model_shape
-    from kvbench.learned.gate.command import token_ids
     from kvbench.learned.gate.train import VAL_SEED, validate
-    from kvbench.models import load_model, load_tokenizer
 
     model, _ = load_model()
     shape, tokenizer = model_shape(model), load_tokenizer()

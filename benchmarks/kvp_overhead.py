@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from kvbench.bridge.models import load_model
 from kvbench.learned.kvp.agent import ARCHS, build_agents
 from kvbench.learned.kvp.checkpoint import (
     card_arch,
@@ -36,7 +37,6 @@ from kvbench.learned.kvp.checkpoint import (
 )
 from kvbench.learned.kvp.press import KVPPress
 from kvbench.learned.kvp.train import KVPData, TrainConfig, train, validation_reward
-from kvbench.models import load_model
 from kvbench.presses import build_press
 
 

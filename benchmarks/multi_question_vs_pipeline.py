@@ -17,10 +17,10 @@ import time
 import torch
 from kvpress import KVPressTextGenerationPipeline
 
-from kvbench.adapter import attention_implementation
-from kvbench.config import Config
+from kvbench.bridge.adapter import attention_implementation
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
 from kvbench.engine import evaluate_sample
-from kvbench.models import load_model
 from kvbench.presses import config_press, needs_eager
 from kvbench.tasks import load_combined_samples
 

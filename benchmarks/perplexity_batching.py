@@ -2,8 +2,8 @@
 
     uv run python benchmarks/perplexity_batching.py [--length 1024] [--every 64] [--texts 1]
 
-Embedded model, prose texts (kvbench.perplexity's generated source), 4 presses x 2 absolute budgets (SnapKV
-with a window of half a chunk), read
+Embedded model, prose texts (kvbench.harness.perplexity's generated source), 4 presses x 2 absolute budgets
+(SnapKV with a window of half a chunk), read
 `--every` tokens at a time with each cache compressed back to its budget after every chunk
 (`perplexity.evaluate_text`). The batch reads each text once for all 8 configs; the reference reads it
 once per config, through the same code with a batch of one. Both in the same run, batch first. Prints the
@@ -14,9 +14,9 @@ ways measure (they must agree).
 import argparse
 import time
 
-from kvbench.config import Config
-from kvbench.models import load_model
-from kvbench.perplexity import evaluate_text, generated_texts
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
+from kvbench.harness.perplexity import evaluate_text, generated_texts
 
 PRESSES = ("streaming_llm", "knorm", "tova", "snapkv")
 BUDGETS = (64, 256)

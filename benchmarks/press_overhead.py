@@ -18,7 +18,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from kvbench.models import load_model
+from kvbench.bridge.models import load_model
 from kvbench.presses import PRESSES, build_press, parse_press_args
 
 DEFAULT_PRESSES = "knorm,quant,lowrank,varrate,qevict,andpro,memdecay"

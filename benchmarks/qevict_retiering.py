@@ -16,9 +16,9 @@ import argparse
 from unittest.mock import patch
 
 from kvbench import engine
-from kvbench.config import Config
-from kvbench.models import load_model
-from kvbench.planning import configs_for_run
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
+from kvbench.harness.planning import configs_for_run
 from kvbench.presses.qevict import QEvictPress
 from kvbench.tasks import load_combined_samples, load_samples, score_sample
 

@@ -14,11 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvbench.config import Config
-from kvbench.models import load_model
-from kvbench.ray_sweep import RayExecutor
-from kvbench.results import ResultsStore
-from kvbench.runner import Plan, run_plan
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
+from kvbench.harness.ray_sweep import RayExecutor
+from kvbench.harness.runner import Plan, run_plan
+from kvbench.store.results import ResultsStore
 
 PRESSES = ("knorm", "snapkv", "tova", "streaming_llm")
 TASKS = ("niah_single_1", "niah_single_2")

@@ -16,9 +16,9 @@ import itertools
 
 import pandas as pd
 
-from kvbench.models import load_tokenizer
+from kvbench.bridge.models import load_tokenizer
 from kvbench.reporting.read import config_label, split_press_labels
-from kvbench.results import load_rows
+from kvbench.store.results import load_rows
 from kvbench.tasks import load_samples
 
 

@@ -1,6 +1,6 @@
 """The attention-substrate study (issue 29, item 3; docs/studies/attention-substrate.md): train the 2 x 2 x 2
-design of tiny byte-level models (kvbench.substrate) for each seed, evaluate live-cache perplexity under
-eviction, then write the summary table and the plot.
+design of tiny byte-level models (kvbench.harness.substrate) for each seed, evaluate live-cache perplexity
+under eviction, then write the summary table and the plot.
 
     nice -n 10 uv run python benchmarks/substrate_study.py --out results/study-substrate
     uv run python benchmarks/substrate_study.py --out results/study-substrate --summarise-only
@@ -28,7 +28,7 @@ def merge_rows(folders: list[Path], out: Path) -> None:
     (`write_whole`): a full disk or a kill leaves it as it was."""
     import json
 
-    from kvbench.substrate.summary import load
+    from kvbench.harness.substrate.summary import load
 
     rows = {}
     for path in [folder / "rows.jsonl" for folder in folders]:
@@ -45,7 +45,7 @@ def write_whole(path: Path, data: bytes) -> None:
     import os
     import tempfile
 
-    from kvbench.errors import ResultsWriteError
+    from kvbench.core.errors import ResultsWriteError
 
     tmp = None
     try:
@@ -89,8 +89,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--summarise-only", action="store_true")
     args = ap.parse_args(argv)
-    from kvbench.errors import KvbenchError
-    from kvbench.validation import parse_int
+    from kvbench.core.errors import KvbenchError
+    from kvbench.core.validation import parse_int
 
     try:  # every number through the validation layer, before any work
         seeds = [parse_int(seed, "a seed", 0) for seed in args.seeds.split(",")]
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     if missing:
         print(f"error: no rows.jsonl in {', '.join(missing)}", file=sys.stderr)
         return 2
-    from kvbench.substrate import study
+    from kvbench.harness.substrate import study
 
     wanted = set(args.models.split("-")) - {""}  # "gate" is not "nogate": names match part by part
     try:  # replace() validates the new size as the constructor does
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         print(f"error: no model of the design is named like {args.models!r}", file=sys.stderr)
         return 2
 
-    from kvbench.substrate import summary
+    from kvbench.harness.substrate import summary
 
     try:
         if args.merge:

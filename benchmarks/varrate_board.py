@@ -12,7 +12,7 @@ import json
 import pandas as pd
 from scipy.stats import t
 
-from kvbench.results import load_rows
+from kvbench.store.results import load_rows
 
 AGNOSTIC, AWARE = "query-agnostic", "query-aware"
 # (label, (press, press_args, protocol) of the variant, the same of what it is set against)

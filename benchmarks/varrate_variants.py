@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from kvbench import tasks
-from kvbench.models import load_model
+from kvbench.bridge.models import load_model
 from kvbench.presses import build_press
 from kvbench.tasks.prompt import tokenize_sample
 

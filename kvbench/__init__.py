@@ -7,19 +7,19 @@ The Python API is what the `kvbench` command line calls, and scores the same row
     rows = kvbench.sweep(["knorm", "snapkv"], [0.25, 0.5], tasks=["niah_single_1"], samples=2, out="results")
     kvbench.report("results", out="reports/mine")
 
-`run`, `sweep` (kvbench.runner), `report` (kvbench.reporting), `load_results` (a DataFrame of the rows of
-results folders), the look-ups `list_presses`, `list_tasks`, `list_suites`, `load_samples`, the
+`run`, `sweep` (kvbench.harness.runner), `report` (kvbench.reporting), `load_results` (a DataFrame of the
+rows of results folders), the look-ups `list_presses`, `list_tasks`, `list_suites`, `load_samples`, the
 registrations of a user's own work `register_press`, `register_family`, `register_metric`,
 `register_data_task` (with `DataTask`), and the dataclasses `Row`, `Config`, `Plan`, `Unit`, `Sample`,
 `Suite`. `sweep` and `run` also take presses as objects or targets (docs/extending.md). Names load on
-first use, so that `import kvbench` (and `kvbench --help`) stays fast; errors are kvbench.errors' types.
+first use, so that `import kvbench` (and `kvbench --help`) stays fast; errors are kvbench.core.errors' types.
 """
 
 import importlib
 import sys
 from typing import TYPE_CHECKING
 
-from kvbench.errors import (
+from kvbench.core.errors import (
     BadInput,
     DataFileError,
     KvbenchError,
@@ -32,15 +32,15 @@ from kvbench.errors import (
 )
 
 if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
-    from kvbench.config import Config
+    from kvbench.bridge.models import load_model
+    from kvbench.core.config import Config
+    from kvbench.core.registry import PluginError
     from kvbench.engine import evaluate_sample
-    from kvbench.models import load_model
+    from kvbench.harness.runner import Plan, Unit, evaluate_unit, run, run_configs, sweep
     from kvbench.presses import PressSpec, build_press, list_presses, register_press
-    from kvbench.registry import PluginError
     from kvbench.reporting import render_report as report
-    from kvbench.results import ResultsStore, Row
-    from kvbench.results import load_rows as load_results
-    from kvbench.runner import Plan, Unit, evaluate_unit, run, run_configs, sweep
+    from kvbench.store.results import ResultsStore, Row
+    from kvbench.store.results import load_rows as load_results
     from kvbench.tasks import (
         Sample,
         Suite,
@@ -55,17 +55,17 @@ if TYPE_CHECKING:  # what the names below resolve to, for type checkers and edit
     from kvbench.tasks.jsonl import DataTask
 
 LAZY = {
-    "run": "kvbench.runner:run",
-    "sweep": "kvbench.runner:sweep",
-    "run_configs": "kvbench.runner:run_configs",
-    "evaluate_unit": "kvbench.runner:evaluate_unit",
-    "Plan": "kvbench.runner:Plan",
-    "Unit": "kvbench.runner:Unit",
+    "run": "kvbench.harness.runner:run",
+    "sweep": "kvbench.harness.runner:sweep",
+    "run_configs": "kvbench.harness.runner:run_configs",
+    "evaluate_unit": "kvbench.harness.runner:evaluate_unit",
+    "Plan": "kvbench.harness.runner:Plan",
+    "Unit": "kvbench.harness.runner:Unit",
     "report": "kvbench.reporting:render_report",
-    "load_results": "kvbench.results:load_rows",
-    "Row": "kvbench.results:Row",
-    "ResultsStore": "kvbench.results:ResultsStore",
-    "Config": "kvbench.config:Config",
+    "load_results": "kvbench.store.results:load_rows",
+    "Row": "kvbench.store.results:Row",
+    "ResultsStore": "kvbench.store.results:ResultsStore",
+    "Config": "kvbench.core.config:Config",
     "list_presses": "kvbench.presses:list_presses",
     "build_press": "kvbench.presses:build_press",
     "PressSpec": "kvbench.presses:PressSpec",
@@ -75,15 +75,15 @@ LAZY = {
     "Sample": "kvbench.tasks:Sample",
     "Suite": "kvbench.tasks:Suite",
     "TaskInfo": "kvbench.tasks:TaskInfo",
-    "load_model": "kvbench.models:load_model",
+    "load_model": "kvbench.bridge.models:load_model",
     "register_press": "kvbench.presses:register_press",
     "register_family": "kvbench.tasks:register_family",
     "register_metric": "kvbench.tasks:register_metric",
     "register_data_task": "kvbench.tasks:register_data_task",
     "DataTask": "kvbench.tasks.jsonl:DataTask",
-    "PluginError": "kvbench.registry:PluginError",
+    "PluginError": "kvbench.core.registry:PluginError",
     "evaluate_sample": "kvbench.engine:evaluate_sample",
-    "check_press": "kvbench.conformance:check_press",
+    "check_press": "kvbench.harness.conformance:check_press",
 }
 
 __all__ = [  # the lazy names above, kvbench's errors, and the console script

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench import presses, tasks
-from kvbench.models import load_model, load_tokenizer
+from kvbench.bridge.models import load_model, load_tokenizer
 
 
 @pytest.fixture(autouse=True)

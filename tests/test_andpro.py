@@ -11,7 +11,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from kvbench.models import load_model
+from kvbench.bridge.models import load_model
 from kvbench.presses import build_press
 from kvbench.presses.andpro import AnDProPress, projection_scores
 

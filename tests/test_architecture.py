@@ -3,68 +3,34 @@ functions included: hiding an import in a function does not change which layer d
 its own layer or one below, and no modules import each other in a circle."""
 
 import ast
-import fnmatch
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvbench"
 
-# (module pattern, layer), the first match wins; a layer may import its own and the layers below it.
-LAYERS = [
-    # 6: commands and the Python API: thin, they parse and call the library
-    ("kvbench", 6),
-    ("kvbench.cli", 6),
-    ("kvbench.*.cli", 6),
-    ("kvbench.*.command", 6),
-    ("kvbench.*.*.command", 6),
-    ("kvbench.lm_eval_cli", 6),
-    ("kvbench.perplexity_cli", 6),
-    ("kvbench.speed_cli", 6),
-    ("kvbench.conformance_cli", 6),
-    # 5: from what a user asks to rows and reports
-    ("kvbench.planning", 5),
-    ("kvbench.runner", 5),
-    ("kvbench.ray_sweep", 5),
-    ("kvbench.lmeval", 5),
-    ("kvbench.perplexity", 5),
-    ("kvbench.speed", 5),
-    ("kvbench.conformance", 5),
-    ("kvbench.reporting", 5),
-    ("kvbench.reporting.*", 5),
-    ("kvbench.serving", 5),
-    ("kvbench.serving.*", 5),
-    ("kvbench.substrate", 5),
-    ("kvbench.substrate.*", 5),
-    # 4: the engine: protocols and the batched decoder
-    ("kvbench.engine", 4),
-    ("kvbench.decoder", 4),
-    # 3: presses, learned presses and their training
-    ("kvbench.presses", 3),
-    ("kvbench.presses.*", 3),
-    ("kvbench.learned", 3),
-    ("kvbench.learned.*", 3),
-    # 2: what is evaluated: tasks and the prompt format
-    ("kvbench.tasks", 2),
-    ("kvbench.tasks.*", 2),
-    # 1: the results store, model loading, the kvpress adapter (the one module on kvpress's internals)
-    ("kvbench.results", 1),
-    ("kvbench.models", 1),
-    ("kvbench.embedded", 1),
-    ("kvbench.adapter", 1),
-    # 0: vocabulary, errors, validation, provenance, where shipped files are
-    ("kvbench.config", 0),
-    ("kvbench.validation", 0),
-    ("kvbench.errors", 0),
-    ("kvbench.provenance", 0),
-    ("kvbench.resources", 0),
-    ("kvbench.registry", 0),
-]
+# The package's folders are its layers: (folder, layer), a layer may import its own and the layers below it.
+FOLDERS = {
+    "cli": 6,  # the commands: thin, they parse and call the library (the only place that imports click)
+    "harness": 5,  # from what a user asks to rows: planning, runner, Ray, lm-eval, perplexity, speed, ...
+    "reporting": 5,  # from rows to reports
+    "engine": 4,  # the protocols and the batched decoder
+    "presses": 3,  # the registry of presses, our heuristic presses and codecs
+    "learned": 3,  # the learned presses and their training
+    "tasks": 2,  # what is evaluated: task families, metrics, suites, the prompt format
+    "store": 1,  # the results store
+    "bridge": 1,  # model loading and the adapter, the one module on kvpress's and transformers' internals
+    "core": 0,  # vocabulary, errors, validation, provenance, shipped files, registries
+}
+API = 6  # kvbench/__init__.py: the Python API
 
 
 def layer_of(module: str) -> int:
-    for pattern, layer in LAYERS:
-        if fnmatch.fnmatchcase(module, pattern):
-            return layer
-    raise AssertionError(f"{module} has no layer in tests/test_architecture.py (and docs/architecture.md)")
+    """The layer of a module: its folder's (`FOLDERS`); the package itself is the API."""
+    parts = module.split(".")
+    if parts == ["kvbench"]:
+        return API
+    if parts[1] not in FOLDERS:
+        raise AssertionError(f"{module} is in no folder of FOLDERS in tests/test_architecture.py")
+    return FOLDERS[parts[1]]
 
 
 def module_files() -> dict[str, Path]:
@@ -146,10 +112,35 @@ def test_the_checks_see_an_upward_import_and_a_circle(tmp_path):
     """The checks above can fail: a lazy import of the runner from the results store is seen as upward, and
     two modules importing each other form a circle."""
     probe = tmp_path / "results.py"
-    probe.write_text("def f():\n    from kvbench import runner\n")
-    assert imports_of(probe, {"kvbench.results": probe, "kvbench.runner": probe}) == {"kvbench.runner"}
-    assert layer_of("kvbench.runner") > layer_of("kvbench.results")
+    probe.write_text("def f():\n    from kvbench.harness import runner\n")
+    assert imports_of(probe, {"kvbench.store.results": probe, "kvbench.harness.runner": probe}) == {
+        "kvbench.harness.runner"
+    }
+    assert layer_of("kvbench.harness.runner") > layer_of("kvbench.store.results")
     assert sorted(map(sorted, strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}))) == [
         ["a", "b"],
         ["c"],
     ]
+
+
+def test_every_module_is_in_a_folder_of_a_layer():
+    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py"]
+    assert {module.split(".")[1] for module in module_files() if module != "kvbench"} == set(FOLDERS)
+
+
+def test_click_is_imported_in_cli_only():
+    """The library is called from Python as from the command line: options, help and exit codes live in
+    kvbench/cli/ alone."""
+    importers = [
+        module
+        for module, path in module_files().items()
+        if not module.startswith("kvbench.cli")
+        and any(
+            isinstance(node, (ast.Import, ast.ImportFrom))
+            and any(
+                (getattr(node, "module", None) or alias.name).split(".")[0] == "click" for alias in node.names
+            )
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    ]
+    assert importers == []

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvbench import models, results
+from kvbench.bridge import models
 from kvbench.cli import main
-from kvbench.errors import ResultsWriteError
+from kvbench.core.errors import ResultsWriteError
+from kvbench.harness.planning import parse_ratio
 from kvbench.learned.kvp.agent import KVPAgents
 from kvbench.learned.kvp.checkpoint import save_agents
-from kvbench.planning import parse_ratio
-from kvbench.results import ResultsStore, Row, load_rows
+from kvbench.store import results
+from kvbench.store.results import ResultsStore, Row, load_rows
 from kvbench.tasks import longbench
 
 RUN = ["run", "--press", "snapkv", "--ratio", "0.5"]
@@ -467,7 +468,7 @@ CASES = [
     (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/empty"], 2, "no kvp data at {tmp}/empty"),
     (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/nope"], 2, "no kvp data at {tmp}/nope"),
     (["kvp", "nope"], 2, "No such command 'nope'"),
-    # numbers: nan and inf refused wherever a float is read (kvbench.validation)
+    # numbers: nan and inf refused wherever a float is read (kvbench.core.validation)
     ([*RUN[:3], "--memory", "nan", *OUT], 2, "memory must be a finite number in (0, 1], got nan"),
     ([*RUN[:3], "--memory", "inf", *OUT], 2, "got inf"),
     ([*SWEEP[:4], "0.5,nan", *OUT], 2, "got nan"),
@@ -750,7 +751,7 @@ def offline(monkeypatch):
     """No test here touches the network: the hub is unreachable, LongBench's hub zip absent."""
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
     monkeypatch.setattr(longbench, "hub_data_zip", lambda: None)
-    monkeypatch.setattr("kvbench.models.load_model", fail_if_loaded)
+    monkeypatch.setattr("kvbench.bridge.models.load_model", fail_if_loaded)
 
 
 def fail_if_loaded(*args, **kwargs):
@@ -786,7 +787,7 @@ def test_ctrl_c_during_start_up_is_one_line_exit_130(tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("kvbench.models.load_model", interrupt)
+    monkeypatch.setattr("kvbench.bridge.models.load_model", interrupt)
     result = CliRunner().invoke(main, [*RUN, "--task", "niah_single_1", "--out", str(tmp_path / "out")])
     assert result.exit_code == 130 and result.output.strip() == "interrupted"
     assert not (tmp_path / "out").exists()
@@ -823,12 +824,12 @@ def test_a_full_disk_leaves_no_torn_row_and_nothing_counted_done(tmp_path, monke
 
 
 def test_a_full_disk_during_a_run_is_one_line_exit_1(tmp_path, monkeypatch, tiny_model_dir):
-    from kvbench import runner
+    from kvbench.harness import runner
 
     def answers(model, tokenizer, sample, configs, **kwargs):
         return [{"prediction": "x", "context_tokens": 1} for _ in configs]
 
-    monkeypatch.setattr("kvbench.models.load_model", REAL_LOAD_MODEL)  # a tiny one
+    monkeypatch.setattr("kvbench.bridge.models.load_model", REAL_LOAD_MODEL)  # a tiny one
     monkeypatch.setattr(runner, "evaluate_sample", answers)
     monkeypatch.setattr(results.ResultsStore, "write_run", lambda self, record, path=None: path)
     short_then_full_disk(monkeypatch, short=5)
@@ -845,7 +846,7 @@ def test_a_full_disk_during_a_run_is_one_line_exit_1(tmp_path, monkeypatch, tiny
 def test_an_lm_eval_task_that_needs_the_hub_is_one_line(tmp_path, monkeypatch):
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from kvbench import lmeval
+    from kvbench.harness import lmeval
 
     def offline(*args, **kwargs):
         raise LocalEntryNotFoundError("cannot reach the hub for dataset 'x'\nand 146 more lines")
@@ -885,7 +886,7 @@ def test_an_internal_bug_shows_its_traceback_and_exits_1(error):
 
 
 def test_kvbench_errors_keep_their_one_line_from_python_too():
-    from kvbench.errors import BadInput, KvbenchError
+    from kvbench.core.errors import BadInput, KvbenchError
 
     with pytest.raises(KvbenchError) as info:
         parse_ratio("1.5")

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from kvbench import tasks
 from kvbench.cli import main
-from kvbench.results import load_rows
+from kvbench.store.results import load_rows
 
 
 def invoke(*args):
@@ -48,7 +48,7 @@ def test_run_scores_the_embedded_model_and_resumes(tmp_path):
         length=512,
         samples=1,
         seed=0,
-        tokenizer=__import__("kvbench.models").models.load_tokenizer(),
+        tokenizer=__import__("kvbench.bridge.models").bridge.models.load_tokenizer(),
     )[0]
     assert row.sample_id == sample.id and row.references == sample.references
     assert row.score == tasks.score_sample(sample, row.prediction)

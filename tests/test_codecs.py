@@ -8,7 +8,7 @@ import torch
 from conftest import prefill_into_cache
 from transformers.models.llama.modeling_llama import rotate_half
 
-from kvbench.models import load_model
+from kvbench.bridge.models import load_model
 from kvbench.presses import build_press
 from kvbench.presses import qevict as qevict_module
 from kvbench.presses import quant as quant_module
@@ -542,7 +542,7 @@ def test_qevict_sampled_scores_are_the_weighted_sum_over_the_sample(tiny_model_d
 
 @pytest.mark.parametrize("bad", ["1", "0", "-2", "some", "2.5"])
 def test_qevict_scored_queries_must_be_all_or_at_least_two(bad):
-    from kvbench.errors import BadInput
+    from kvbench.core.errors import BadInput
     from kvbench.presses import parse_press_args
 
     with pytest.raises(BadInput, match="scored_queries"):

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept
 
-from kvbench import conformance
 from kvbench.cli import main
-from kvbench.conformance import CHECKS, check_press
+from kvbench.harness import conformance
+from kvbench.harness.conformance import CHECKS, check_press
 
 
 def in_cache_order(keys, values, scores, n_kept):

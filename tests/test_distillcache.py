@@ -323,9 +323,9 @@ def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch
     from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodingPress
     from test_engine import decoded_token_ids, engine_token_ids, word_soup_sample
 
-    from kvbench.config import Config
+    from kvbench.bridge.models import load_tokenizer
+    from kvbench.core.config import Config
     from kvbench.learned.distillcache.press import DistillCachePress
-    from kvbench.models import load_tokenizer
     from kvbench.tasks.prompt import tokenize_sample
 
     tokenizer = load_tokenizer()
@@ -341,7 +341,7 @@ def test_decode_time_in_the_engine_answers_as_kvpress_decoding_press(monkeypatch
 
     target = int(tokenize_sample(tokenizer, sample).context_ids.shape[1] * 0.5)
     base = DistillCachePress(0.0, weights=str(tmp_path))
-    from kvbench.adapter import keep_cache_order
+    from kvbench.bridge.adapter import keep_cache_order
 
     keep_cache_order(base)  # as the engine's decoding presses do (kvpress issue #173)
     decoding = DecodingPress(base_press=base, compression_interval=4, target_size=target)

@@ -2,7 +2,7 @@ import torch
 from kvpress import DecodingPress
 from test_distillcache import prefill, random_policy
 
-from kvbench.adapter import keep_cache_order
+from kvbench.bridge.adapter import keep_cache_order
 from kvbench.learned.common import model_shape
 from kvbench.learned.common.datagen import capture_prompt
 from kvbench.learned.distillcache.checkpoint import load_policy

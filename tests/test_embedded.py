@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from kvbench import embedded
-from kvbench.errors import ModelNotFound
+from kvbench.bridge import embedded
+from kvbench.core.errors import ModelNotFound
 
 GGUF_BYTES = b"GGUF stand-in " * 1000
 

@@ -9,17 +9,18 @@ import torch
 from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, PrefillDecodingPress
 from transformers import DynamicCache
 
-from kvbench import adapter, decoder, engine
-from kvbench.config import Config
-from kvbench.decoder import BatchedDecoder
-from kvbench.engine import evaluate_sample
+from kvbench import engine
+from kvbench.bridge import adapter
+from kvbench.bridge.models import embedded_folder, load_model, load_tokenizer
+from kvbench.core.config import Config
+from kvbench.engine import decoder, evaluate_sample
+from kvbench.engine.decoder import BatchedDecoder
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
 from kvbench.learned.gate.checkpoint import save_gates
 from kvbench.learned.gate.gates import GateSet
 from kvbench.learned.kvp.agent import KVPAgents
 from kvbench.learned.kvp.checkpoint import model_shape, save_agents
-from kvbench.models import embedded_folder, load_model, load_tokenizer
 from kvbench.presses import PRESSES, config_press, needs_eager
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import REGIONS, tokenize_sample

@@ -124,7 +124,7 @@ def test_the_api_takes_press_objects_factories_and_targets(tmp_path, tiny_llama_
 
 
 def test_press_args_go_to_the_press_they_name(tmp_path):
-    from kvbench.planning import configs_for_sweep
+    from kvbench.harness.planning import configs_for_sweep
 
     configs = configs_for_sweep(
         "snapkv,knorm,tova", "0.5", press_args={"snapkv.window_size": 16, "tova.window_size": 8}

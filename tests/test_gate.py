@@ -112,7 +112,7 @@ def test_hard_eviction_keeps_the_top_gates_per_head(tiny_model, one_thread, ids,
 
 
 def test_live_cache_perplexity_holds_the_gate_budget(tiny_model, one_thread, ids, tmp_path):
-    from kvbench.perplexity import Text, evaluate_text, perplexity_configs
+    from kvbench.harness.perplexity import Text, evaluate_text, perplexity_configs
 
     model = tiny_model(initializer_range=0.1)
     random_gates(model, tmp_path)
@@ -164,7 +164,7 @@ def test_rounded_gates_keep_the_top_gates_per_head():
 
 
 def write_checkpoint(tmp_path, model_dir, **model_fields):
-    from kvbench.models import load_model
+    from kvbench.bridge.models import load_model
 
     model, _ = load_model(model_dir)
     shape = model_shape(model)

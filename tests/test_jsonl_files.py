@@ -1,7 +1,8 @@
 """JSONL files as other tools write them, and rewrites that fail half-way: every reader splits lines alike
 (at "\\n", "\\r\\n" or a lone "\\r", never inside a JSON string), so a file with other line ends or with raw
 U+2028 in its strings (as `jq -c` writes them) reads and resumes as kvbench's own; and no row is lost by a
-resumed run, by `python -m kvbench.results compress` or by the substrate study's --merge, whatever the line
+resumed run, by `python -m kvbench.store.results compress` or by the substrate study's --merge, whatever the
+line
 ends, and when the disk fills or the process is killed mid-write."""
 
 import errno
@@ -18,19 +19,19 @@ from pathlib import Path
 
 import pytest
 
-import kvbench.runner as runner
-from kvbench import results
-from kvbench.config import Config
-from kvbench.errors import KvbenchWarning, ResultsWriteError
-from kvbench.models import load_model
-from kvbench.results import ResultsStore, Row, compress_rows, config_id, load_rows, read_rows
-from kvbench.validation import jsonl_lines, whole_lines_size
+import kvbench.harness.runner as runner
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
+from kvbench.core.errors import KvbenchWarning, ResultsWriteError
+from kvbench.core.validation import jsonl_lines, whole_lines_size
+from kvbench.store import results
+from kvbench.store.results import ResultsStore, Row, compress_rows, config_id, load_rows, read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 ENDS = ("\n", "\r\n", "\r")
 # What JSON allows raw inside a string and str.splitlines() takes for a line end.
 SPLITLINES_ONLY = ("\u2028", "\u2029", "\x85")
-NO_WARNINGS = pytest.mark.filterwarnings("error::kvbench.errors.KvbenchWarning")
+NO_WARNINGS = pytest.mark.filterwarnings("error::kvbench.core.errors.KvbenchWarning")
 
 
 def row(sample_id: str, prediction: str = "x") -> Row:
@@ -186,26 +187,26 @@ def study_row(index: int, text: str) -> dict:
 
 
 def read_costs(path: Path):
-    from kvbench.speed import load_costs
+    from kvbench.harness.speed import load_costs
 
     path.rename(path.parent / "costs.jsonl")
     return load_costs(path.parent)
 
 
 def read_trace(path: Path):
-    from kvbench.serving.trace import read_trace
+    from kvbench.harness.serving.trace import read_trace
 
     return read_trace(path)
 
 
 def read_study(path: Path):
-    from kvbench.substrate.summary import load
+    from kvbench.harness.substrate.summary import load
 
     return load(path)
 
 
 def read_texts(path: Path):
-    from kvbench.perplexity import local_texts
+    from kvbench.harness.perplexity import local_texts
 
     return list(local_texts(path.parent))
 
@@ -243,7 +244,7 @@ def test_every_jsonl_reader_reads_raw_u2028_and_any_line_end_as_the_plain_file(k
     assert read(tmp_path / "raw" / "data.jsonl") == read(tmp_path / "plain" / "data.jsonl")
 
 
-# python -m kvbench.results compress: never a row lost.
+# python -m kvbench.store.results compress: never a row lost.
 
 
 def folder_bytes(folder: Path) -> dict:
@@ -289,7 +290,9 @@ def test_compress_keeps_every_row_whatever_the_line_ends(case, tmp_path):
     before = read_rows(tmp_path / "rows.jsonl")
     assert before
     done = subprocess.run(
-        [sys.executable, "-m", "kvbench.results", "compress", str(tmp_path)], capture_output=True, text=True
+        [sys.executable, "-m", "kvbench.store.results", "compress", str(tmp_path)],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "rows.jsonl").exists() and read_rows(tmp_path / "rows.jsonl.gz") == before
@@ -373,7 +376,7 @@ def test_compress_under_a_file_size_limit_is_one_line_exit_1_and_changes_nothing
     big_folder(tmp_path)
     before = folder_bytes(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "kvbench.results", "compress", str(tmp_path)],
+        [sys.executable, "-m", "kvbench.store.results", "compress", str(tmp_path)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
@@ -387,7 +390,7 @@ def test_compress_under_a_file_size_limit_is_one_line_exit_1_and_changes_nothing
 KILLED_COMPRESS = """
 import os, signal, sys
 from pathlib import Path
-from kvbench import results
+from kvbench.store import results
 
 def die(*args):
     os.kill(os.getpid(), signal.SIGKILL)

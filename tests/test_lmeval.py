@@ -13,10 +13,12 @@ from lm_eval.api.registry import get_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
-from kvbench import lmeval, tasks
-from kvbench.config import Config
+from kvbench import tasks
+from kvbench.cli.lm_eval import lm_eval_command
+from kvbench.core.config import Config
 from kvbench.engine import evaluate_sample
-from kvbench.lmeval import QUESTION_FIELD, TASKS_DIR, KVBenchLM, lm_eval_command
+from kvbench.harness import lmeval
+from kvbench.harness.lmeval import QUESTION_FIELD, TASKS_DIR, KVBenchLM
 from kvbench.tasks import ruler
 
 WORDS = "the cat sat on a mat while dogs ran far away from home and birds sang in trees all day long".split()
@@ -281,10 +283,10 @@ def test_lm_eval_kvbench_is_lm_evals_own_command_line_with_the_model_registered(
 ):
     from importlib.metadata import entry_points
 
-    from kvbench import lm_eval_cli
+    from kvbench.cli import lm_eval as lm_eval_cli
 
     (script,) = entry_points(group="console_scripts", name="lm-eval-kvbench")
-    assert script.value == "kvbench.lm_eval_cli:main"
+    assert script.value == "kvbench.cli.lm_eval:main"
     (tmp_path / "mc").mkdir()
     (tmp_path / "mc" / "utils.py").write_text(MC_UTILS)
     (tmp_path / "mc" / "tiny_mc.yaml").write_text(MC_TASK)
@@ -302,8 +304,8 @@ def test_lm_eval_kvbench_is_lm_evals_own_command_line_with_the_model_registered(
 
 
 def test_lm_eval_kvbench_adds_kvbench_tasks_unless_given_a_path():
-    from kvbench.lm_eval_cli import with_kvbench_tasks
-    from kvbench.resources import lm_eval_tasks_dir
+    from kvbench.cli.lm_eval import with_kvbench_tasks
+    from kvbench.core.resources import lm_eval_tasks_dir
 
     argv = ["--model", "kvbench", "--tasks", "kvbench_vt"]
     assert with_kvbench_tasks(argv) == [*argv, "--include_path", str(lm_eval_tasks_dir())]

@@ -348,7 +348,7 @@ def test_without_length_the_cli_truncates_to_the_models_own_limit(tmp_path, toke
     from click.testing import CliRunner
 
     from kvbench.cli import main
-    from kvbench.results import load_rows
+    from kvbench.store.results import load_rows
 
     model_dir = tmp_path / "model"
     tiny_model("llama", len(tokenizer), max_position_embeddings=1500).save_pretrained(model_dir)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.models import load_model
+from kvbench.bridge.models import load_model
 from kvbench.presses import PRESSES, build_press
 from kvbench.presses.lowrank import Layout, LowRankPress, VarRatePress
 

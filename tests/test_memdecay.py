@@ -10,9 +10,9 @@ import torch
 from kvpress import DecodingPress
 from transformers import DynamicCache
 
+from kvbench.bridge.models import load_model, load_tokenizer, model_name
 from kvbench.learned.memdecay.calibration import LifetimeStats, fit_calibration, measure, write_calibration
 from kvbench.learned.memdecay.press import CALIBRATION_FILE, MemDecayError, MemDecayPress, select_pages
-from kvbench.models import load_model, load_tokenizer, model_name
 from kvbench.presses import build_press
 from kvbench.presses import queries as queries_module
 from kvbench.tasks.base import Sample
@@ -444,7 +444,7 @@ def test_embedded_tokenizer_regions_cover_the_calibration_sample():
 )
 def test_engine_runs_the_press_under_every_protocol_within_budget(tiny, tmp_path, protocol):
     """The engine gives the press the sample's regions and compresses with it under each protocol."""
-    from kvbench.config import Config
+    from kvbench.core.config import Config
     from kvbench.engine import evaluate_sample
 
     model, tokenizer = tiny
@@ -459,7 +459,7 @@ def test_engine_runs_the_press_under_every_protocol_within_budget(tiny, tmp_path
 def test_decode_time_tells_the_question_apart_from_the_generation(tiny, tmp_path):
     """Under decode-time compression kvpress buffers the question with the decoded tokens; the press still
     sees the question as "user" and the answer prefix as "assistant", from the engine's region ids."""
-    from kvbench.config import Config
+    from kvbench.core.config import Config
     from kvbench.engine import evaluate_sample
 
     model, tokenizer = tiny

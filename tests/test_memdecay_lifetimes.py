@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from kvbench.bridge.models import load_model
 from kvbench.learned.memdecay import lifetimes
 from kvbench.learned.memdecay.calibration import SINKS
-from kvbench.models import load_model
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import REGIONS
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kvbench.models import ModelNotFound, load_model, model_name, model_shape, resolve
+from kvbench.bridge.models import ModelNotFound, load_model, model_name, model_shape, resolve
 
 
 def test_embedded_tokenizer_is_fixed(embedded_tokenizer, embedded_model):
@@ -44,7 +44,7 @@ def test_local_folders_load_by_path(tiny_model_dir):
 
 
 def test_unknown_models_fail_fast(monkeypatch):
-    import kvbench.models as models
+    import kvbench.bridge.models as models
 
     with pytest.raises(ModelNotFound, match="unknown model"):
         resolve("no-such-model")

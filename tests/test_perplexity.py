@@ -1,4 +1,5 @@
-"""Live-cache perplexity (kvbench.perplexity): the NLLs it records equal independent computations on a tiny
+"""Live-cache perplexity (kvbench.harness.perplexity): the NLLs it records equal independent computations on
+a tiny
 random-init Llama in float64, batched configs equal each config alone, and a rerun computes nothing."""
 
 import json
@@ -11,13 +12,14 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from transformers import DynamicCache
 
-from kvbench import adapter, perplexity
+from kvbench.bridge import adapter
 from kvbench.cli import main
-from kvbench.config import Config
-from kvbench.perplexity import Text, evaluate_text, texts_from_files
+from kvbench.core.config import Config
+from kvbench.harness import perplexity
+from kvbench.harness.perplexity import Text, evaluate_text, texts_from_files
 from kvbench.presses import build_press
 from kvbench.reporting import render_report
-from kvbench.results import ResultsStore, Row, load_rows
+from kvbench.store.results import ResultsStore, Row, load_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

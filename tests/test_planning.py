@@ -1,7 +1,7 @@
 """The grid a sweep plans: which configs, with which press arguments."""
 
-from kvbench.config import Config
-from kvbench.planning import configs_for_sweep
+from kvbench.core.config import Config
+from kvbench.harness.planning import configs_for_sweep
 
 
 def test_sweep_press_arguments_go_to_every_press_but_none():

@@ -1,5 +1,6 @@
-"""The prefix-cache benchmark (kvbench.serving): exactness of each policy's reuse against a full recompute on
-a tiny float64 model, the store's budget and eviction orders against plain references, replay determinism,
+"""The prefix-cache benchmark (kvbench.harness.serving): exactness of each policy's reuse against a full
+recompute on a tiny float64 model, the store's budget and eviction orders against plain references, replay
+determinism,
 and the command's bad input."""
 
 import json
@@ -9,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from kvbench.cli import main
-from kvbench.serving.replay import (
+from kvbench.harness.serving.replay import (
     Compression,
     Settings,
     apply_delta,
@@ -21,8 +22,8 @@ from kvbench.serving.replay import (
     shift,
     sparse_delta,
 )
-from kvbench.serving.store import Store
-from kvbench.serving.trace import Request, Trace, make_trace, read_trace, write_trace
+from kvbench.harness.serving.store import Store
+from kvbench.harness.serving.trace import Request, Trace, make_trace, read_trace, write_trace
 
 
 class CharTokenizer:

@@ -8,8 +8,8 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 import kvbench.presses as registry
-from kvbench import adapter, models
-from kvbench.models import load_model
+from kvbench.bridge import adapter, models
+from kvbench.bridge.models import load_model
 from kvbench.presses import PRESSES, UnknownPress, build_press, check_press_runnable, parse_press_args
 from kvbench.presses.h2o import H2OPress
 

@@ -14,10 +14,10 @@ from kvpress.utils import compute_n_kept
 from test_engine import decoded_token_ids, pipeline_token_ids, word_soup_sample
 
 import kvbench
-from kvbench import adapter
-from kvbench.config import Config
+from kvbench.bridge import adapter
+from kvbench.bridge.models import embedded_folder, load_tokenizer
+from kvbench.core.config import Config
 from kvbench.engine import budget_entries, evaluate_sample, sized_config
-from kvbench.models import embedded_folder, load_tokenizer
 from kvbench.presses import config_press
 from kvbench.tasks import combine_samples, load_combined_samples
 from kvbench.tasks.prompt import tokenize_sample

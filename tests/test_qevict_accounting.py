@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
 from kvbench.presses import build_press
 from kvbench.presses.qevict import TIER_FLAG_BYTES, QEvictPress, int4_window_bytes
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvbench.cli import main
-from kvbench.ray_sweep import RayExecutor, RayUnavailable
+from kvbench.harness.ray_sweep import RayExecutor, RayUnavailable
 
 TIMINGS = ("prefill_s", "decode_s")
 
@@ -170,7 +170,7 @@ def test_a_ray_sweep_sends_the_missing_batches_to_its_workers_and_writes_them_on
     tiny_model_dir, tmp_path, monkeypatch
 ):
     fake = FakeRay()
-    monkeypatch.setattr("kvbench.ray_sweep.import_ray", lambda: fake)
+    monkeypatch.setattr("kvbench.harness.ray_sweep.import_ray", lambda: fake)
     sweep_resumed_on_ray(tiny_model_dir, tmp_path)
     assert len(fake.workers) == 2 and not fake.started  # two workers, and the cluster left after the sweep
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import kvbench
-from kvbench.results import (
+from kvbench.store.results import (
     REQUIRED_FIELDS,
     ROWS_GZ,
     SAMPLE_FIELDS,
@@ -34,7 +34,9 @@ def test_there_are_reference_folders():
 @pytest.mark.parametrize("folder", FOLDERS, ids=[folder.name for folder in FOLDERS])
 def test_a_reference_folder_loads_from_its_deterministic_gzip(folder):
     data = (folder / "rows.jsonl.gz").read_bytes()
-    assert not (folder / "rows.jsonl").exists()  # compressed whole: `python -m kvbench.results compress`
+    assert not (
+        folder / "rows.jsonl"
+    ).exists()  # compressed whole: `python -m kvbench.store.results compress`
     assert data[:4] == b"\x1f\x8b\x08\x00" and data[4:8] == bytes(4)  # gzip, no name, mtime 0
     lines = gzip.decompress(data).count(b"\n")
     frame = kvbench.load_results(folder)
@@ -97,7 +99,7 @@ def test_a_damaged_gzip_is_refused_in_one_line_and_nothing_is_written(tmp_path, 
     from click.testing import CliRunner
 
     from kvbench.cli import main
-    from kvbench.errors import DataFileError
+    from kvbench.core.errors import DataFileError
 
     folder = tmp_path / "ref"
     shutil.copytree(SMALL, folder)

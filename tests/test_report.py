@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 from scipy.stats import ttest_ind
 
+from kvbench.cli.report import report
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
-from kvbench.reporting.command import report
 from kvbench.reporting.plots import PRESS_LOOKS, heatmap_figure, press_style, press_styles, scores_figure
 from kvbench.reporting.read import collect, split_press_labels
-from kvbench.results import ResultsStore, Row, config_id
+from kvbench.store.results import ResultsStore, Row, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BYTES_PER_ENTRY = 256  # keys + values of one head at head_dim 64 in fp16

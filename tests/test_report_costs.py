@@ -8,11 +8,11 @@ from click.testing import CliRunner
 from test_report import PNG_SIGNATURE, markdown_tables, memory_rows, write_results
 
 from kvbench.cli import main
+from kvbench.harness.speed import COSTS_FILE, Cost
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
 from kvbench.reporting.costs import cost_points, read_costs
 from kvbench.reporting.read import collect
-from kvbench.speed import COSTS_FILE, Cost
 
 
 def cost(press, memory, tokens=1024, overhead=0.1, rate=20.0, allocated=0.5, accounted=0.25) -> Cost:

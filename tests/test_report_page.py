@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from test_report import PNG_SIGNATURE, make_row, markdown_tables, memory_rows, rows_of, write_results
 
 from kvbench.cli import main
+from kvbench.cli.report import report
 from kvbench.reporting import render_report
 from kvbench.reporting.browser import find_browser, headless
-from kvbench.reporting.command import report
 
 needs_browser = pytest.mark.skipif(
     find_browser() is None, reason="no Chromium on PATH (apt-get install chromium)"

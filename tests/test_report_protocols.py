@@ -10,7 +10,7 @@ from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
 from kvbench.reporting.plots import budget_figure, press_styles
 from kvbench.reporting.read import collect
-from kvbench.results import config_id
+from kvbench.store.results import config_id
 
 
 def budget_row(press, budget, task, index, score):

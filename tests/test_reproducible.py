@@ -11,8 +11,9 @@ import kvpress
 import pytest
 import torch
 
-from kvbench.adapter import seed_press
-from kvbench.config import Config
+from kvbench.bridge.adapter import seed_press
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
 from kvbench.engine import evaluate_sample
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
@@ -20,7 +21,6 @@ from kvbench.learned.gate.checkpoint import save_gates
 from kvbench.learned.gate.gates import GateSet
 from kvbench.learned.kvp.agent import KVPAgents
 from kvbench.learned.kvp.checkpoint import model_shape, save_agents
-from kvbench.models import load_model
 from kvbench.presses import PRESSES, build_press
 from kvbench.tasks import Sample
 

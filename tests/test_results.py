@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import kvbench.runner as runner
-from kvbench.config import Config
-from kvbench.models import load_model
-from kvbench.results import ResultsStore, Row, config_id, load_rows, load_runs
+import kvbench.harness.runner as runner
+from kvbench.bridge.models import load_model
+from kvbench.core.config import Config
+from kvbench.store.results import ResultsStore, Row, config_id, load_rows, load_runs
 
 
 def row(sample_id, score=50.0, press="knorm", ratio=0.5, content="c0", references=("x",)) -> Row:
@@ -71,7 +71,7 @@ def test_corrupt_lines_are_skipped_with_file_and_line(tmp_path):
 # Appends rows 0..N that the store lacks (a resumed run), saying when it has written its first one.
 WRITER = """
 import sys
-from kvbench.results import ResultsStore, Row
+from kvbench.store.results import ResultsStore, Row
 store = ResultsStore(sys.argv[1])
 for i in range(100_000):
     row = Row("c", "m", "knorm", 0.5, "t", 1, 0, str(i), content_hash="h", extra={"pad": "x" * 50_000})
@@ -236,9 +236,9 @@ CONCURRENT_WRITER = """
 import sys, time
 from pathlib import Path
 from types import SimpleNamespace
-import kvbench.runner as runner
-from kvbench.config import Config
-from kvbench.results import ResultsStore
+import kvbench.harness.runner as runner
+from kvbench.core.config import Config
+from kvbench.store.results import ResultsStore
 from kvbench.tasks import Sample
 
 out, name = Path(sys.argv[1]), sys.argv[2]

@@ -8,9 +8,9 @@ import torch
 from click.testing import CliRunner
 from transformers import DynamicCache
 
-from kvbench import speed
 from kvbench.cli import main
-from kvbench.errors import DataFileError
+from kvbench.core.errors import DataFileError
+from kvbench.harness import speed
 
 
 def test_allocated_bytes_count_each_storage_once():
@@ -47,7 +47,7 @@ def test_a_second_run_resumes_and_a_damaged_file_is_refused(costs, tiny_llama_di
     path = plan.out / speed.COSTS_FILE
     before = path.read_text()
     again = speed.plan_speed("knorm,quant", "64", plan.out, memory="0.25", new_tokens=2, repeats=1)
-    monkeypatch.setattr("kvbench.models.load_model", fail_if_loaded)
+    monkeypatch.setattr("kvbench.bridge.models.load_model", fail_if_loaded)
     assert len(speed.run_speed(again, tiny_llama_dir)) == 2 and path.read_text() == before
     row = json.loads(before.splitlines()[0])
     path.write_text(before + json.dumps({**row, "prefill_s": "fast"}) + "\n")
@@ -59,8 +59,8 @@ def test_head_wise_masks_count_as_evicted_and_never_outlive_their_press(tiny_lla
     """AnDPro (kvpress's AdaKV underneath) masks the entries it evicts and keeps them allocated: accounted
     as the engine counts them (a quarter of the entries at memory 0.25), allocated in full, and its masks
     are cleared before the next uncompressed prefill."""
-    from kvbench.adapter import masked_entries
-    from kvbench.models import load_model
+    from kvbench.bridge.adapter import masked_entries
+    from kvbench.bridge.models import load_model
 
     plan = speed.plan_speed("andpro", "64", tmp_path / "out", memory="0.25", new_tokens=2, repeats=2)
     [andpro] = speed.run_speed(plan, tiny_llama_dir)
@@ -100,7 +100,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, culprit, tmp_path
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / speed.COSTS_FILE).write_text("{not json\n")
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    monkeypatch.setattr("kvbench.models.load_model", fail_if_loaded)
+    monkeypatch.setattr("kvbench.bridge.models.load_model", fail_if_loaded)
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
     if "--out" not in args:
         args += ["--out", str(tmp_path / "out")]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvbench.errors import did_you_mean
+from kvbench.core.errors import did_you_mean
 
 HEAVY = ("torch", "transformers", "kvpress", "pandas")
 
@@ -83,7 +83,7 @@ def test_did_you_mean_names_the_close_names_only(name, known, said):
 
 
 def test_a_misspelt_press_argument_is_suggested():
-    from kvbench.errors import BadInput
+    from kvbench.core.errors import BadInput
     from kvbench.presses import build_press
 
     with pytest.raises(BadInput, match="no argument 'windw_size': did you mean 'window_size'"):
@@ -97,7 +97,8 @@ SIZED_TASKS = [("niah_single_1", 512), ("vt", 1024), ("agent_system_fact", 1024)
 
 @pytest.mark.parametrize(("task", "length"), SIZED_TASKS)
 def test_tokenizer_files_give_the_samples_transformers_tokenizer_gives(task, length, embedded_tokenizer):
-    from kvbench import models, tasks
+    from kvbench import tasks
+    from kvbench.bridge import models
     from kvbench.tasks.prompt import tokenize_sample
 
     files = models.TokenizerFiles.open(models.EMBEDDED)

@@ -3,7 +3,7 @@ budget), `none` first, then the presses as run, least compressed first."""
 
 import pandas as pd
 
-from kvbench.runner import config_key, summarize
+from kvbench.harness.runner import config_key, summarize
 
 
 def frame(configs: list[tuple], tasks=("niah_single_1", "qa_1")) -> pd.DataFrame:

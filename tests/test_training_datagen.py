@@ -6,6 +6,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from transformers import DynamicCache
 
+from kvbench.bridge.models import load_model
 from kvbench.cli import main
 from kvbench.learned.common import MANIFEST_FILE, datagen
 from kvbench.learned.common.datagen import (
@@ -16,7 +17,6 @@ from kvbench.learned.common.datagen import (
 )
 from kvbench.learned.kvp.checkpoint import load_agents, load_card
 from kvbench.learned.kvp.press import KVPPress
-from kvbench.models import load_model
 from kvbench.tasks.mixture import MIXTURES, Part
 
 

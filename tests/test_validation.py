@@ -1,6 +1,7 @@
-"""The validation layer (kvbench/validation.py and the schemas of the files kvbench reads), held by generated
-cases: every field of a valid results row, training manifest and LongBench data line is mutated (wrong type,
-missing, null, nan, huge) and must be refused in one line with exit 2 (rows: skipped with one warning, as
+"""The validation layer (kvbench/core/validation.py and the schemas of the files kvbench reads), held by
+generated cases: every field of a valid results row, training manifest and LongBench data line is mutated
+(wrong type, missing, null, nan, huge) and must be refused in one line with exit 2 (rows: skipped with one
+warning, as
 corrupt lines are), or accepted where the schema allows the value, with nothing changed on disk."""
 
 import hashlib
@@ -12,14 +13,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvbench import models
+from kvbench.bridge import models
 from kvbench.cli import main
-from kvbench.config import PROTOCOL_ARGS, Config
-from kvbench.errors import BadInput, KvbenchWarning
-from kvbench.planning import parse_memory, parse_ratio, trial_run
-from kvbench.results import REQUIRED_FIELDS, ResultsStore, Row, check_writable, load_rows
+from kvbench.core.config import PROTOCOL_ARGS, Config
+from kvbench.core.errors import BadInput, KvbenchWarning
+from kvbench.core.validation import parse_float, parse_int
+from kvbench.harness.planning import parse_memory, parse_ratio, trial_run
+from kvbench.store.results import REQUIRED_FIELDS, ResultsStore, Row, check_writable, load_rows
 from kvbench.tasks import longbench
-from kvbench.validation import parse_float, parse_int
 
 MUTATIONS = ("wrong type", "missing", "null", "nan", "huge")
 PROTOCOL_CONFIGS = [(name, ((arg[0], 2),) if arg else ()) for name, arg in PROTOCOL_ARGS.items()]

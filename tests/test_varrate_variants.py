@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvbench.models import load_model
+from kvbench.bridge.models import load_model
 from kvbench.presses import build_press
 from kvbench.presses.lowrank import rope_tables, rotate
 

@@ -84,7 +84,8 @@ def run_installed(site: Path, cwd: Path, code: str) -> str:
 
 INSTALLED = """
 import kvbench
-from kvbench import provenance, resources, tasks
+from kvbench.core import provenance, resources
+from kvbench import tasks
 from kvbench.learned import common as training
 from kvbench.cli import main
 from kvbench.learned.kvp.checkpoint import METHOD, default_agents_dir, train_command_hint

@@ -8,7 +8,7 @@ prefill) run at ratio 0 with that knob as a press argument (`PressSpec.knob`). W
 wrap the scorer named by `inner` (default snapkv). kvpress's exported presses the registry does not build are
 in `NOT_REGISTERED` with the reason.
 
-The registry is open (`kvbench.registry`): `register_press(spec)` adds a press, installed packages add
+The registry is open (`kvbench.core.registry`): `register_press(spec)` adds a press, installed packages add
 theirs through the entry-point group `kvbench.presses`, and `resolve_press` turns a user's own press (a
 class or factory object, `module:Class` or `path/to/file.py:Class`) into a registered name whose spec
 records where it comes from (`PressSpec.source`).
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from kvbench import resources
-from kvbench.config import Config
-from kvbench.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
-from kvbench.registry import PluginError, Registry, Source, is_target, load_target, source_of
+from kvbench.core import resources
+from kvbench.core.config import Config
+from kvbench.core.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
+from kvbench.core.registry import PluginError, Registry, Source, is_target, load_target, source_of
 
 DEFAULT_INNER = "snapkv"
 
@@ -637,7 +637,7 @@ def check_press_runnable(name: str) -> None:
     """Fail before any work if a press cannot run here (unknown, or needs an unreachable hub)."""
     if name not in PRESSES:
         raise unknown_press(name)
-    from kvbench import models
+    from kvbench.bridge import models
 
     if "hub" in PRESSES[name].needs and not models.hub_reachable():
         raise UnknownPress(

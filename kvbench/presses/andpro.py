@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`kvbench report`: leaderboards, tables and plots (markdown + self-contained HTML) from results folders.
 
-A results folder holds its rows (one per config and sample, see kvbench.results) and `runs/*.json` (one
+A results folder holds its rows (one per config and sample, see kvbench.store.results) and `runs/*.json` (one
 record per invocation: command, config, versions, git commit). Reports never average across models,
 context lengths or protocols: there is one leaderboard per (model, length, protocol with its arguments);
 the rows of `kvbench perplexity` (NLLs, not scores) are on none of them: they get a section of their own.

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-from kvbench.config import DEFAULT_PROTOCOL
+from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.reporting.boards import Leaderboard, ScoreView
 from kvbench.reporting.plots import (
     Style,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench.config import MULTI_QUESTION_PROTOCOLS, RECORDED_PROTOCOLS
+from kvbench.core.config import MULTI_QUESTION_PROTOCOLS, RECORDED_PROTOCOLS
 from kvbench.reporting.read import REFERENCE_PRESS, Run, config_label, protocol_label, with_report_columns
 from kvbench.reporting.stats import config_stats, paired_lead, paired_versus
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets

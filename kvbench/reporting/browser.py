@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 SCREENSHOT_SIZE = (1400, 3000)  # the page's top at a desktop width: the first leaderboard and its plot

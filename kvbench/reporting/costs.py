@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
+from kvbench.harness.speed import Cost, load_costs
 from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, file_stem, fmt_interval
 from kvbench.reporting.boards import Leaderboard
 from kvbench.reporting.plots import Style, new_figure, plain_ticks, save, wrapped_title
 from kvbench.reporting.read import config_label
-from kvbench.speed import Cost, load_costs
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvbench.config import budget_label
+from kvbench.core.config import budget_label
 from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, slug
 from kvbench.reporting.plots import Style, new_figure, plain_ticks
 from kvbench.reporting.read import REFERENCE_PRESS, with_report_columns

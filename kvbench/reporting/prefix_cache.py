@@ -12,9 +12,9 @@ A policy keeps its colour everywhere; its compressed runs are dashed (lines) or 
 import json
 from pathlib import Path
 
+from kvbench.core.validation import jsonl_lines
+from kvbench.harness.serving.bench import MIB, table
 from kvbench.reporting.plots import MARKERS, PALETTE, new_figure, save, wrapped_title
-from kvbench.serving.bench import MIB, table
-from kvbench.validation import jsonl_lines
 
 PLOTS = {
     "ttft.png": "TTFT distribution per run",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.config import DEFAULT_PROTOCOL
-from kvbench.errors import BadInput, NoResults
-from kvbench.results import load_rows, load_runs, results_files
+from kvbench.core.config import DEFAULT_PROTOCOL
+from kvbench.core.errors import BadInput, NoResults
+from kvbench.store.results import load_rows, load_runs, results_files
 
 REFERENCE_PRESS = "none"  # ratio 0.0: the no-compression reference
 

@@ -7,7 +7,7 @@ import base64
 import re
 from pathlib import Path
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
 from kvbench.reporting.blocks import Code, Heading, Image, Paragraph, Table, leaderboard_blocks
 from kvbench.reporting.boards import build_leaderboards, unscored_note
 from kvbench.reporting.costs import Costs, cost_blocks, read_costs

@@ -1,7 +1,7 @@
 """Task registry: RULER, agent traces and the text/held-out kinds (generated offline), LongBench (hub or local
 JSONL), the user's own data (`jsonl`: JSONL, Parquet, datasets folders), metrics, YAML suites.
 
-Task families and metrics are registries (`kvbench.registry`) that plugins extend through the entry-point
+Task families and metrics are registries (`kvbench.core.registry`) that plugins extend through the entry-point
 groups `kvbench.tasks` and `kvbench.metrics`; suites are the YAML files of tasks/ and of the folders given
 with `include_path`, or a suite YAML given by its path.
 """
@@ -15,14 +15,14 @@ from typing import Annotated, Any
 
 import annotated_types
 
-from kvbench.errors import BadInput, DataFileError, UnknownTask, did_you_mean
-from kvbench.registry import PluginError, Registry, is_target, load_target
-from kvbench.resources import suites_dir
+from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_mean
+from kvbench.core.registry import PluginError, Registry, is_target, load_target
+from kvbench.core.resources import suites_dir
+from kvbench.core.validation import STRICT, check_json, load_yaml
 from kvbench.tasks import agent, heldout, jsonl, longbench, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import normalize_answer
 from kvbench.tasks.prompt import transcript
-from kvbench.validation import STRICT, check_json, load_yaml
 
 __all__ = [
     "Sample",

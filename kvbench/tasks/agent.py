@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.errors import BadInput, UnknownTask
+from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import tokenize_sample, transcript

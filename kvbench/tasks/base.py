@@ -4,7 +4,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from kvbench.errors import TaskUnavailable
+from kvbench.core.errors import TaskUnavailable
 
 __all__ = ["Sample", "TaskUnavailable"]
 

@@ -17,9 +17,9 @@ from typing import Annotated
 
 import annotated_types
 
-from kvbench.errors import BadInput, DataFileError
+from kvbench.core.errors import BadInput, DataFileError
+from kvbench.core.validation import STRICT, check, check_json, load_yaml
 from kvbench.tasks.base import Sample
-from kvbench.validation import STRICT, check, check_json, load_yaml
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
 
-from kvbench.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.validation import STRICT, Count, check_json
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import (
     classification_score,
@@ -32,7 +33,6 @@ from kvbench.tasks.longbench_metrics import (
     retrieval_score,
     rouge_score,
 )
-from kvbench.validation import STRICT, Count, check_json
 
 logger = logging.getLogger(__name__)
 

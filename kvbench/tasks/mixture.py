@@ -7,7 +7,7 @@ through `KINDS`. Training draws seeds >= 1000; evaluation uses 0..999."""
 
 from dataclasses import dataclass
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
 from kvbench.tasks import heldout, longbench, ruler, text
 
 

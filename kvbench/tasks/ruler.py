@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.validation import STRICT, check_json
 from kvbench.tasks.base import Sample, TaskUnavailable
-from kvbench.validation import STRICT, check_json
 
 TASKS = {
     "niah_single_1": "needle in a haystack: one number under one word key, in repeated noise",

@@ -12,8 +12,8 @@ from dataclasses import asdict
 import datasets
 
 from kvbench import tasks
-from kvbench.lmeval import QUESTION_FIELD
-from kvbench.models import load_tokenizer
+from kvbench.bridge.models import load_tokenizer
+from kvbench.harness.lmeval import QUESTION_FIELD
 from kvbench.tasks.base import Sample
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kvbench import models, resources
-from kvbench.errors import TrainingFileError
-from kvbench.validation import STRICT, Count, Positive, check_json
+from kvbench.bridge import models
+from kvbench.core import resources
+from kvbench.core.errors import TrainingFileError
+from kvbench.core.validation import STRICT, Count, Positive, check_json
 
 MANIFEST_FILE = "manifest.json"
 CARD_FILE = "card.json"

@@ -40,8 +40,9 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from kvbench.adapter import attention_hooks, attention_implementation, language_model
-from kvbench.errors import BadInput, DataFileError
+from kvbench.bridge.adapter import attention_hooks, attention_implementation, language_model
+from kvbench.core.errors import BadInput, DataFileError
+from kvbench.core.validation import check_json
 from kvbench.learned.common import (
     MANIFEST_FILE,
     SHARED,
@@ -56,7 +57,6 @@ from kvbench.learned.distillcache.policy import token_features
 from kvbench.tasks import Sample, load_samples
 from kvbench.tasks.mixture import Part
 from kvbench.tasks.prompt import tokenize_sample
-from kvbench.validation import check_json
 
 EVALUATION_SEED = 0  # evaluation's default seed: a task whose samples there equal ours cannot train
 

@@ -24,7 +24,7 @@ WEIGHTS_FILE = "policy.safetensors"
 
 
 def default_weights_dir(name: str) -> Path:
-    """Where the shipped policy of model `name` lives: presses/distillcache/<name>/ (kvbench.resources)."""
+    """Where the shipped policy of model `name` lives: presses/distillcache/<name>/ (core.resources)."""
     return shipped_state_dir(METHOD, name)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from kvbench.adapter import language_model
+from kvbench.bridge.adapter import language_model
 from kvbench.learned.common.ranking import sample_rankings
 from kvbench.learned.distillcache.policy import keep_count, keep_order_log_prob, token_features
 

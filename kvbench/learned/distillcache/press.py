@@ -24,7 +24,7 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
-from kvbench.adapter import language_model
+from kvbench.bridge.adapter import language_model
 from kvbench.learned.common import check_made_for, model_shape, read_card, state_folder, state_version
 from kvbench.learned.distillcache.checkpoint import (
     METHOD,

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from kvbench.core.provenance import git_commit
 from kvbench.learned.common import TrainingData, TrainingFileError, model_shape
 from kvbench.learned.common.ranking import sample_rankings
 from kvbench.learned.distillcache.checkpoint import METHOD, save_policy
@@ -36,7 +37,6 @@ from kvbench.learned.distillcache.policy import (
     keep_count,
     keep_order_log_prob,
 )
-from kvbench.provenance import git_commit
 
 REFERENCES = ("knorm", "snapkv", "random")
 CREDITS = ("sequence", "per-step")

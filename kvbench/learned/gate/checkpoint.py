@@ -26,7 +26,7 @@ def default_weights_dir(name: str) -> Path:
 
 
 def train_command_hint(name: str) -> str:
-    from kvbench import resources
+    from kvbench.core import resources
 
     return f"kvbench gate train --model {name} {resources.out_option(default_weights_dir(name), 'weights')}"
 

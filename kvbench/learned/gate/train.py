@@ -19,11 +19,11 @@ binarise 0 the KL alone, as before). Validation also reports the *rounded KL*: t
 rounded (its top keep fraction of the text's entries at 1, the rest at 0, `RoundedGates`), the soft
 forward's view of eviction, so the gap shows in training.
 
-The data: texts of the live-cache protocol's generators (kvbench.perplexity.generated_texts), by default
-the standard library's source ("code") at seeds >= 10000 for training and validation, so that the held-out
-texts of the study (Python reference prose, seeds 0..999) are of a source the gates never saw. The shared
-data store (kvbench.learned.common.datagen) holds the context's keys and values but not its token ids, so
-the soft forward over the context, which needs the ids, cannot be run from it: the gates read text instead.
+The data: texts of the live-cache protocol's generators (kvbench.harness.perplexity.generated_texts), by
+default the standard library's source ("code") at seeds >= 10000 for training and validation, so that the
+held-out texts of the study (Python reference prose, seeds 0..999) are of a source the gates never saw. The
+shared data store (kvbench.learned.common.datagen) holds the context's keys and values but not its token ids,
+so the soft forward over the context, which needs the ids, cannot be run from it: the gates read text instead.
 """
 
 import math
@@ -119,7 +119,8 @@ def validate(model, gates: GateSet, texts, keep: float) -> dict:
 def train(model, config: TrainConfig, texts, log=print):
     """Trained gates, and the card's fields (training, data, validation). `texts`: (train, val) lists of
     (1, length) token ids: the command makes them from the live-cache protocol's generators, at TRAIN_SEED
-    and VAL_SEED (layer 6 may import kvbench.perplexity; this module may not); tests give random ids."""
+    and VAL_SEED (layer 6 may import kvbench.harness.perplexity; this module may not); tests give random
+    ids."""
     from kvbench.learned.common import model_shape
 
     torch.manual_seed(config.seed)

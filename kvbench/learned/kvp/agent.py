@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
 
 COMPACT_POSITION_FEATURES = ("relative_position", "log_distance_to_end", "log_distance_to_start")
 LOG_SCALE = math.log(4096)  # brings the log distances to about [0, 1] at typical lengths

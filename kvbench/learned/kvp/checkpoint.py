@@ -11,7 +11,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from kvbench.errors import KVPAgentsError
+from kvbench.core.errors import KVPAgentsError
 from kvbench.learned.common import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
     CARD_FILE,
     ModelShape,
@@ -29,7 +29,7 @@ METHOD = "kvp"
 
 
 def default_agents_dir(name: str) -> Path:
-    """Where the shipped agents of model `name` live: presses/kvp/<name>/ (kvbench.resources)."""
+    """Where the shipped agents of model `name` live: presses/kvp/<name>/ (kvbench.core.resources)."""
     return shipped_state_dir(METHOD, name)
 
 

@@ -18,7 +18,7 @@ from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
 from kvbench.learned.common import check_made_for
 from kvbench.learned.kvp.agent import ARCHS, StackedAgents
 from kvbench.learned.kvp.checkpoint import (

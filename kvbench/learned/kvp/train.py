@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from kvbench.errors import BadInput
+from kvbench.core.errors import BadInput
+from kvbench.core.provenance import git_commit
 from kvbench.learned.common import TrainingData, TrainingFileError
 from kvbench.learned.common.ranking import plackett_luce_log_prob, sample_rankings
 from kvbench.learned.kvp.agent import StackedAgents, build_agents
@@ -30,7 +31,6 @@ from kvbench.learned.kvp.reward import (
     random_normalised_cost,
     ranking_by_score,
 )
-from kvbench.provenance import git_commit
 
 REFERENCES = ("oracle", "random", "knorm", "recency")
 

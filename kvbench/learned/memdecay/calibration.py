@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from kvbench import models
-from kvbench.adapter import attention_hooks, attention_implementation, language_model
-from kvbench.errors import BadInput, MemDecayError
+from kvbench.bridge import models
+from kvbench.bridge.adapter import attention_hooks, attention_implementation, language_model
+from kvbench.core.errors import BadInput, MemDecayError
+from kvbench.core.validation import check_json
 from kvbench.learned.memdecay.press import CALIBRATION_FILE, Calibration
 from kvbench.tasks.prompt import REGIONS, tokenize_sample
-from kvbench.validation import check_json
 
 CARD_FILE = "card.json"
 PLOT_FILE = "attention_vs_age.png"

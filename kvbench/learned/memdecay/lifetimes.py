@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvbench.adapter import attention_hooks, attention_implementation, language_model
+from kvbench.bridge.adapter import attention_hooks, attention_implementation, language_model
 from kvbench.learned.memdecay.calibration import (
     DEFAULT_THRESHOLD,
     MIN_PAIRS,

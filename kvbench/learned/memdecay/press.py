@@ -21,8 +21,10 @@ from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
 
-from kvbench import models, resources
-from kvbench.errors import MemDecayError
+from kvbench.bridge import models
+from kvbench.core import resources
+from kvbench.core.errors import MemDecayError
+from kvbench.core.validation import STRICT, Count, check_json
 from kvbench.presses.queries import (
     SCORED_QUERIES,
     Scored,
@@ -32,13 +34,12 @@ from kvbench.presses.queries import (
     rotated_queries,
 )
 from kvbench.tasks.prompt import REGIONS
-from kvbench.validation import STRICT, Count, check_json
 
 CALIBRATION_FILE = "calibration.json"
 
 
 def default_calibration_dir(model_name: str) -> Path:
-    """Where the shipped calibration of a model lives: presses/memdecay/<name>/ (kvbench.resources)."""
+    """Where the shipped calibration of a model lives: presses/memdecay/<name>/ (kvbench.core.resources)."""
     return resources.learned_state_dir("memdecay", model_name.replace("/", "--"))
 
 

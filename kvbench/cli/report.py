@@ -1,0 +1,93 @@
+"""`kvbench report`: the command, thin over `render_report`."""
+
+import warnings
+from pathlib import Path
+
+import click
+
+from kvbench.core.errors import NoResults
+from kvbench.reporting.browser import SCREENSHOT_SIZE, require_browser
+from kvbench.reporting.browser import screenshot as take_screenshot
+from kvbench.reporting.costs import read_costs
+from kvbench.reporting.read import split_press_labels
+from kvbench.reporting.render import render_report
+from kvbench.store.results import check_folder_writable
+
+
+@click.command()
+@click.argument("result_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder to write README.md, index.html and the PNG plots into, e.g. reports/my-sweep.",
+)
+@click.option(
+    "--recursive",
+    is_flag=True,
+    help="Also read the results folders below each RESULT_DIR (by default only RESULT_DIR/rows.jsonl).",
+)
+@click.option(
+    "--versus",
+    metavar="PRESS",
+    help="Add a table of every press minus PRESS, paired by sample, e.g. --versus streaming_llm or --versus "
+    "'kvp(agents=agents/old)' (as the leaderboard names it).",
+)
+@click.option(
+    "--presses",
+    metavar="LIST",
+    help="Report only these presses, comma-separated as the leaderboard names them (and the no-compression "
+    "reference), e.g. --presses kvp,streaming_llm,'kvp(agents=agents/old)'. Default: every press.",
+)
+@click.option(
+    "--every-state",
+    is_flag=True,
+    help="Keep the rows a learned press scored with older agents or policies as a press of their own, named "
+    "PRESS@STATE (the state digest its rows record), e.g. to compare agents before and after a retrain with "
+    "--versus kvp@58260c05679a. Default: only each press's latest state, the others set aside.",
+)
+@click.option(
+    "--costs",
+    "costs_dir",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Set each press's score beside its cost as `kvbench speed --out DIR` measured it (prefill overhead, "
+    "decoding speed, allocated bytes), at the same press and budget: a table and a plot per leaderboard.",
+)
+@click.option(
+    "--screenshot",
+    is_flag=True,
+    help="Also write screenshot.png: the top of index.html as headless Chromium shows it at "
+    f"{SCREENSHOT_SIZE[0]} x {SCREENSHOT_SIZE[1]} px (needs chromium on PATH).",
+)
+def report(
+    result_dirs: tuple[Path, ...],
+    out: Path,
+    recursive: bool,
+    versus: str | None,
+    presses: str | None,
+    every_state: bool,
+    costs_dir: Path | None,
+    screenshot: bool,
+):
+    """Leaderboards, per-task tables and plots from one or more results folders."""
+    if screenshot:
+        require_browser()  # before any work
+    check_folder_writable(out, "--out folder")  # before any row is read
+    costs = read_costs(costs_dir) if costs_dir is not None else None  # checked before any row is read too
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            chosen = split_press_labels(presses) if presses else None
+            out_dir = render_report(list(result_dirs), out, recursive, versus, chosen, every_state, costs)
+        except NoResults as error:
+            out_dir = error
+    for caught_warning in caught:  # one line each, not Python's two-line warning format
+        click.echo(f"Warning: {caught_warning.message}", err=True)
+    if isinstance(out_dir, NoResults):
+        raise click.UsageError(str(out_dir)) from out_dir
+    click.echo(f"Report written to {out_dir / 'README.md'} and {out_dir / 'index.html'}")
+    if screenshot:
+        click.echo(
+            f"Screenshot written to {take_screenshot(out_dir / 'index.html', out_dir / 'screenshot.png')}"
+        )

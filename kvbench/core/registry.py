@@ -1,0 +1,203 @@
+"""Registries that users extend (presses, task families, metrics), and the user's own objects named by
+target (`module:Name`, `path/to/file.py:Name`) with where they come from (`Source`).
+
+A `Registry` maps names to entries. kvbench's built-ins are registered with `register`, the call a user's
+code makes too; installed packages add entries through entry points of the group `kvbench.<kind>`
+(`[project.entry-points."kvbench.presses"] mine = "my_pkg.press:MyPress"`), which are listed by name
+without importing anything and loaded the first time their name is looked up. A plugin that fails to load,
+or loads something that is not an entry of its kind, is a `PluginError`: one line naming the plugin.
+"""
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from kvbench.core.errors import BadInput
+
+T = TypeVar("T")
+
+
+class PluginError(BadInput):
+    """A plugin (an entry point, a `module:Class` or `file.py:Class` target) that cannot be used: it does
+    not import, or what it names is not an entry of its kind."""
+
+
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Entries of one kind by name, built-ins first, then the entry points of `kvbench.<kind>`.
+
+    `adapt(name, loaded)` turns what an entry point loads into an entry, raising PluginError (or BadInput)
+    when it is not one; it is applied to entry points only, `register` takes entries as they are."""
+
+    def __init__(self, kind: str, adapt: Callable[[str, object], T] | None = None):
+        self.kind = kind
+        self.adapt = adapt
+        self.entries: dict[str, T] = {}
+        self.points: dict[str, EntryPoint] | None = None  # listed on first use
+
+    @property
+    def group(self) -> str:
+        return f"kvbench.{self.kind}"
+
+    def register(self, name: str, entry: T, *, replace: bool = False) -> T:
+        """Add `entry` under `name`; BadInput if the name is taken and `replace` is not given."""
+        if not replace and name in self.entries:
+            raise BadInput(f"{self.kind} {name!r} is registered already")
+        self.entries[name] = entry
+        return entry
+
+    def unregister(self, name: str) -> None:
+        self.entries.pop(name, None)
+
+    def plugin_points(self) -> dict[str, EntryPoint]:
+        """The entry points of the group not yet loaded, by name (a name kvbench registers itself wins)."""
+        if self.points is None:
+            self.points = {point.name: point for point in entry_points(group=self.group)}
+        return {name: point for name, point in self.points.items() if name not in self.entries}
+
+    def load_plugin(self, name: str) -> T:
+        point = self.plugin_points()[name]
+        where = f"{self.kind} plugin {name!r} ({point.value}"
+        where += f", from {point.dist.name})" if point.dist is not None else ")"
+        try:
+            loaded = point.load()
+        except Exception as error:  # a plugin's import may fail in any way: one line, naming it
+            raise PluginError(f"{where} failed to load: {first_line(error)}") from None
+        try:
+            entry = self.adapt(name, loaded) if self.adapt else loaded
+        except BadInput as error:
+            raise PluginError(f"{where}: {error}") from None
+        return self.register(name, entry)
+
+    def __getitem__(self, name: str) -> T:
+        if name in self.entries:
+            return self.entries[name]
+        if isinstance(name, str) and name in self.plugin_points():
+            return self.load_plugin(name)
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries or (isinstance(name, str) and name in self.plugin_points())
+
+    def __iter__(self) -> Iterator[str]:
+        yield from list(self.entries)
+        yield from list(self.plugin_points())
+
+    def __len__(self) -> int:
+        return len(self.entries) + len(self.plugin_points())
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a user's object comes from, as rows record it: the target that loads it again
+    (`file.py:Name` or `module:Name`), its module and qualified name, the file that defines it and that
+    file's sha256, and the version of the installed package it belongs to (None outside one)."""
+
+    target: str
+    module: str
+    qualname: str
+    file: str | None
+    sha256: str | None
+    package: str | None = None
+    version: str | None = None
+
+    @property
+    def digest(self) -> str:
+        """A short digest of the defining file's bytes (else of the target): what results are keyed by, so
+        an edited file gives new rows."""
+        return (self.sha256 or hashlib.sha256(self.target.encode()).hexdigest())[:12]
+
+    def as_dict(self) -> dict:
+        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
+
+
+def is_target(text: str) -> bool:
+    """Whether `text` names an object by `module:Name` or `path/to/file.py:Name`."""
+    module, sep, name = text.rpartition(":")
+    return bool(sep and module and name)
+
+
+def load_target(target: str, kind: str) -> object:
+    """The object `target` names (`module:Name`, or `file.py:Name` loaded as a module of its own);
+    PluginError in one line if the file or module does not import or lacks the name (`kind`, e.g. "press",
+    names what was asked for)."""
+    module_name, _, name = target.rpartition(":")
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        module = load_file_module(Path(module_name), target, kind)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as error:  # the user's module may fail in any way: one line, naming it
+            raise PluginError(
+                f"{kind} {target!r}: cannot import {module_name!r}: {first_line(error)}"
+            ) from None
+    found = module
+    for part in name.split("."):
+        if not hasattr(found, part):
+            raise PluginError(f"{kind} {target!r}: {module_name!r} has no {name!r}")
+        found = getattr(found, part)
+    return found
+
+
+def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
+    """The Python file at `path` imported as a module named after its path and bytes, so that two files
+    (even of one name and content), or an edited file, are modules of their own (kept in sys.modules:
+    dataclasses and pickling look classes up there)."""
+    if not path.is_file():
+        raise PluginError(f"{kind} {target!r}: {str(path)!r} is not a file")
+    path = path.resolve()
+    digest = hashlib.sha256(str(path).encode() + b"\0" + path.read_bytes()).hexdigest()[:12]
+    module_name = f"kvbench_user_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"{kind} {target!r}: {str(path)!r} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        raise PluginError(f"{kind} {target!r}: {str(path)!r} fails to import: {first_line(error)}") from None
+    return module
+
+
+def source_of(obj: object, target: str | None = None) -> Source:
+    """Where `obj` (a class or function) is defined; `target` defaults to `module:qualname`, or
+    `file.py:qualname` for a class of a file loaded by `load_target` or of a script (`__main__`)."""
+    module_name = getattr(obj, "__module__", "") or ""
+    qualname = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+    try:
+        file = inspect.getsourcefile(obj)
+    except TypeError:  # built in, or defined where no file is (a notebook cell)
+        file = None
+    file = str(Path(file).resolve()) if file and Path(file).is_file() else None
+    sha = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else None
+    by_file = module_name == "__main__" or module_name.startswith("kvbench_user_")
+    if target is None:
+        target = f"{file}:{qualname}" if by_file and file else f"{module_name}:{qualname}"
+    package = version = None
+    top = module_name.partition(".")[0]
+    if not by_file:
+        distributions = importlib.metadata.packages_distributions().get(top, [])
+        if distributions:
+            package = distributions[0]
+            version = importlib.metadata.version(package)
+    return Source(target, module_name, qualname, file, sha, package, version)

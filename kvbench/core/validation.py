@@ -1,0 +1,219 @@
+"""Values checked at the boundary: numbers from the command line and the Python API, and the files kvbench
+reads, each refused in one line that names the culprit.
+
+- Numbers: `parse_float` and `parse_int` are the one way a number from a user becomes a value (a ratio, a
+  memory budget, a learning rate, a seed, a length). Text or a number is accepted; nan and inf never are
+  (no option of kvbench means anything at nan, and an infinite rate or fraction trains nonsense); neither
+  are booleans (`True` is an int to Python, never a ratio to a user). Click options take them through
+  `cli.types.Number`, a ParamType, so `--lr nan` is a usage error like `--lr abc`.
+- Files: each kind of file kvbench reads (results rows, run records, training manifests, calibrations,
+  local task data) has one schema, declared where it is read, as pydantic models or as annotated fields of
+  a dataclass (`check_fields`); `check` validates a decoded JSON value against one and turns pydantic's
+  report into one line: where (file and line), which field, what is wrong. Validation is strict: a file
+  kvbench wrote holds the exact JSON types it wrote, so "0.5" where a number belongs, 1.0 where an integer
+  belongs or a list where an object belongs is a damaged file, not something to coerce.
+- Integers in files must fit in 64 bits (`Int64`): what pandas and torch hold without overflow.
+- JSONL lines: `jsonl_lines` is the one way every JSONL file kvbench reads (results rows, costs, traces,
+  study rows, local texts) is cut into lines, so that all its readers agree on where a line ends.
+
+The lowest layer: of kvbench it imports only the errors (BadInput by default; callers that read files
+pass their own type), and pydantic only when a first file is checked, so `kvbench --help` does not pay
+for it.
+"""
+
+import dataclasses
+import functools
+import math
+import numbers
+import re
+from typing import Annotated, Any
+
+import annotated_types
+
+from kvbench.core.errors import BadInput
+
+INT64 = 2**63
+# Integer fields of files: 64-bit, as pandas and torch store them.
+Int64 = Annotated[int, annotated_types.Interval(ge=-INT64, lt=INT64)]
+Count = Annotated[int, annotated_types.Interval(ge=0, lt=INT64)]
+Positive = Annotated[int, annotated_types.Interval(ge=1, lt=INT64)]
+# Float fields of files (nan and inf are refused for every float of a schema: see `STRICT`).
+NonNegative = Annotated[float, annotated_types.Ge(0)]
+PositiveReal = Annotated[float, annotated_types.Gt(0)]  # a time, a rate: what ratios divide by
+Ratio = Annotated[float, annotated_types.Interval(ge=0, lt=1)]  # fraction of KV entries removed
+Memory = Annotated[float, annotated_types.Interval(gt=0, le=1)]  # fraction of the 16-bit full cache
+# What every schema is validated with: exact JSON types, finite floats.
+STRICT = {"strict": True, "allow_inf_nan": False}
+LINE_END = re.compile(r"\r\n|\r|\n")  # where a JSONL line ends: JSON text never holds these raw
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSONL `text`, without their ends. A line ends at "\n", "\r\n" or a lone "\r", and
+    nowhere else: not at U+2028, U+2029 or U+0085, which JSON allows raw inside a string (`jq -c` writes
+    them so), as `str.splitlines()` would. A last line without an end is a line; a final end starts none.
+    Blank lines are kept (they count in line numbers); each reader skips them."""
+    lines = LINE_END.split(text)
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def whole_lines_size(data: bytes) -> int:
+    """How many bytes of `data` are whole lines: up to and with its last line end (b"\n" or b"\r", as
+    `jsonl_lines` splits); 0 when it holds none. Safe on UTF-8: neither byte occurs inside a multi-byte
+    character. A trailing b"\r" counts as an end (a "\n" after it would only add a blank line)."""
+    return max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+
+
+def interval_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    """'in [0, 1)', '> 0', '>= 1', or '' for no bounds."""
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return ""
+
+
+def parse_float(
+    value: Any,
+    what: str,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    error: type[Exception] = BadInput,
+) -> float:
+    """`value` (a number or its text) as a finite float within the bounds; `error` naming `what` if not.
+    -0.0 comes back as 0.0, so that it prints and hashes as the 0 it means."""
+    bounds = interval_text(low, high, low_open, high_open)
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise error(f"{what} must be a number {bounds}, got {value!r}".replace("  ", " "))
+    try:
+        number = float(value)
+    except ValueError:
+        raise error(f"{what} must be a number {bounds}, got {value!r}".replace("  ", " ")) from None
+    if not math.isfinite(number):
+        raise error(f"{what} must be a finite number {bounds}, got {number}".replace("  ", " "))
+    below = low is not None and (number <= low if low_open else number < low)
+    above = high is not None and (number >= high if high_open else number > high)
+    if below or above:
+        raise error(f"{what} must be {bounds}, got {value}")
+    return number + 0.0
+
+
+def parse_int(
+    value: Any,
+    what: str,
+    low: int | None = None,
+    high: int | None = None,
+    *,
+    error: type[Exception] = BadInput,
+) -> int:
+    """`value` (an integer or its text) as an int within the bounds (and 64 bits); `error` naming `what`
+    if not. A float is refused even when whole (512.0): a length or a seed given as a float is a slip."""
+    bounds = interval_text(low, high, False, False)
+    text = value.strip() if isinstance(value, str) else None
+    if isinstance(value, bool) or not (isinstance(value, numbers.Integral) or text is not None):
+        raise error(f"{what} must be a whole number {bounds}, got {value!r}".replace("  ", " "))
+    try:
+        number = int(text) if text is not None else int(value)
+    except ValueError:
+        raise error(f"{what} must be a whole number {bounds}, got {value!r}".replace("  ", " ")) from None
+    if low is not None and number < low:
+        raise error(f"{what} must be at least {low}, got {number}")
+    if number > (INT64 - 1 if high is None else high) or number < -INT64:
+        raise error(f"{what} must be at most {INT64 - 1 if high is None else high}, got {number}")
+    return number
+
+
+@functools.cache
+def json_adapter(schema):
+    """pydantic's validator of `schema`, built once; pydantic is imported here, when a first file is read."""
+    import pydantic
+
+    return pydantic.TypeAdapter(schema)
+
+
+def check_json(schema, text: str | bytes, where: str, error: type[Exception] = BadInput):
+    """The JSON document `text` as `schema`: a dataclass whose `__pydantic_config__` is STRICT (each nested
+    one too), or a list or dict of them; `error` with one line if it is not JSON or does not fit: where,
+    the first bad field, what is wrong with it. JSON mode, so arrays fill tuple fields and objects fill
+    dataclasses, as JSON can only say them; fields a schema does not name are ignored."""
+    import pydantic
+
+    try:
+        return json_adapter(schema).validate_json(text)
+    except pydantic.ValidationError as failure:
+        raise error(f"{where}: {describe(failure)}" if where else describe(failure)) from None
+
+
+def check(schema, value: Any, where: str, error: type[Exception] = BadInput):
+    """`value` validated against `schema`, a pydantic model: the model's instance; `error` with one line if
+    it does not fit: where, the first bad field, what is wrong with it."""
+    import pydantic
+
+    try:
+        return schema.model_validate(value)
+    except pydantic.ValidationError as failure:
+        raise error(f"{where}: {describe(failure)}" if where else describe(failure)) from None
+
+
+def check_fields(dataclass_type, values: dict, where: str, error: type[Exception] = BadInput) -> dict:
+    """`values` validated against the annotated fields of a dataclass (`schema_of`): the values as checked
+    (an int in a float field comes back a float); `error` with one line if one does not fit."""
+    return check(schema_of(dataclass_type), values, where, error).model_dump(exclude_unset=True)
+
+
+@functools.cache
+def schema_of(dataclass_type):
+    """A strict pydantic model of a dataclass's fields, built once, every field optional (absent), so that
+    the caller says which must be there: a row of an older version lacks the newer fields. pydantic is
+    imported here, when a first file is read."""
+    import pydantic
+
+    fields = {field.name: (field.type | None, None) for field in dataclasses.fields(dataclass_type)}
+    return pydantic.create_model(
+        f"{dataclass_type.__name__}Schema", __config__=pydantic.ConfigDict(**STRICT), **fields
+    )
+
+
+def describe(failure) -> str:
+    """pydantic's first error as 'field a.b: <what is wrong> (got <value>)', and how many more."""
+    first = failure.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    got = repr(first.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    more = failure.error_count() - 1
+    message = first["msg"][0].lower() + first["msg"][1:]
+    text = f"field {where!r}: {message}" if where else message
+    if first["type"] != "missing":  # a missing field's input is the object that lacks it
+        text += f" (got {got})"
+    return text + (f"; {more} more bad field{'s' if more > 1 else ''}" if more else "")
+
+
+def load_yaml(path, error: type[Exception] = BadInput) -> Any:
+    """The YAML document of the file at `path` (a suite, a task), read with the safe loader and without
+    aliases (a few hundred bytes of nested aliases expand to gigabytes); `error` in one line naming the
+    file when it is missing, a folder, not UTF-8 or not YAML."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases (*name) are not read")
+            return super().compose_node(parent, index)
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            return yaml.load(file, Loader=Loader)  # noqa: S506 (a SafeLoader)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise error(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not UTF-8 text") from None
+    except (yaml.YAMLError, RecursionError) as failure:
+        raise error(
+            f"{path}: not YAML ({str(failure).splitlines()[0] if str(failure) else 'too deep'})"
+        ) from None

@@ -1,0 +1,614 @@
+"""Run configs over tasks, resumably, into a results store: the library behind `kvbench run`/`sweep`.
+
+`run` and `sweep` are the Python API (`kvbench.run`, `kvbench.sweep`): they plan exactly as the command line
+does (kvbench.harness.planning), load the model, key learned presses by their state (`prepare_plan`), and
+score what the results folder lacks (`run_plan`). Work is cut into units (`Unit`: one sample under up to
+`batch_configs` configs, which share one prefill); `evaluate_unit` computes a unit's rows without touching
+any store, so that a scheduler can spread units over workers and write their rows from one place
+(`ResultsStore.claim`, then `append`): `run_plan` does so with an `Executor` (kvbench.harness.ray_sweep's
+computes units on Ray actors).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from tqdm.auto import tqdm
+
+from kvbench.bridge import models
+from kvbench.core import provenance
+from kvbench.core.config import DEFAULT_PROTOCOL, MULTI_QUESTION_PROTOCOLS, PROTOCOL_ARGS, Config
+from kvbench.core.errors import BadInput, KvbenchWarning
+from kvbench.core.validation import parse_int
+from kvbench.harness.planning import (
+    check_configs,
+    check_learned_state,
+    configs_for_run,
+    configs_for_sweep,
+    key_by_learned_state,
+    plan_tasks,
+    task_lengths,
+)
+from kvbench.presses import PRESSES, press_state_from_files, user_presses
+from kvbench.store.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id_of, load_rows
+from kvbench.tasks import (
+    Sample,
+    check_combinable,
+    check_data,
+    jsonl,
+    load_combined_samples,
+    load_samples,
+    reads_data_dir,
+    score_sample,
+    user_metrics,
+)
+
+if TYPE_CHECKING:  # pandas is imported where frames are made: its import takes a second or two
+    import pandas as pd
+
+CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
+
+
+@dataclass
+class Plan:
+    """What a `run` or `sweep` evaluates: every config on every sample of every task."""
+
+    configs: list[Config]
+    tasks: list[str]
+    length: int | None  # as asked (--length or the suite's); None: each task's default for the model
+    samples: int
+    seed: int = 0
+    suite: str | None = None
+    data_dir: Path | None = None
+    batch_configs: int = 16
+    force: bool = False
+    model: str = models.EMBEDDED  # as the user named it: what rows record (`models.model_name`)
+    device: str = "cpu"
+    dtype: str = "float32"
+    lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
+    out: Path = Path("results")  # the results folder
+    # Users' presses the configs name (press or `inner`): name -> target, registered again by Ray workers;
+    # and users' metrics (target -> target), which score on the workers.
+    user_presses: dict[str, str] = field(default_factory=dict)
+    user_metrics: dict[str, str] = field(default_factory=dict)
+    data_tasks: dict[str, dict] = field(default_factory=dict)  # the user's data tasks: `data_task_record`
+
+    def task_length(self, task: str) -> int | None:
+        return self.lengths.get(task, self.length)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of work: one sample under some configs (at most the plan's `batch_configs`), computed
+    together: the configs that compress inside kvpress's hook share one prefill and one batched decoding."""
+
+    sample: Sample
+    configs: tuple[Config, ...]
+
+
+class Executor(Protocol):
+    """Computes units away from the process that plans and writes them (ray_sweep.RayExecutor)."""
+
+    def start(self) -> int:
+        """Check that it can serve a plan (e.g. reach its cluster), before the model loads; its workers."""
+        ...
+
+    def __call__(self, units: list[Unit], plan: Plan) -> Iterator[list[Row]]:
+        """The scored rows of each unit (`evaluate_unit`'s), yielded as each is ready, in any order."""
+        ...
+
+
+def run(
+    press: str,
+    ratio: float | str | None = None,
+    *,
+    memory: float | str | None = None,
+    budget: int | str | None = None,
+    press_args: dict | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    interval: int | None = None,
+    chunk: int | None = None,
+    questions: int | None = None,
+    turns: int | None = None,
+    **setup,
+) -> pd.DataFrame:
+    """Score one press at one compression ratio (fraction of KV entries removed), memory budget (fraction
+    of the 16-bit full cache) or absolute budget (KV entries kept per head) on a suite or tasks; the rows of
+    this run, as `kvbench run` scores them. `interval`, `chunk`, `questions`, `turns`: the protocol's
+    argument. `setup`: the keywords of `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
+    protocol_args = {"interval": interval, "chunk": chunk, "questions": questions, "turns": turns}
+    configs = configs_for_run(press, ratio, memory, press_args, protocol, budget, **protocol_args)
+    return run_configs(configs, **setup)
+
+
+def sweep(
+    presses: Sequence[str] | str,
+    ratios: Sequence[float | str] | str | None = None,
+    *,
+    memory: Sequence[float | str] | str | None = None,
+    budget: Sequence[int | str] | str | int | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    interval: int | None = None,
+    chunk: int | None = None,
+    questions: int | None = None,
+    turns: int | None = None,
+    press_args: dict | None = None,
+    **setup,
+) -> pd.DataFrame:
+    """Score every press at every ratio (or memory budget, or absolute budget), plus no compression, as
+    `kvbench sweep` does; the rows of this sweep. `press_args` go to every press but `none`. `setup`: the
+    keywords of `prepare_plan`."""
+    protocol_args = {"interval": interval, "chunk": chunk, "questions": questions, "turns": turns}
+    configs = configs_for_sweep(presses, ratios, memory, protocol, press_args, budget, **protocol_args)
+    return run_configs(configs, **setup)
+
+
+def run_configs(
+    configs: list[Config], *, progress: bool = True, executor: Executor | None = None, **setup
+) -> pd.DataFrame:
+    """Score `configs` on a suite (default ruler-smoke) or `tasks`, appending what `out` lacks; the rows of
+    this run, computed here or by `executor`. `setup`: the keywords of `prepare_plan`."""
+    plan, llm, tokenizer = prepare_plan(configs, executor=executor, **setup)
+    with ResultsStore(plan.out) as store:
+        return run_plan(llm, tokenizer, plan, store, progress=progress, executor=executor)
+
+
+def prepare_plan(
+    configs: list[Config],
+    *,
+    tasks: Sequence[str] = (),
+    suite: str | None = None,
+    length: int | None = None,
+    samples: int | None = None,
+    seed: int = 0,
+    data: Sequence[str | Path] | str | Path = (),
+    metric: str | None = None,
+    include_path: Sequence[str | Path] | str | Path = (),
+    data_dir: Path | str | None = None,
+    out: Path | str = "results",
+    force: bool = False,
+    batch_configs: int = 16,
+    model: str = models.EMBEDDED,
+    device: str = "cpu",
+    dtype: str = "float32",
+    executor: Executor | None = None,
+):
+    """(plan, model, tokenizer): everything checked before the model loads, cheap checks first (names,
+    numbers, files, the device, the lengths against the model's context: no torch yet), then the press
+    arguments, the model loaded and the configs keyed by their presses' learned state (errors are one-line
+    KvbenchErrors). `force` recomputes rows `out` already holds. When `out` already holds every row of the
+    plan, the model is None and the tokenizer is read from its files (`held_plan`).
+
+    With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
+    and the model loads here on the CPU, only to plan (context lengths, learned state)."""
+    task_plan = plan_tasks(suite, tasks, length, samples, data, metric, include_path)
+    data_dir = Path(data_dir) if data_dir is not None else None
+    if data_dir is not None and not data_dir.is_dir():
+        raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
+    if data_dir is not None and not any(reads_data_dir(name) for name in task_plan.tasks):
+        raise BadInput(
+            "--data-dir applies to tasks that read local files (LongBench, RULER's qa_1 and qa_2); "
+            f"none of {', '.join(task_plan.tasks)} does (your own files: --data)"
+        )
+    for name in task_plan.tasks:  # local data files are read now: a malformed line fails before the model
+        check_data(name, data_dir)
+    seed = parse_int(seed, "--seed")
+    batch_configs = parse_int(batch_configs, "--batch-configs", 1)
+    if dtype not in models.DTYPES:
+        raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(models.DTYPES)}")
+    check_writable(Path(out))
+    if executor is None:
+        models.check_device(device)
+    if model != models.EMBEDDED:  # a folder or hub id is checked now; the embedded one converts later, once
+        models.resolve(model)
+    limit = models.context_limit(model)
+    names, asked = task_plan.tasks, task_plan.length
+    lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None
+    if lengths is not None:
+        check_lengths(configs, lengths)
+    plan = Plan(  # its configs keyed by learned state, and its lengths, below
+        configs=configs,
+        tasks=names,
+        length=asked,
+        samples=task_plan.samples,
+        seed=seed,
+        suite=task_plan.suite,
+        data_dir=data_dir,
+        batch_configs=batch_configs,
+        force=force,
+        model=model,
+        device=device,
+        dtype=dtype,
+        out=Path(out),
+        user_presses=user_presses_of(configs),
+        user_metrics=user_metrics(),
+        data_tasks={name: data_task_record(name) for name in names if name in jsonl.DATA_TASKS},
+    )
+    if not force and lengths is not None and (held := held_plan(plan, lengths)) is not None:
+        return held
+    presses = check_configs(configs, task_plan.length)  # bad press arguments fail here; imports torch
+    models.resolve(model)
+    check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
+    if executor is not None:
+        executor.start()  # e.g. a Ray cluster joined (or started) and checked before the model loads
+    # The engine switches to eager attention itself for the configs that need attention weights.
+    llm, tokenizer = models.load_model(model, device="cpu" if executor else device, dtype=dtype)
+    if lengths is None:  # a hub model whose config was not at hand: its context is known now
+        lengths = task_lengths(names, asked, llm.config.get_text_config().max_position_embeddings, model)
+        check_lengths(configs, lengths)
+    configs = key_by_learned_state(llm, configs, presses)
+    return replace(plan, configs=configs, lengths=lengths_apart(lengths, asked)), llm, tokenizer
+
+
+def data_task_record(name: str) -> dict:
+    """What a run record says of a user's data task: its file or folder, the file's sha256, its metric, the
+    fields and templates it reads records with."""
+    import hashlib
+
+    task = jsonl.DATA_TASKS[name]
+    digest = hashlib.sha256(task.path.read_bytes()).hexdigest() if task.path.is_file() else None
+    return {
+        "path": str(task.path),
+        **({"sha256": digest} if digest else {}),
+        "metric": task.metric,
+        **({"fields": dict(task.fields)} if task.fields else {}),
+        **({"templates": dict(task.templates)} if task.templates else {}),
+    }
+
+
+def user_presses_of(configs: list[Config]) -> dict[str, str]:
+    """The users' presses `configs` run, as press or as the `inner` press they wrap: name -> target."""
+    named = {config.press for config in configs} | {
+        value for config in configs for _, value in config.press_args if isinstance(value, str)
+    }
+    return {name: target for name, target in user_presses().items() if name in named}
+
+
+def lengths_apart(lengths: dict[str, int], asked: int | None) -> dict[str, int]:
+    """The tasks' lengths that differ from the one asked for (Plan.lengths)."""
+    return {name: value for name, value in lengths.items() if value != asked}
+
+
+def held_plan(plan: Plan, lengths: dict[str, int]) -> tuple[Plan, None, object] | None:
+    """(plan, None, tokenizer) when `plan.out` already holds every row of the plan, else None: a rerun with
+    nothing to compute loads no model and imports no kvpress (measured: a cached `kvbench run` took 11-15 s,
+    nearly all of it importing kvpress, transformers and torch to build presses and load the model).
+
+    The rows' keys need the samples, sized by the tokenizer: read here from its files without transformers
+    (`models.TokenizerFiles`: importing transformers, and torch with it, took 10 of the 14 s left), and the
+    learned presses' state digests, read from their files (`press_state_from_files`). A press whose files
+    are missing, a tokenizer those files do not give, or a folder without rows takes the full path, whose
+    checks say what is wrong. The press arguments are not checked here: rows exist only for configs that
+    were built. The tokenizer returned is that reader: it gave the samples whose rows are held, so run_plan
+    finds them again with it."""
+    if not plan.out.is_dir():
+        return None
+    try:
+        configs = [
+            replace(
+                config, press_state=press_state_from_files(config.press, dict(config.press_args), plan.model)
+            )
+            for config in plan.configs
+        ]
+    except LookupError:
+        return None
+    plan = replace(plan, configs=configs, lengths=lengths_apart(lengths, plan.length))
+    tokenizer = models.TokenizerFiles.open(plan.model)
+    if tokenizer is None:
+        return None
+    try:
+        units = plan_units(plan, plan_samples(plan, tokenizer))
+    except Exception:  # e.g. a template this renderer lacks a function for: the full path says what is wrong
+        return None
+    with warnings.catch_warnings():  # a look: the store that the run opens next says what it skips
+        warnings.simplefilter("ignore", KvbenchWarning)
+        store = ResultsStore(plan.out, read_only=True)
+    if all(store.is_done(row) for unit in units for row in unit_rows(plan, unit)):
+        return plan, None, tokenizer
+    return None
+
+
+def questions_per_context(configs: list[Config]) -> int | None:
+    """How many questions each context of a plan carries under its multi-question or multi-turn configs
+    (a plan's configs must agree: they share its samples); None for the one-question protocols."""
+    counts = {
+        dict(c.protocol_args)[PROTOCOL_ARGS[c.protocol][0]]
+        if c.protocol in MULTI_QUESTION_PROTOCOLS
+        else None
+        for c in configs
+    }
+    if len(counts) > 1:
+        raise BadInput("configs of one run must ask the same number of questions per context")
+    return counts.pop() if counts else None
+
+
+def questions_asked(config: Config, sample: Sample) -> list[Sample]:
+    """The samples whose questions `config` answers of `sample`'s context: its parts under the
+    multi-question protocols, else the sample itself."""
+    return sample.questions() if config.protocol in MULTI_QUESTION_PROTOCOLS else [sample]
+
+
+def check_lengths(configs: list[Config], lengths: dict[str, int]) -> None:
+    """Fail before any work if an absolute budget keeps every entry of a task's context, or if the tasks
+    cannot share the contexts of a multi-question protocol."""
+    for config in configs:
+        for task, length in lengths.items():
+            if config.budget is not None and config.budget >= length:
+                raise BadInput(
+                    f"--budget {config.budget} is not below the {length}-token context of task {task!r}: "
+                    "nothing would be evicted"
+                )
+    questions = questions_per_context(configs)
+    if questions is not None:
+        turns = any(config.protocol == "multi-turn" for config in configs)
+        check_combinable(list(lengths), max(lengths.values()), questions, turns=turns)
+
+
+def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
+    """Every sample of the plan, task by task (RULER's are sized with the model's tokenizer); under the
+    multi-question protocols, contexts combining K samples of the plan's tasks (`load_combined_samples`)."""
+    questions = questions_per_context(plan.configs)
+    if questions is not None:
+        return load_combined_samples(
+            plan.tasks,
+            length=plan.task_length(plan.tasks[0]),
+            samples=plan.samples,
+            questions=questions,
+            seed=plan.seed,
+            tokenizer=tokenizer,
+            data_dir=plan.data_dir,
+        )
+    return [
+        sample
+        for task in plan.tasks
+        for sample in load_samples(
+            task,
+            length=plan.task_length(task),
+            samples=plan.samples,
+            seed=plan.seed,
+            tokenizer=tokenizer,
+            data_dir=plan.data_dir,
+        )
+    ]
+
+
+def plan_units(plan: Plan, samples: list[Sample]) -> list[Unit]:
+    """Each sample under the plan's configs, `batch_configs` at a time."""
+    step = plan.batch_configs
+    return [
+        Unit(sample, tuple(plan.configs[start : start + step]))
+        for sample in samples
+        for start in range(0, len(plan.configs), step)
+    ]
+
+
+def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
+    """The rows of a unit before scoring: which config on which sample (and its content), one per config
+    and question. A question of a multi-question context is a row of its own task, with sample id
+    "<context id>/<j>" and meta {"question" (or "turn"): j, "context": the context's id, "part": the
+    sample's own id}."""
+    sample, content = unit.sample, unit.sample.content_hash()
+    rows = []
+    for config in unit.configs:
+        identity = config_id_of(plan.model, config)
+        for j, part in enumerate(questions_asked(config, sample)):
+            several = config.protocol in MULTI_QUESTION_PROTOCOLS
+            place = {"turn" if config.protocol == "multi-turn" else "question": j, "context": sample.id}
+            place["part"] = part.id  # the sample's own id, as a one-question run of its task names it
+            rows.append(
+                Row(
+                    config_id=identity,
+                    model=plan.model,
+                    press=config.press,
+                    ratio=config.ratio,
+                    task=part.task,
+                    length=plan.task_length(part.task),
+                    seed=plan.seed,
+                    sample_id=f"{sample.id}/{j}" if several else sample.id,
+                    press_args=dict(config.press_args),
+                    press_state=config.press_state,
+                    press_source=press_source(config.press),
+                    memory=config.memory,
+                    budget=config.budget,
+                    protocol=config.protocol,
+                    protocol_args=dict(config.protocol_args),
+                    content_hash=content,
+                    references=list(part.references),
+                    meta={**part.meta, **place} if several else part.meta,
+                )
+            )
+    return rows
+
+
+def press_source(name: str) -> dict | None:
+    """Where a user's press comes from (`registry.Source`), as its rows record it; None for kvbench's."""
+    source = PRESSES[name].source if name in PRESSES else None
+    return source.as_dict() if source is not None else None
+
+
+def evaluate_sample(
+    model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int
+) -> list[dict]:
+    """The engine's (kvbench.engine.evaluate_sample: one dict per config and question), imported when a
+    model first runs: planning, claiming and writing rows need no torch."""
+    from kvbench import engine
+
+    return engine.evaluate_sample(model, tokenizer, sample, configs, batch_configs=batch_configs)
+
+
+def evaluate_unit(model, tokenizer, unit: Unit, plan: Plan) -> list[Row]:
+    """The scored rows of `unit`, one per config in order; writes nothing. The model must be the plan's
+    (`models.load_model(plan.model, ...)`)."""
+    outputs = evaluate_sample(
+        model, tokenizer, unit.sample, list(unit.configs), batch_configs=plan.batch_configs
+    )
+    parts = [part for config in unit.configs for part in questions_asked(config, unit.sample)]
+    return [
+        replace(row, **output, score=score_sample(part, output["prediction"]))
+        for row, output, part in zip(unit_rows(plan, unit), outputs, parts, strict=True)
+    ]
+
+
+def run_plan(
+    model,
+    tokenizer,
+    plan: Plan,
+    store: ResultsStore,
+    progress: bool = True,
+    executor: Executor | None = None,
+) -> pd.DataFrame:
+    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan.
+
+    The units are computed here one at a time, or by `executor`, which is handed every unit this writer
+    can claim at once (a claim replaces the writer's previous one); either way this process alone claims
+    and writes their rows. Units whose rows another live writer of the folder has claimed are left to it
+    and waited for (polled every CLAIM_POLL_S); should that writer die, its claims lapse and this one
+    computes them."""
+    if model is not None and models.model_name(model) != plan.model:  # None: every row is held
+        raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
+    started = datetime.now(timezone.utc).isoformat()
+    units = plan_units(plan, plan_samples(plan, tokenizer))
+    rows_of = [unit_rows(plan, unit) for unit in units]
+    # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
+    record_path = store.write_run(run_record(plan, None, started))
+
+    def compute_here(work: list[Unit], plan: Plan) -> Iterator[list[Row]]:
+        return (evaluate_unit(model, tokenizer, unit, plan) for unit in work)
+
+    compute = executor or compute_here
+    step = len(units) if executor is not None else 1
+    counted: set[tuple] = set()  # keys of the rows the bar counts as done
+    total = sum(len(rows) for rows in rows_of)
+    with tqdm(total=total, desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
+
+        def count_done(rows: Iterable[Row]) -> None:
+            done = {row.key for row in rows if store.is_done(row, plan.force)} - counted
+            counted.update(done)
+            bar.update(len(done))
+
+        pending = list(range(len(units)))
+        while pending:
+            waiting = []
+            for start in range(0, len(pending), step):
+                batch = pending[start : start + step]
+                claimed = {
+                    row.key
+                    for row in store.claim(
+                        [row for index in batch for row in rows_of[index]], force=plan.force
+                    )
+                }
+                work = []
+                for index in batch:
+                    # A config's rows (one per question) are computed together: any of them claimed.
+                    configs = tuple(
+                        config
+                        for config in units[index].configs
+                        if any(
+                            row.key in claimed
+                            for row in unit_rows(plan, Unit(units[index].sample, (config,)))
+                        )
+                    )
+                    if configs:
+                        work.append(Unit(units[index].sample, configs))
+                for scored in compute(work, plan) if work else ():
+                    for row in scored:
+                        if row.key in claimed:  # a question another run wrote already is not written twice
+                            store.append(row, force=plan.force)
+                    count_done(scored)
+                    bar.set_postfix_str(scored[0].task)
+                for index in batch:
+                    count_done(rows_of[index])
+                    if any(row.key not in counted for row in rows_of[index]):  # claimed by another writer
+                        waiting.append(index)
+            store.release()
+            if waiting:
+                time.sleep(CLAIM_POLL_S)
+            pending = waiting
+    wanted = {row.sample_key for rows in rows_of for row in rows}
+    frame = load_rows([store.rows_path])
+    frame = frame[[key in wanted for key in zip(*(frame[name] for name in SAMPLE_FIELDS), strict=True)]]
+    store.write_run(run_record(plan, frame, started), path=record_path)
+    return frame.reset_index(drop=True)
+
+
+# What a config may be given beside its ratio (Row's memory and budget), in the summary's column order.
+BUDGET_COLUMNS = ("memory", "budget")
+
+
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean score per task (columns) and their average, one line per config. The index says what each config
+    was given, one labelled column each: `ratio` (fraction of KV entries removed), then `memory` and
+    `budget` (BUDGET_COLUMNS) when some config of the frame was given one ("-" for those that were not).
+    `none` comes first, then the presses in the order the frame holds them, each from its least compressed
+    config."""
+    import pandas as pd
+
+    if frame.empty:
+        return pd.DataFrame()
+    keys = ["press", "ratio"] + [
+        name for name in BUDGET_COLUMNS if name in frame and frame[name].notna().any()
+    ]
+    shown = frame.assign(**{name: [setting_label(name, value) for value in frame[name]] for name in keys[1:]})
+    table = shown.pivot_table(index=keys, columns="task", values="score", aggfunc="mean")
+    table["average"] = table.mean(axis=1)
+    first_seen = {press: index for index, press in enumerate(dict.fromkeys(shown["press"]))}
+
+    def place(key: tuple) -> tuple:  # least compressed first: larger memory or budget, then smaller ratio
+        settings = dict(zip(keys, key, strict=True))
+        larger_first = [-float(settings[name]) for name in keys[2:] if settings[name] != "-"]
+        return (key[0] != "none", first_seen[key[0]], *larger_first, float(settings["ratio"]))
+
+    table = table.reindex(sorted(table.index, key=place))
+    table.columns.name = None
+    return table
+
+
+def setting_label(name: str, value) -> str:
+    """A config's ratio, memory or budget as the summary shows it; "-" where it was not given."""
+    if value is None or value != value:  # None or NaN
+        return "-"
+    return str(int(value)) if name == "budget" else str(float(value))
+
+
+def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
+    """The run's full config, versions and commit; with `frame`, its scores and finish time too."""
+    table = summarize(frame) if frame is not None else None
+    config = {
+        "model": plan.model,
+        "configs": [asdict(config) for config in plan.configs],
+        **(
+            {"press_sources": {name: press_source(name) for name in plan.user_presses}}
+            if plan.user_presses
+            else {}
+        ),
+        "tasks": plan.tasks,
+        "suite": plan.suite,
+        "length": plan.length,
+        **({"lengths": plan.lengths} if plan.lengths else {}),
+        "samples": plan.samples,
+        "seed": plan.seed,
+        "data_dir": str(plan.data_dir) if plan.data_dir else None,
+        **({"data_tasks": plan.data_tasks} if plan.data_tasks else {}),
+        "device": plan.device,
+        "dtype": plan.dtype,
+    }
+    summary = {
+        config_key(dict(zip(table.index.names, key, strict=True))): {
+            task: round(score, 2) for task, score in scores.items()
+        }
+        for key, scores in (table.iterrows() if table is not None else ())
+    }
+    return provenance.run_record(config, summary, plan.device, started, finished=frame is not None)
+
+
+def config_key(settings: dict[str, str]) -> str:
+    """A run record's name for a summary line: "knorm@0.5", "quant@memory=0.25", "kvp@budget=128"."""
+    given = [f"{name}={settings[name]}" for name in BUDGET_COLUMNS if settings.get(name, "-") != "-"]
+    return f"{settings['press']}@{given[0] if given else settings['ratio']}"

@@ -1,0 +1,1 @@
+"""The results store: rows, the append-only folder they live in, run records."""

@@ -1,0 +1,710 @@
+"""Results store: a folder with `rows.jsonl` (one JSON `Row` per (config, sample)) and `runs/*.json`.
+
+A folder may also hold `rows.jsonl.gz` (the committed reference folders: `python -m kvbench.store.results
+compress FOLDER` folds a folder's rows into it). A folder's rows are those of its `rows.jsonl.gz`, then those
+of its
+`rows.jsonl`; the compressed file is read, never written, by the store: a resumed sweep appends to a plain
+`rows.jsonl` beside it.
+
+Rows are only ever appended, one `write` per line on an O_APPEND file, then fsync'd, so a run killed at any
+point (even kill -9) leaves at most one torn last line, which the next writer cuts. A rerun computes only
+the keys that are missing. Lines are split by `kvbench.core.validation.jsonl_lines` (at "\n", "\r\n" or a lone
+"\r"), by every reader of the store, so a file written with other line ends by another tool reads and
+resumes as the store's own.
+
+A row's key is (config_id, task, length, seed, sample_id, content_hash): the config, which sample, and a hash
+of the sample's content (`Sample.content_hash`: prompt, question, references, ...), so that regenerated task
+data with the same ids is scored again, never served old rows. Rows written before content hashes existed
+(`content_hash` null, e.g. the committed reference folders) still load, and still resume: such a row counts
+as done for a sample whose references are the ones it recorded, the only content it holds. A rule that
+accepts both kinds, rather than a migration, because stamping today's hash on an old row would claim a
+content nobody checked. When a sample's content changed, its new row and the old one share the same
+(config_id, task, length, seed, sample_id), and `load_rows` keeps the one written last.
+
+Several processes may write one folder at once (two sweeps on one --out, split by hand or not): appends
+and claims go under a file lock (`rows.jsonl.lock`), and before computing, a writer claims the rows it is
+about to compute (`claims/<writer>.json`): rows that another live writer has claimed or written are left to
+it. A writer holds a lock on `claims/<writer>.lock` while it lives, so the claims of a killed writer are
+recognised as stale (its lock is free) and dropped. Run records are written whole (tmp + rename).
+"""
+
+import gzip
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import uuid
+import warnings
+from collections.abc import Generator, Iterable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from kvbench.core.config import DEFAULT_PROTOCOL, Config
+from kvbench.core.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
+from kvbench.core.validation import (
+    Count,
+    Int64,
+    Memory,
+    NonNegative,
+    Positive,
+    Ratio,
+    check_fields,
+    jsonl_lines,
+    whole_lines_size,
+)
+
+ROWS_FILE = "rows.jsonl"
+ROWS_GZ = "rows.jsonl.gz"  # compressed rows, read-only (see the module's docstring)
+RUNS_DIR = "runs"
+LOCK_FILE = "rows.jsonl.lock"
+CLAIMS_DIR = "claims"
+SAMPLE_FIELDS = ("config_id", "task", "length", "seed", "sample_id")  # which config on which sample
+KEY_FIELDS = (*SAMPLE_FIELDS, "content_hash")  # ... on which content
+REQUIRED_FIELDS = ("config_id", "model", "press", "ratio", "task", "sample_id")
+
+
+def config_id(
+    model: str,
+    press: str,
+    ratio: float,
+    press_args: dict,
+    press_state: str | None = None,
+    memory: float | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    protocol_args: dict | None = None,
+    budget: int | None = None,
+) -> str:
+    """A short stable id of (model, press, ratio, press arguments) and, for presses that load learned state
+    (KVP's agents), that state's digest: rows scored with other agents are other results. A memory budget
+    and a protocol other than the default enter the id only when given, so older rows keep their ids."""
+    spec = [model, press, float(ratio), press_args] + ([press_state] if press_state else [])
+    if memory is not None:
+        spec.append({"memory": float(memory)})
+    if protocol != DEFAULT_PROTOCOL:
+        spec.append({"protocol": protocol, **(protocol_args or {})})
+    if budget is not None:
+        spec.append({"budget": int(budget)})
+    text = json.dumps(spec, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def config_id_of(model: str, config: Config) -> str:
+    """`config_id` of a Config on `model`: what every writer of rows (runs, sweeps, perplexity) keys by."""
+    return config_id(
+        model,
+        config.press,
+        config.ratio,
+        dict(config.press_args),
+        config.press_state,
+        config.memory,
+        config.protocol,
+        dict(config.protocol_args),
+        config.budget,
+    )
+
+
+@dataclass
+class Row:
+    """One scored (config, sample): a line of rows.jsonl, written by `kvbench run`/`sweep` and by the lm-eval
+    bridge, read by the report. Fields a row of an older version lacks take their defaults; fields this
+    version does not know (e.g. the legacy `kv_bytes_kept`) are kept in `extra` and written back as read.
+
+    The annotations are the row's schema (`from_dict` checks them; kvbench.core.validation): exact JSON types,
+    finite numbers, ratios in [0, 1), memories in (0, 1], counts and seconds not negative, integers of 64
+    bits. No range for `score`: lm-eval's metrics are not all on 0-100."""
+
+    # Which config: model, press and budget (see `config_id`).
+    config_id: str
+    model: str
+    press: str
+    ratio: Ratio
+    # Which sample: task, context length (None: lm-eval tasks that size themselves), seed, id, content.
+    task: str
+    length: Positive | None
+    seed: Int64
+    sample_id: str
+    press_args: dict[str, Any] = field(default_factory=dict)
+    press_state: str | None = None  # digest of the press's learned state (KVP agents), if any
+    # A user's press: where it comes from (target, module, qualname, file, sha256, package, version).
+    press_source: dict[str, Any] | None = None
+    memory: Memory | None = None  # the memory budget asked for (fraction of the 16-bit full cache), if any
+    budget: Positive | None = None  # the absolute budget asked for (KV entries kept per head and layer)
+    protocol: str = DEFAULT_PROTOCOL
+    protocol_args: dict[str, Any] = field(default_factory=dict)
+    content_hash: str | None = None  # Sample.content_hash; None in rows written before it existed
+    # What came out.
+    prediction: str | None = None
+    references: list[str] = field(default_factory=list)
+    score: float | None = None  # 0-100
+    context_tokens: Count | None = None
+    kv_kept: Count | None = None  # KV entries (tokens x layers x KV heads) after compression
+    kv_total: Count | None = None  # ... and before
+    kv_bytes: Count | None = None  # what a 16-bit store of the compressed cache holds, metadata included
+    kv_bytes_full: Count | None = None  # ... of the full cache
+    prefill_s: NonNegative | None = None  # its share of the shared prefill, plus its own compression
+    decode_s: NonNegative | None = None  # its share of the batched decoding
+    # `kvbench perplexity` (protocol "perplexity", score None): the mean negative log-likelihood in nats per
+    # predicted token of the text (its perplexity is exp(nll)); per-span means are in `meta`.
+    nll: NonNegative | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # the sample's, e.g. LongBench-E's length bucket
+    extra: dict[str, Any] = field(default_factory=dict)  # fields of other versions, kept as read
+
+    @property
+    def key(self) -> tuple:
+        """What makes a row unique in a store: a rerun computes only the keys a store lacks."""
+        return tuple(getattr(self, name) for name in KEY_FIELDS)
+
+    @property
+    def sample_key(self) -> tuple:
+        """The key without the content hash: the same config on the same sample id, whatever its content."""
+        return tuple(getattr(self, name) for name in SAMPLE_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the row, `extra` merged back in."""
+        data = asdict(self)
+        extra = data.pop("extra")  # first: `{**data, **data.pop(...)}` wrote an "extra" key in every row
+        return {**data, **extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Row":
+        """A row from its JSON object; ValueError when it is not one: not an object, its identity missing,
+        a field of the wrong type or out of range (the class's annotations). A null field is an absent one."""
+        if not isinstance(data, dict):
+            raise ValueError("not a results row (a JSON object)")
+        missing = [name for name in REQUIRED_FIELDS if data.get(name) is None]
+        if missing:
+            raise ValueError(f"not a results row (no {', '.join(missing)})")
+        known = {item.name for item in fields(cls)} - {"extra"}
+        values = {name: value for name, value in data.items() if name in known and value is not None}
+        values = check_fields(cls, values, "", error=ValueError)
+        extra = {name: value for name, value in data.items() if name not in known}
+        return cls(**{"length": None, "seed": 0, **values}, extra=extra)
+
+
+def check_folder_writable(folder: Path, what: str) -> None:
+    """Raise BadInput if `folder` (`what`, e.g. "--out folder") cannot be created or written, without
+    creating anything: a name too long, a file or a dangling link on the way, a folder that refuses a file
+    (read-only, /proc)."""
+    folder = Path(folder)
+    probe = folder
+    try:
+        while not probe.exists():
+            if probe.is_symlink():
+                raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a dangling link")
+            probe = probe.parent
+    except OSError as error:  # a name longer than the file system takes
+        raise BadInput(f"{what} {str(folder)!r} is not writable: {error.strerror}") from None
+    if not probe.is_dir():
+        raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a file")
+    try:  # a real probe: os.access says yes to root even on a read-only file system
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError:
+        raise BadInput(f"{what} {str(folder)!r} is not writable") from None
+
+
+STORE_FILES = (ROWS_FILE, LOCK_FILE, ROWS_GZ)  # what the store opens as plain files
+STORE_FOLDERS = (RUNS_DIR, CLAIMS_DIR)  # ... and as folders
+
+
+def check_writable(folder: Path) -> None:
+    """Raise BadInput if `folder` cannot be written as a results folder, without creating or changing
+    anything: `check_folder_writable`, and each file and folder the store opens in it is what the store
+    expects (a rows.jsonl or lock that is a folder or a FIFO would fail, or hang, at the first write; `runs`
+    a file; a dangling link) and can be opened for writing."""
+    check_folder_writable(folder, "results folder")
+    folder = Path(folder)
+    for name in (*STORE_FILES, *STORE_FOLDERS):
+        path = folder / name
+        wrong = "a dangling link" if path.is_symlink() and not path.exists() else None
+        if path.exists() and name in STORE_FILES and not path.is_file():
+            wrong = "not a plain file"
+        if path.exists() and name in STORE_FOLDERS and not path.is_dir():
+            wrong = "not a folder"
+        if wrong:
+            raise BadInput(f"results folder {str(folder)!r} is not writable: {str(path)!r} is {wrong}")
+    rows = folder / ROWS_FILE
+    if rows.is_file():
+        try:  # opened for appending, never written: its bytes and times stay as they were
+            os.close(os.open(rows, os.O_WRONLY | os.O_APPEND))
+        except OSError:
+            raise BadInput(f"results file {str(rows)!r} is not writable") from None
+
+
+class ResultsStore:
+    """A results folder open for writing; several processes may hold one on the same folder (see the
+    module's docstring). The folder is created by the first write, so a run that fails before scoring
+    anything leaves none. Use as a context manager, or call `close()`, to drop this writer's claims.
+    `read_only`: only to ask `is_done`, without writing anything (not even the lock file)."""
+
+    def __init__(self, folder: Path, read_only: bool = False):
+        self.folder = Path(folder)
+        self.rows_path = self.folder / ROWS_FILE
+        self.owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.lock = FileLock(str(self.folder / LOCK_FILE))
+        self.alive: FileLock | None = None  # held while this writer has claims
+        self.offset = 0  # bytes of rows.jsonl read so far (whole lines)
+        self.done: set[tuple] = set()  # keys of every row in the file
+        self.fresh: set[tuple] = set()  # keys of rows written since this store opened (what --force keeps)
+        self.legacy: dict[tuple, tuple] = {}  # sample_key -> references, of rows without a content hash
+        for row in read_file(self.folder / ROWS_GZ):
+            self.done.add(row.key)
+            if row.content_hash is None:
+                self.legacy[row.sample_key] = tuple(row.references)
+        if self.rows_path.exists() and read_only:  # a look that writes nothing (no lock file): whole lines
+            self.refresh(fresh=False)
+        elif self.rows_path.exists():
+            with self.locked():
+                self.cut_torn_tail()
+                self.refresh(fresh=False)
+
+    def __enter__(self) -> "ResultsStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def locked(self) -> Generator[None, None, None]:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ResultsWriteError(f"cannot write results to {self.folder}: {error.strerror}") from None
+        with self.lock:
+            yield
+
+    def cut_torn_tail(self) -> None:
+        """Drop a last line without its newline when it is torn: the row being written when a writer was
+        killed. A last line that is whole JSON (a row whose newline was lost, e.g. a file written by another
+        tool or edited by hand) is kept and given its newline: a torn write never parses (JSON closes on
+        its last byte), so only a torn one is cut and no row that can be read is ever lost. Only under the
+        lock, where no live writer is half-way through a line."""
+        if not self.rows_path.exists() or self.rows_path.stat().st_size == 0:
+            return
+        with open(self.rows_path, "rb+") as file:
+            size = file.seek(0, os.SEEK_END)
+            file.seek(size - 1)
+            if file.read(1) in (b"\n", b"\r"):  # every line ends, whatever its line ends
+                return
+            start = max(self.offset, 0)
+            file.seek(start)
+            tail = file.read()
+            cut = whole_lines_size(tail)
+            if is_json(tail[cut:]):
+                file.write(b"\n")
+                file.flush()
+                os.fsync(file.fileno())
+                return
+            file.truncate(start + cut)
+
+    def refresh(self, fresh: bool = True) -> None:
+        """Read the whole lines written since the last read (by this writer or another)."""
+        if not self.rows_path.exists():
+            return
+        with open(self.rows_path, "rb") as file:
+            file.seek(self.offset)
+            data = file.read()
+        end = whole_lines_size(data)
+        self.offset += end
+        for row in parse_rows(jsonl_lines(data[:end].decode("utf-8", errors="replace")), self.rows_path):
+            self.done.add(row.key)
+            if fresh:
+                self.fresh.add(row.key)
+            if row.content_hash is None:
+                self.legacy[row.sample_key] = tuple(row.references)
+
+    def is_done(self, row: Row, force: bool = False) -> bool:
+        """Whether the store holds `row`'s key; with `force`, only rows written since it opened count.
+        A row without a content hash (an older version's) counts for a sample with the same references."""
+        if row.key in (self.fresh if force else self.done):
+            return True
+        if force or row.content_hash is None:
+            return False
+        return self.legacy.get(row.sample_key) == tuple(row.references)
+
+    def has(self, row: Row) -> bool:
+        return self.is_done(row)
+
+    def claim(self, rows: Iterable[Row], force: bool = False) -> list[Row]:
+        """The rows of `rows` that nobody has written or claimed, now claimed by this writer (until the next
+        claim, `release()` or `close()`): the rows this writer should compute."""
+        rows = list(rows)
+        with self.locked():
+            self.refresh()
+            taken = self.claimed_by_others()
+            todo = [row for row in rows if not self.is_done(row, force) and row.key not in taken]
+            self.write_claim([row.key for row in todo])
+        return todo
+
+    def release(self) -> None:
+        if self.alive is not None:
+            with self.locked():
+                self.write_claim([])
+
+    def close(self) -> None:
+        """Drop this writer's claims; its liveness lock is released and removed."""
+        if self.alive is None:
+            return
+        with self.locked():
+            (self.claims_dir / f"{self.owner}.json").unlink(missing_ok=True)
+            self.alive.release()
+            Path(self.alive.lock_file).unlink(missing_ok=True)
+            self.alive = None
+            with suppress_os_error():
+                self.claims_dir.rmdir()  # only when no other writer has claims
+
+    @property
+    def claims_dir(self) -> Path:
+        return self.folder / CLAIMS_DIR
+
+    def write_claim(self, keys: list[tuple]) -> None:
+        try:
+            self.claims_dir.mkdir(exist_ok=True)
+            if self.alive is None:
+                self.alive = FileLock(str(self.claims_dir / f"{self.owner}.lock"), thread_local=False)
+                self.alive.acquire()
+            path = self.claims_dir / f"{self.owner}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(keys, default=str))
+            tmp.rename(path)
+        except OSError as error:
+            raise ResultsWriteError(f"cannot write claims to {self.claims_dir}: {error.strerror}") from None
+
+    def claimed_by_others(self) -> set[tuple]:
+        """Keys claimed by other live writers; the claims of dead ones (their lock is free) are removed."""
+        taken: set[tuple] = set()
+        if not self.claims_dir.is_dir():
+            return taken
+        for path in self.claims_dir.glob("*.json"):
+            if path.stem == self.owner:
+                continue
+            owner_lock = FileLock(str(path.with_suffix(".lock")))
+            try:
+                owner_lock.acquire(blocking=False)
+            except Timeout:  # the writer lives
+                with suppress_os_error():
+                    taken.update(tuple(key) for key in json.loads(path.read_text()))
+                continue
+            path.unlink(missing_ok=True)  # a killed writer's claims
+            owner_lock.release()
+            Path(owner_lock.lock_file).unlink(missing_ok=True)
+        return taken
+
+    def append(self, row: Row, force: bool = False) -> bool:
+        """Append one row unless the store already holds its key (another writer's, or with `force`, one
+        written since this store opened); True if written. It counts as done only once all its bytes are
+        written and fsync'd."""
+        line = (json.dumps(row.to_dict(), default=str) + "\n").encode()
+        try:  # the store never writes a row that its readers would skip
+            Row.from_dict(json.loads(line))
+        except ValueError as error:
+            raise ValueError(f"refusing to write a results row that cannot be read back: {error}") from None
+        with self.locked():
+            self.cut_torn_tail()
+            self.refresh()
+            if row.key in (self.fresh if force else self.done):
+                return False
+            self.offset = append_line(self.rows_path, line)
+            self.done.add(row.key)
+            self.fresh.add(row.key)
+        return True
+
+    def write_run(self, record: dict, path: Path | None = None) -> Path:
+        """Write (or, given its `path`, replace) a run record whole."""
+        if path is None:
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
+            path = self.folder / RUNS_DIR / f"{stamp}-{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(record, indent=2, default=str))
+            tmp.rename(path)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot write the run record {path}: {error.strerror}") from None
+        return path
+
+
+def append_line(path: Path, line: bytes) -> int:
+    """Append `line` with O_APPEND and fsync it; the file's new size. A failed write (disk full) is cut back
+    off the file, so no torn row stays behind, and raises."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ResultsWriteError(f"cannot write results to {path}: {error.strerror}") from None
+    start = os.fstat(fd).st_size
+    try:
+        written = 0
+        while written < len(line):
+            count = os.write(fd, line[written:])
+            if count <= 0:
+                raise OSError(28, os.strerror(28))  # no progress: as good as a full disk
+            written += count
+        os.fsync(fd)
+    except OSError as error:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass  # the next writer cuts the torn tail
+        raise ResultsWriteError(f"cannot write results to {path}: {error.strerror}") from None
+    finally:
+        os.close(fd)
+    return start + len(line)
+
+
+def is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:  # UnicodeDecodeError included
+        return False
+    return True
+
+
+@contextmanager
+def suppress_os_error() -> Generator[None, None, None]:
+    try:
+        yield
+    except (OSError, ValueError):
+        pass
+
+
+def parse_rows(lines: Iterable[str], path: Path) -> list[Row]:
+    """The rows of some lines of `path`; bad lines are skipped with one warning (how many, the first).
+
+    A line of valid JSON whose fields have the wrong types or values out of range (`Row`'s schema) is
+    skipped like a corrupt line, not refused with an error: the store is append-only and shared by writers,
+    so one damaged line must not make a whole folder unreadable to the report or a resumed run; the row's
+    key cannot be trusted, so a resumed run computes it again; and the line stays in the file as it is."""
+    rows, bad = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(Row.from_dict(json.loads(line)))
+        except (ValueError, TypeError) as error:
+            bad.append((number, str(error).splitlines()[0] if str(error) else "unreadable"))
+    if bad:
+        (first, error), numbers = bad[0], ", ".join(str(number) for number, _ in bad[:5])
+        what = "a corrupt results row"
+        if len(bad) > 1:
+            what = f"{len(bad)} corrupt results rows (lines {numbers}{', ...' if len(bad) > 5 else ''})"
+        warnings.warn(f"{path}:{first}: skipped {what}: {error}", KvbenchWarning, stacklevel=3)
+    return rows
+
+
+def rows_files(folder: Path) -> list[Path]:
+    """A folder's rows files, in the order their rows were written: rows.jsonl.gz, then rows.jsonl."""
+    return [path for path in (Path(folder) / ROWS_GZ, Path(folder) / ROWS_FILE) if path.is_file()]
+
+
+def read_file(path: Path) -> list[Row]:
+    """The rows of one file (gzip'd if its name ends in .gz); none if it is not there."""
+    if not Path(path).is_file():
+        return []
+    text = file_bytes(Path(path)).decode("utf-8", errors="replace")
+    return parse_rows(jsonl_lines(text), Path(path))
+
+
+def file_bytes(path: Path) -> bytes:
+    """The bytes of a rows file, decompressed if its name ends in .gz. A compressed file is read whole: a
+    torn or foreign one is refused (DataFileError), not half read."""
+    if path.suffix != ".gz":
+        return path.read_bytes()
+    try:
+        return gzip.decompress(path.read_bytes())
+    except (OSError, EOFError) as error:
+        raise DataFileError(f"{path} is not a readable gzip file of rows ({error})") from None
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The rows of one rows file; bad lines are skipped with one warning per file (how many, the first). A
+    folder's rows.jsonl or rows.jsonl.gz stands for both of them (see `rows_files`)."""
+    path = Path(path)
+    files = rows_files(path.parent) if path.name in (ROWS_FILE, ROWS_GZ) else [path]
+    return [row for file in files for row in read_file(file)]
+
+
+def results_files(paths, recursive: bool = True) -> list[Path]:
+    """One rows file per results folder among the given folders (or the files themselves), and with
+    `recursive` per folder below them too: a report on `results/` must not pull in `results/reference/`
+    unless asked. A folder's file is its rows.jsonl.gz if it has one (`read_rows` reads both)."""
+    files = []
+    for path in map(Path, paths):
+        if path.name in (ROWS_FILE, ROWS_GZ):  # stands for the folder's rows, even before a rows.jsonl exists
+            files += rows_files(path.parent)[:1]
+            continue
+        if path.is_file():
+            files.append(path)
+            continue
+        folders = [path]
+        if recursive:
+            folders = sorted({file.parent for name in (ROWS_FILE, ROWS_GZ) for file in path.rglob(name)})
+        files += [rows_files(folder)[0] for folder in folders if rows_files(folder)]
+    return files
+
+
+NUMERIC_FIELDS = ("ratio", "memory", "budget", "score", "context_tokens", "kv_kept", "kv_total", "kv_bytes")
+NUMERIC_FIELDS += ("kv_bytes_full", "prefill_s", "decode_s", "nll")
+
+
+def load_rows(paths):
+    """All rows under `paths` as one DataFrame, a column per `Row` field (`source` names the folder). Of
+    rows of one config on one sample id, the last written is kept: a --force rerun, or a rerun after the
+    task's data changed (see the module's docstring)."""
+    import pandas as pd
+
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    records = [
+        {**row.to_dict(), "source": str(file.parent)}
+        for file in results_files(paths)
+        for row in read_rows(file)
+    ]
+    columns = [item.name for item in fields(Row) if item.name != "extra"] + ["source"]
+    frame = pd.DataFrame(records, columns=None if records else columns)
+    for name in NUMERIC_FIELDS:
+        frame[name] = pd.to_numeric(frame[name])
+    return frame.drop_duplicates(subset=list(SAMPLE_FIELDS), keep="last").reset_index(drop=True)
+
+
+@dataclass
+class RunRecord:
+    """The schema of a run record (runs/*.json, written whole by `kvbench.core.provenance.run_record`): the
+    fields readers use, each of its type; other fields pass as they are."""
+
+    command: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    git_commit: str | None = None
+    started: str | None = None
+    finished: str | None = None
+
+
+def load_runs(paths) -> list[dict]:
+    """The run records (command, config, versions) of the results folders under `paths`. A record that is
+    not JSON or does not fit `RunRecord` is skipped with a warning, as a corrupt row is: records describe
+    runs, they hold no results, and one bad file must not hide the others."""
+    records = []
+    for file in results_files(paths):
+        for run in sorted((file.parent / RUNS_DIR).glob("*.json")):
+            try:
+                record = json.loads(run.read_text())
+                if not isinstance(record, dict):
+                    raise ValueError("not a JSON object")
+                check_fields(RunRecord, record, "", error=ValueError)
+            except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                warnings.warn(f"{run}: skipped a corrupt run record: {reason}", KvbenchWarning, stacklevel=2)
+                continue
+            records.append(record)
+    return records
+
+
+def compress_rows(folder: Path) -> Path:
+    """Fold a folder's rows (rows.jsonl.gz, then rows.jsonl) into one rows.jsonl.gz and remove its
+    rows.jsonl. Each line is kept byte for byte and ends in "\n" (a file whose lines end in "\r" or
+    "\r\n", or whose last row lacks its end, is folded in whole); only a torn last line (no line end, not
+    JSON: a writer killed mid-row) is dropped. gzip level 9 with mtime 0 and no name, so the same rows give
+    the same bytes.
+
+    Never loses a row: the new file is written to a temporary file beside it and fsync'd, read back, and
+    must hold every row the folder held, in order (else ResultsWriteError, nothing changed); only then
+    does it replace rows.jsonl.gz, and only after that is rows.jsonl removed. A failure at any point
+    (a full disk, a kill) leaves the folder's rows readable as they were; at worst, killed between the
+    two steps, rows.jsonl's rows are there twice, which readers keep once."""
+    folder = Path(folder)
+    if not rows_files(folder):
+        raise BadInput(f"{folder} holds no rows.jsonl to compress")
+    for path in rows_files(folder):
+        read_file(path)  # a torn or foreign .gz is refused before anything is written, the lock included
+    with FileLock(str(folder / LOCK_FILE)):
+        for stale in folder.glob(ROWS_GZ + ".*.tmp"):  # of a compress killed mid-way (made under this lock)
+            stale.unlink(missing_ok=True)
+        lines, before = [], []
+        with warnings.catch_warnings():  # corrupt lines were reported by the reads above
+            warnings.simplefilter("ignore", KvbenchWarning)
+            for path in rows_files(folder):
+                before += read_file(path)
+                text = file_bytes(path).decode("utf-8", errors="surrogateescape")  # bytes kept as they are
+                found = jsonl_lines(text)
+                if found and not text.endswith(("\n", "\r")) and not is_json(found[-1]):
+                    found.pop()  # a torn last line
+                lines += found
+        data = "".join(line + "\n" for line in lines).encode("utf-8", errors="surrogateescape")
+        target, tmp = folder / ROWS_GZ, None
+        try:
+            fd, name = tempfile.mkstemp(prefix=ROWS_GZ + ".", suffix=".tmp", dir=folder)
+            tmp = Path(name)
+            with open(fd, "wb") as raw:
+                with gzip.GzipFile("", "wb", 9, raw, mtime=0) as file:
+                    file.write(data)
+                raw.flush()
+                os.fsync(raw.fileno())
+            after = read_back(tmp)
+            if [row.to_dict() for row in after] != [row.to_dict() for row in before]:
+                tmp.unlink()
+                raise ResultsWriteError(
+                    f"cannot compress {folder}: {len(before)} rows read, {len(after)} in the compressed "
+                    "file; nothing changed"
+                )
+            os.chmod(tmp, 0o644)  # mkstemp's file is private; the rows are not
+            os.replace(tmp, target)
+            sync_folder(folder)
+        except ResultsWriteError:
+            raise
+        except OSError as error:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(f"cannot compress {folder}: {error.strerror}; nothing changed") from None
+        try:
+            (folder / ROWS_FILE).unlink(missing_ok=True)
+        except OSError as error:
+            raise ResultsWriteError(
+                f"compressed {folder}, but cannot remove its rows.jsonl ({error.strerror}): its rows are in "
+                "both files until it is removed"
+            ) from None
+    return target
+
+
+def read_back(path: Path) -> list[Row]:
+    """The rows of a gzip'd rows file whatever its name (a temporary one), without warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KvbenchWarning)
+        return parse_rows(jsonl_lines(gzip.decompress(path.read_bytes()).decode("utf-8", "replace")), path)
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder, so that a rename in it survives a crash; where folders cannot be opened, nothing."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+if __name__ == "__main__":  # python -m kvbench.store.results compress FOLDER...
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m kvbench.store.results")
+    parser.add_argument("command", choices=["compress"])
+    parser.add_argument("folders", nargs="+", type=Path)
+    for folder in parser.parse_args().folders:
+        try:
+            path = compress_rows(folder)  # checks its own count before it removes anything
+        except KvbenchError as error:  # one line, and kvbench's exit code: 2, or 1 for a write that failed
+            print(f"Error: {str(error).splitlines()[0]}", file=sys.stderr)
+            raise SystemExit(error.exit_code) from None
+        print(f"{path}: {len(load_rows(folder))} rows, {path.stat().st_size} bytes")
