@@ -286,3 +286,19 @@ def test_a_prefill_only_press_is_refused_where_a_cache_is_compressed_again(tmp_p
         f"Error: press 'leverage' scores a whole prefill only (kvpress asserts it): it cannot compress the "
         f"cache again under the {protocol} protocol\n"
     )
+
+
+def test_the_report_shows_the_verdicts_left_in_a_results_folder(tmp_path, tiny_llama_dir):
+    out = tmp_path / "results"
+    sweep = ["sweep", "--presses", "knorm,streaming_llm", "--ratios", "0.5", "--task", "niah_single_1"]
+    sweep += ["--samples", "1", "--length", "512", "--model", tiny_llama_dir, "--out", str(out)]
+    assert CliRunner().invoke(main, sweep).exit_code == 0
+    checked = CliRunner().invoke(main, ["check-press", "knorm", "--quick", "--out", str(out)])
+    assert checked.exit_code == 0 and f"verdicts: {out / 'conformance' / 'knorm.json'}" in checked.output
+    (out / "conformance" / "broken.json").write_text('{"press": 3}')  # skipped with a warning, not fatal
+    result = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    readme = (tmp_path / "report" / "README.md").read_text()
+    section = readme[readme.index("### Conformance") :]
+    assert "| knorm | pass | - |" in section and "streaming_llm" not in section.split("###")[1]
+    assert "skipped a conformance record" in result.output and "broken.json" in result.output

@@ -7,7 +7,7 @@ import click
 from tqdm.auto import tqdm
 
 from kvbench.bridge.models import EMBEDDED
-from kvbench.harness.conformance import board, check_press, checkable_presses, failed, table
+from kvbench.harness.conformance import board, check_press, checkable_presses, failed, table, write_record
 
 
 @click.command("check-press")
@@ -18,6 +18,13 @@ from kvbench.harness.conformance import board, check_press, checkable_presses, f
 @click.option("--model", default=EMBEDDED, show_default=True, help="The model checked beside the tiny ones.")
 @click.option("--quick", is_flag=True, help="The tiny random-init models only (under a minute).")
 @click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Results folder to leave the verdicts in (OUT/conformance/PRESS.json): `kvbench report` shows them "
+    "beside the press's scores.",
+)
+@click.option(
     "--all", "every", is_flag=True, help="Every press of the registry, one line each, instead of PRESS."
 )
 @click.option(
@@ -26,7 +33,7 @@ from kvbench.harness.conformance import board, check_press, checkable_presses, f
     default=None,
     help="With --all: also write the board as markdown to this file.",
 )
-def check_press_command(press, press_args, model, quick, every, markdown):
+def check_press_command(press, press_args, model, quick, out, every, markdown):
     """Whether PRESS does what it claims: budget, memory, cache order, determinism, isolation, parity.
 
     PRESS is a registered name, `module:Class` or `path/to/file.py:Class`. The battery runs on tiny
@@ -41,17 +48,25 @@ def check_press_command(press, press_args, model, quick, every, markdown):
       kvbench check-press --all --quick --markdown docs/conformance.md   # every press: the committed board
     """
     from kvbench.core.errors import BadInput
-    from kvbench.presses import parse_press_args
+    from kvbench.presses import parse_press_args, resolve_press
+    from kvbench.store.results import check_folder_writable
 
     if every == (press is not None):
         raise BadInput("give PRESS or --all")
     if markdown is not None and not every:
         raise BadInput("--markdown applies to --all")
-    if every and press_args:
-        raise BadInput("--press-arg applies to one PRESS, not --all")
+    if every and (press_args or out is not None):
+        raise BadInput("--press-arg and --out apply to one PRESS, not --all")
+    if out is not None:
+        check_folder_writable(out, "--out folder")
     if not every:
-        checks = check_press(press, parse_press_args(list(press_args)), model=model, quick=quick)
+        args = parse_press_args(list(press_args))
+        checks = check_press(press, args, model=model, quick=quick)
         click.echo(table(checks))
+        if out is not None:
+            click.echo(
+                f"verdicts: {write_record(out, resolve_press(press), args, checks, quick=quick, model=model)}"
+            )
         if failed(checks):
             raise SystemExit(1)
         return

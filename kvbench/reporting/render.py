@@ -10,6 +10,7 @@ from pathlib import Path
 from kvbench.core.errors import BadInput
 from kvbench.reporting.blocks import Code, Heading, Image, Paragraph, Table, leaderboard_blocks
 from kvbench.reporting.boards import build_leaderboards, unscored_note
+from kvbench.reporting.conformance import conformance_blocks, read_conformance
 from kvbench.reporting.costs import Costs, cost_blocks, read_costs
 from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
@@ -103,9 +104,10 @@ def render_report(
     notes = [*collected.notes, unscored_note(scored)]
     blocks += [Paragraph(note) for note in notes if note]
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
+    checked = read_conformance(collected.dirs)
     for board in boards:
         costed = cost_blocks(board, costs, out_dir, styles) if costs is not None else []
-        blocks += leaderboard_blocks(board, out_dir, styles, costed)
+        blocks += leaderboard_blocks(board, out_dir, styles, costed + conformance_blocks(board, checked))
     blocks += perplexity_blocks(collected.rows[perplexity], out_dir, styles)
     (out_dir / "README.md").write_text(to_markdown(TITLE, blocks))
     (out_dir / "index.html").write_text(to_html(TITLE, blocks))
