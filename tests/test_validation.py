@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from kvbench.bridge import models
 from kvbench.cli import main
-from kvbench.core.config import PROTOCOL_ARGS, Config
+from kvbench.core.config import PROTOCOLS, Config
 from kvbench.core.errors import BadInput, KvbenchWarning
 from kvbench.core.validation import parse_float, parse_int
 from kvbench.harness.planning import parse_memory, parse_ratio, trial_run
@@ -23,7 +23,7 @@ from kvbench.store.results import REQUIRED_FIELDS, ResultsStore, Row, check_writ
 from kvbench.tasks import longbench
 
 MUTATIONS = ("wrong type", "missing", "null", "nan", "huge")
-PROTOCOL_CONFIGS = [(name, ((arg[0], 2),) if arg else ()) for name, arg in PROTOCOL_ARGS.items()]
+PROTOCOL_CONFIGS = [(name, ((p.option, 2),) if p.option else ()) for name, p in PROTOCOLS.items()]
 
 
 def mutate(data: dict, path: tuple, mutation: str) -> dict | None:

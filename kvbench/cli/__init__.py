@@ -15,7 +15,7 @@ import click
 
 from kvbench.bridge.models import EMBEDDED, first_line
 from kvbench.cli.types import Number
-from kvbench.core.config import PROTOCOL_ARGS
+from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, protocol_by_option
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
 
 # Commands whose modules are heavy to import (plots, lm-eval, training) load only when called; their one-line
@@ -215,34 +215,20 @@ def task_options(command):
 
 
 def protocol_options(command):
+    """--protocol, and each protocol's argument as an option of its own, from the protocols' table
+    (`config.PROTOCOLS`): a protocol added there gets its options here."""
     options = [
         click.option(
             "--protocol",
-            type=click.Choice(list(PROTOCOL_ARGS)),
-            default="query-agnostic",
+            type=click.Choice(list(PROTOCOLS)),
+            default=DEFAULT_PROTOCOL,
             show_default=True,
-            help="query-agnostic: compress the context once, then ask. query-aware: the question is "
-            "compressed with the context. decode-time: also compress every --interval decoding steps back "
-            "to the budget. streaming: feed the context --chunk tokens at a time, compressing back under the "
-            "budget after each, then ask. multi-question: compress once, answer --questions questions from "
-            "that cache. multi-turn: --turns turns whose questions and answers stay in the cache, compressed "
-            "back to the budget after each.",
+            help=" ".join(f"{name}: {protocol.description}." for name, protocol in PROTOCOLS.items()),
         ),
-        click.option(
-            "--interval",
-            type=int,
-            default=None,
-            help="decode-time: decoding steps between compressions [16].",
+        *(
+            click.option(f"--{option}", type=int, default=None, help=protocol.option_help)
+            for option, protocol in protocol_by_option().items()
         ),
-        click.option("--chunk", type=int, default=None, help="streaming: context tokens per chunk [256]."),
-        click.option(
-            "--questions",
-            type=int,
-            default=None,
-            help="multi-question: questions per context [4] (from as many samples of the tasks, one "
-            "context).",
-        ),
-        click.option("--turns", type=int, default=None, help="multi-turn: turns per context [4]."),
     ]
     for option in reversed(options):
         command = option(command)

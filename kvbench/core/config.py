@@ -8,25 +8,96 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_PROTOCOL = "query-agnostic"  # also what rows written before protocols were recorded mean
-# Each protocol's own argument and its default, in the order reports show their sections.
-PROTOCOL_ARGS: dict[str, tuple[str, int] | None] = {
-    "query-agnostic": None,
-    "query-aware": None,  # the question is prefilled and compressed with the context (kvpress's query_aware)
-    "decode-time": ("interval", 16),
-    "streaming": ("chunk", 256),
-    # One context, several questions: compressed once, each question answered from that cache, its answer
-    # removed after (kvpress's pipeline with a list of questions; SCBench's multi-request).
-    "multi-question": ("questions", 4),
-    # One context, several turns: each question and its answer stay in the cache, which is compressed back
-    # to its budget after every turn (SCBench's multi-turn).
-    "multi-turn": ("turns", 4),
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A protocol: what the engine prefills, compresses, asks and decodes, said by its flags, which every
+    layer asks instead of comparing names. `option` is its one argument (also its command-line option and
+    Python keyword), with its `default` and `option_help`; `description` is its sentence in --help."""
+
+    name: str
+    description: str
+    option: str | None = None
+    default: int | None = None
+    option_help: str = ""
+    question_prefilled: bool = False  # the question is prefilled and compressed with the context
+    context_streamed: bool = False  # the context arrives `option` tokens at a time, compressed after each
+    compresses_decoding: bool = False  # the cache is compressed again every `option` decoding steps
+    several_questions: bool = False  # a context carries `option` questions: one row per question
+    answers_stay: bool = False  # each question and its answer stay in the cache, compressed after each turn
+
+    @property
+    def compresses_again(self) -> bool:
+        """Whether the cache is compressed again after the prefill (the press compresses a live cache)."""
+        return self.context_streamed or self.compresses_decoding or self.answers_stay
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        return (self.option,) if self.option else ()
+
+
+# In the order reports show their sections.
+PROTOCOLS: dict[str, Protocol] = {
+    protocol.name: protocol
+    for protocol in (
+        Protocol("query-agnostic", "compress the context once, then ask (kvpress's pipeline)"),
+        Protocol(
+            "query-aware",
+            "the question is prefilled and compressed with the context (kvpress's query_aware)",
+            question_prefilled=True,
+        ),
+        Protocol(
+            "decode-time",
+            "also compress every --interval decoding steps back to the budget",
+            "interval",
+            16,
+            "decode-time: decoding steps between compressions [16].",
+            compresses_decoding=True,
+        ),
+        Protocol(
+            "streaming",
+            "feed the context --chunk tokens at a time, compressing back under the budget after each, "
+            "then ask",
+            "chunk",
+            256,
+            "streaming: context tokens per chunk [256].",
+            context_streamed=True,
+        ),
+        Protocol(
+            "multi-question",
+            "compress once, answer --questions questions from that cache, each answer removed after "
+            "(kvpress's pipeline with a list of questions; SCBench's multi-request)",
+            "questions",
+            4,
+            "multi-question: questions per context [4] (from as many samples of the tasks, one context).",
+            several_questions=True,
+        ),
+        Protocol(
+            "multi-turn",
+            "--turns turns whose questions and answers stay in the cache, compressed back to the budget "
+            "after each (SCBench's multi-turn)",
+            "turns",
+            4,
+            "multi-turn: turns per context [4].",
+            several_questions=True,
+            answers_stay=True,
+        ),
+    )
 }
-PROTOCOLS = {name: (arg[0],) if arg else () for name, arg in PROTOCOL_ARGS.items()}  # name: its arguments
-# Protocols whose samples carry several questions (`Sample.parts`): one row per (config, sample, question).
-MULTI_QUESTION_PROTOCOLS = ("multi-question", "multi-turn")
 # Every protocol rows may record, in the order reports show them (lm-eval's own tasks write query-aware;
 # `kvbench perplexity` writes perplexity).
 RECORDED_PROTOCOLS = (*PROTOCOLS, "perplexity")
+
+
+def protocol_of(config: "Config") -> Protocol:
+    """The Protocol of a config (KeyError for a name that is none: `engine.check_protocol` says so first)."""
+    return PROTOCOLS[config.protocol]
+
+
+def protocol_by_option() -> dict[str, Protocol]:
+    """Each protocol argument's option name -> its protocol."""
+    return {protocol.option: protocol for protocol in PROTOCOLS.values() if protocol.option}
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from kvbench.bridge.adapter import (
     seed_press,
     stop_token_ids,
 )
-from kvbench.core.config import MULTI_QUESTION_PROTOCOLS, PROTOCOLS, Config
+from kvbench.core.config import PROTOCOLS, Config, protocol_of
 from kvbench.core.errors import BadInput
 from kvbench.engine.decoder import BatchedDecoder
 from kvbench.presses import PRESSES, config_press, needs_eager
@@ -90,23 +90,23 @@ def evaluate_sample(
         raise BadInput(f"batch_configs must be at least 1, got {batch_configs}")
     prompts = {}
     for config in configs:
-        aware = config.protocol == "query-aware"
+        aware = protocol_of(config).question_prefilled
         if aware not in prompts:
             prompts[aware] = tokenize_sample(tokenizer, sample, query_aware=aware)
     runs = []
     for config in configs:
-        prompt = prompts[config.protocol == "query-aware"]
+        prompt = prompts[protocol_of(config).question_prefilled]
         sized = sized_config(config, prompt.context_ids.shape[1])
         # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
         press = seed_press(config_press(sized), f"{sample.task}/{sample.id}/{config!r}")
         runs.append(Run(sized, press, needs_eager(config.press, dict(config.press_args)), prompt))
-    streaming = [run for run in runs if run.config.protocol == "streaming"]
+    streaming = [run for run in runs if protocol_of(run.config).context_streamed]
     shared = [run for run in runs if run not in streaming and is_shareable(run.press)]
     alone = [run for run in runs if run not in streaming and not is_shareable(run.press)]
     # Runs that prefill the same prompt and answer the same way share a prefill and a batched decoding.
     groups: dict[tuple, list[Run]] = {}
     for run in shared:
-        answering = run.config.protocol if run.config.protocol in MULTI_QUESTION_PROTOCOLS else "one"
+        answering = run.config.protocol if protocol_of(run.config).several_questions else "one"
         groups.setdefault((id(run.prompt), answering), []).append(run)
     with torch.no_grad():
         for group in [*groups.values(), streaming]:
@@ -124,7 +124,7 @@ def evaluate_sample(
                 run_alone(model, run, sample.max_new_tokens)
     results = []
     for run in runs:
-        asked = sample.questions() if run.config.protocol in MULTI_QUESTION_PROTOCOLS else [sample]
+        asked = sample.questions() if protocol_of(run.config).several_questions else [sample]
         for answer, part in zip(run.answers, asked, strict=True):
             prediction = decode_prediction(tokenizer, answer.pop("tokens"), part)
             results.append({**run.result, **answer, "prediction": prediction})
@@ -152,8 +152,8 @@ def check_protocol(config: Config) -> None:
     if config.protocol not in PROTOCOLS:
         raise BadInput(f"unknown protocol {config.protocol!r} (one of {', '.join(PROTOCOLS)})")
     args = dict(config.protocol_args)
-    if sorted(args) != sorted(PROTOCOLS[config.protocol]):
-        wanted = ", ".join(PROTOCOLS[config.protocol]) or "no arguments"
+    if sorted(args) != sorted(PROTOCOLS[config.protocol].arguments):
+        wanted = ", ".join(PROTOCOLS[config.protocol].arguments) or "no arguments"
         raise BadInput(f"protocol {config.protocol!r} takes {wanted}, got {sorted(args) or 'none'}")
     for name, value in args.items():
         if not isinstance(value, int) or value < 1:
@@ -163,7 +163,7 @@ def check_protocol(config: Config) -> None:
             f"press {config.press!r} is a codec: it stores every entry in fewer bits, so it takes --memory, "
             "not an absolute --budget of kept entries"
         )
-    if config.protocol not in ("query-agnostic", "query-aware"):
+    if protocol_of(config).several_questions or protocol_of(config).compresses_again:
         check_compresses_live(config)
 
 
@@ -178,9 +178,9 @@ def check_compresses_live(config: Config) -> None:
         raise BadInput(
             f"press {config.press!r} cannot run under the {config.protocol} protocol: it changes the "
             "forward or compresses while decoding by itself"
-            + ("" if config.protocol == "multi-question" else "; kvpress's DecodingPress takes scorers")
+            + ("; kvpress's DecodingPress takes scorers" if protocol_of(config).compresses_again else "")
         )
-    if config.protocol != "multi-question":  # the others compress again after the prefill
+    if protocol_of(config).compresses_again:
         if config.press in PRESSES and PRESSES[config.press].prefill_only:
             raise BadInput(
                 f"press {config.press!r} scores a whole prefill only (kvpress asserts it): it cannot "
@@ -201,7 +201,7 @@ def check_query_window(config: Config, press: BasePress) -> None:
     windows = [p.window_size for p in pressed_tree(press) if isinstance(p, SnapKVPress)]
     if not windows:
         return
-    steps = {"turns": SHORTEST_TURN} if config.protocol == "multi-turn" else dict(config.protocol_args)
+    steps = {"turns": SHORTEST_TURN} if protocol_of(config).answers_stay else dict(config.protocol_args)
     name = next(iter(steps))
     if max(windows) >= steps[name]:
         raise BadInput(
@@ -252,7 +252,7 @@ def budget_entries(config: Config, context_length: int) -> int:
 def decode_time_press(run: Run, context_length: int):
     """The DecodingPress of a decode-time run (None for other protocols): the run's own press (its state
     from the prefill goes on), compressing every `interval` steps back to the budget."""
-    if run.config.protocol != "decode-time" or run.press is None:
+    if not protocol_of(run.config).compresses_decoding or run.press is None:
         return None
     interval = dict(run.config.protocol_args)["interval"]
     return decoding_press(run.press, interval, budget_entries(run.config, context_length))
@@ -272,11 +272,11 @@ def run_shared(model, runs: list[Run], max_new_tokens: int, questions: Sequence[
     for run in runs:
         run.result.update(kv_counts(model, prompt.context_ids.shape[1], cache_entries(run.cache), run.press))
         run.result["prefill_s"] = forward_s / len(runs) + run.compress_s
-    protocol = runs[0].config.protocol
-    if protocol == "multi-question":
-        answer_questions(model, questions, runs)
-    elif protocol == "multi-turn":
+    protocol = protocol_of(runs[0].config)
+    if protocol.answers_stay:
         answer_turns(model, questions, runs)
+    elif protocol.several_questions:
+        answer_questions(model, questions, runs)
     else:
         answer_question(model, runs, max_new_tokens)
 

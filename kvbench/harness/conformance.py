@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.core.config import PROTOCOL_ARGS, Config
+from kvbench.core.config import PROTOCOLS, Config
 from kvbench.core.validation import STRICT
 from kvbench.presses import (
     PRESSES,
@@ -599,8 +599,9 @@ def pipeline_ids(subject: Subject, target: Target, sample, press) -> list[int]:
 
 
 def protocol_args(protocol: str) -> tuple:
-    wanted = PROTOCOL_ARGS[protocol]
-    return ((wanted[0], LIVE_PROTOCOLS.get(protocol) or wanted[1]),) if wanted else ()
+    """A protocol's argument sized for the tiny context (`LIVE_PROTOCOLS`), or its default."""
+    wanted = PROTOCOLS[protocol]
+    return ((wanted.option, LIVE_PROTOCOLS.get(protocol) or wanted.default),) if wanted.option else ()
 
 
 def check_protocols(subject: Subject, target: Target) -> str:
@@ -617,7 +618,7 @@ def check_protocols(subject: Subject, target: Target) -> str:
             refused.append((protocol, str(error)))
             continue
         sample = subject.sample()
-        if protocol == "multi-turn":
+        if PROTOCOLS[protocol].several_questions:
             sample.parts = [
                 dataclasses.replace(sample, question=f"{word} {word}") for word in subject.words[1:3]
             ]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvbench import tasks
 from kvbench.bridge.models import first_line
-from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOL_ARGS, Config
+from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, Config, protocol_by_option, protocol_of
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
 from kvbench.core.validation import parse_float, parse_int
 from kvbench.presses import (
@@ -69,24 +69,22 @@ def parse_budget(value: int | str) -> int:
     return budget
 
 
-PROTOCOL_OPTIONS = ("interval", "chunk", "questions", "turns")  # each protocol's argument, by its option
-
-
-def protocol_of(protocol: str, **given: int | None) -> tuple[str, tuple]:
-    """(protocol, protocol_args) after validation: each argument (`PROTOCOL_OPTIONS`) belongs to its
-    protocol, and takes the protocol's default when not given."""
-    if protocol not in PROTOCOL_ARGS:
-        raise BadInput(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOL_ARGS)})")
+def checked_protocol(protocol: str, **given: int | None) -> tuple[str, tuple]:
+    """(protocol, protocol_args) after validation: each argument, given by its option name
+    (`config.protocol_by_option`), belongs to its protocol, and takes the protocol's default if not given."""
+    if protocol not in PROTOCOLS:
+        raise BadInput(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
     given = {name: value for name, value in given.items() if value is not None}
-    wanted = PROTOCOL_ARGS[protocol]
+    wanted = PROTOCOLS[protocol]
     for name in given:
-        if wanted is None or wanted[0] != name:
-            owner = next(key for key, arg in PROTOCOL_ARGS.items() if arg and arg[0] == name)
+        if name != wanted.option:
+            owner = protocol_by_option()[name].name
             raise BadInput(f"--{name} applies to --protocol {owner}, not {protocol}")
-    if wanted is None:
+    if wanted.option is None:
         return protocol, ()
-    name, default = wanted
-    return protocol, ((name, parse_int(given.get(name, default), f"--{name}", 1)),)
+    return protocol, (
+        (wanted.option, parse_int(given.get(wanted.option, wanted.default), f"--{wanted.option}", 1)),
+    )
 
 
 def budget_configs(
@@ -157,7 +155,7 @@ def configs_for_run(
     **protocol_args: int | None,
 ) -> list[Config]:
     """The one config of `kvbench run`: a press at a ratio, a memory budget or an absolute budget.
-    `protocol_args`: the protocol's argument by its option name (`PROTOCOL_OPTIONS`)."""
+    `protocol_args`: the protocol's argument by its option name (`config.protocol_by_option`)."""
     if sum(value is not None for value in (ratio, memory, budget)) != 1:
         raise BadInput("give exactly one of --ratio, --memory or --budget")
     press = resolve_press(press)
@@ -167,7 +165,7 @@ def configs_for_run(
     ratios = [parse_ratio(ratio)] if ratio is not None else []
     memories = [parse_memory(memory)] if memory is not None else []
     budgets = [parse_budget(budget)] if budget is not None else []
-    return budget_configs(press, ratios, memories, protocol_of(protocol, **protocol_args), args, budgets)
+    return budget_configs(press, ratios, memories, checked_protocol(protocol, **protocol_args), args, budgets)
 
 
 def configs_for_sweep(
@@ -182,7 +180,7 @@ def configs_for_sweep(
     """The grid of `kvbench sweep`: no compression, then every press at every ratio (or memory budget, or
     absolute budget). `presses`: names, users' presses (`press_names`). `press_args` go to every press of the
     grid but `none`, those given as `press.key` to that press alone (`kvp.agents`). `protocol_args`: the
-    protocol's argument by its option name (`PROTOCOL_OPTIONS`).
+    protocol's argument by its option name (`config.protocol_by_option`).
 
     Each list may also be given as comma-separated text ("knorm,snapkv", "0.25,0.5"). A codec asked for a
     memory it cannot reach (2-bit codes still cost more than 10 %) is left out of the grid with a
@@ -196,7 +194,7 @@ def configs_for_sweep(
     budget_values = [parse_budget(value) for value in split(budget) if str(value).strip()]
     if not names or not (ratio_values or memory_values or budget_values):
         raise BadInput("--presses and --ratios (or --memory, or --budget) must each name at least one value")
-    protocol_ = protocol_of(protocol, **protocol_args)
+    protocol_ = checked_protocol(protocol, **protocol_args)
     configs = [Config("none", 0.0, protocol=protocol_[0], protocol_args=protocol_[1])] + [
         config
         for name in names
@@ -307,14 +305,13 @@ def trial_run(config: Config, tokens: int) -> None:
     import random
 
     from kvbench import engine
-    from kvbench.core.config import MULTI_QUESTION_PROTOCOLS
     from kvbench.tasks.base import Sample
 
     model, tokenizer = trial_model()
     words = random.Random(0).choices(TRIAL_WORDS, k=tokens)
     sample = Sample("trial", "0", " ".join(words), "w1 w2 w3", "w5", ["w4"], 2, "string_match_all")
-    if config.protocol in MULTI_QUESTION_PROTOCOLS:
-        count = dict(config.protocol_args).get("questions", dict(config.protocol_args).get("turns", 2))
+    if protocol_of(config).several_questions:
+        count = dict(config.protocol_args)[protocol_of(config).option]
         sample.parts = [dataclasses.replace(sample, question=f"w{i} w2") for i in range(count)]
     engine.evaluate_sample(model, tokenizer, sample, [config], batch_configs=1)
 

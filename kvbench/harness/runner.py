@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from kvbench.bridge import models
 from kvbench.core import provenance
-from kvbench.core.config import DEFAULT_PROTOCOL, MULTI_QUESTION_PROTOCOLS, PROTOCOL_ARGS, Config
+from kvbench.core.config import DEFAULT_PROTOCOL, Config, protocol_by_option, protocol_of
 from kvbench.core.errors import BadInput, KvbenchWarning
 from kvbench.core.validation import parse_int
 from kvbench.harness.planning import (
@@ -106,46 +106,40 @@ class Executor(Protocol):
 
 
 def run(
-    press: str,
+    press,
     ratio: float | str | None = None,
     *,
     memory: float | str | None = None,
     budget: int | str | None = None,
     press_args: dict | None = None,
     protocol: str = DEFAULT_PROTOCOL,
-    interval: int | None = None,
-    chunk: int | None = None,
-    questions: int | None = None,
-    turns: int | None = None,
     **setup,
 ) -> pd.DataFrame:
     """Score one press at one compression ratio (fraction of KV entries removed), memory budget (fraction
     of the 16-bit full cache) or absolute budget (KV entries kept per head) on a suite or tasks; the rows of
-    this run, as `kvbench run` scores them. `interval`, `chunk`, `questions`, `turns`: the protocol's
-    argument. `setup`: the keywords of `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
-    protocol_args = {"interval": interval, "chunk": chunk, "questions": questions, "turns": turns}
+    this run, as `kvbench run` scores them. `setup`: the protocol's argument by its option name
+    (`interval`, `chunk`, `questions`, `turns`: `config.protocol_by_option`) and the keywords of
+    `prepare_plan` (tasks, suite, length, samples, out, model, ...)."""
+    protocol_args = {name: setup.pop(name, None) for name in protocol_by_option()}
     configs = configs_for_run(press, ratio, memory, press_args, protocol, budget, **protocol_args)
     return run_configs(configs, **setup)
 
 
 def sweep(
-    presses: Sequence[str] | str,
+    presses,
     ratios: Sequence[float | str] | str | None = None,
     *,
     memory: Sequence[float | str] | str | None = None,
     budget: Sequence[int | str] | str | int | None = None,
     protocol: str = DEFAULT_PROTOCOL,
-    interval: int | None = None,
-    chunk: int | None = None,
-    questions: int | None = None,
-    turns: int | None = None,
     press_args: dict | None = None,
     **setup,
 ) -> pd.DataFrame:
     """Score every press at every ratio (or memory budget, or absolute budget), plus no compression, as
-    `kvbench sweep` does; the rows of this sweep. `press_args` go to every press but `none`. `setup`: the
-    keywords of `prepare_plan`."""
-    protocol_args = {"interval": interval, "chunk": chunk, "questions": questions, "turns": turns}
+    `kvbench sweep` does; the rows of this sweep. `presses`: names, users' presses, or a mapping name ->
+    press (`planning.press_names`). `press_args` go to every press but `none` (`PRESS.KEY` to one).
+    `setup`: the protocol's argument by its option name, and the keywords of `prepare_plan`."""
+    protocol_args = {name: setup.pop(name, None) for name in protocol_by_option()}
     configs = configs_for_sweep(presses, ratios, memory, protocol, press_args, budget, **protocol_args)
     return run_configs(configs, **setup)
 
@@ -319,9 +313,7 @@ def questions_per_context(configs: list[Config]) -> int | None:
     """How many questions each context of a plan carries under its multi-question or multi-turn configs
     (a plan's configs must agree: they share its samples); None for the one-question protocols."""
     counts = {
-        dict(c.protocol_args)[PROTOCOL_ARGS[c.protocol][0]]
-        if c.protocol in MULTI_QUESTION_PROTOCOLS
-        else None
+        dict(c.protocol_args)[protocol_of(c).option] if protocol_of(c).several_questions else None
         for c in configs
     }
     if len(counts) > 1:
@@ -332,7 +324,7 @@ def questions_per_context(configs: list[Config]) -> int | None:
 def questions_asked(config: Config, sample: Sample) -> list[Sample]:
     """The samples whose questions `config` answers of `sample`'s context: its parts under the
     multi-question protocols, else the sample itself."""
-    return sample.questions() if config.protocol in MULTI_QUESTION_PROTOCOLS else [sample]
+    return sample.questions() if protocol_of(config).several_questions else [sample]
 
 
 def check_lengths(configs: list[Config], lengths: dict[str, int]) -> None:
@@ -347,7 +339,7 @@ def check_lengths(configs: list[Config], lengths: dict[str, int]) -> None:
                 )
     questions = questions_per_context(configs)
     if questions is not None:
-        turns = any(config.protocol == "multi-turn" for config in configs)
+        turns = any(protocol_of(config).answers_stay for config in configs)
         check_combinable(list(lengths), max(lengths.values()), questions, turns=turns)
 
 
@@ -399,8 +391,8 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
     for config in unit.configs:
         identity = config_id_of(plan.model, config)
         for j, part in enumerate(questions_asked(config, sample)):
-            several = config.protocol in MULTI_QUESTION_PROTOCOLS
-            place = {"turn" if config.protocol == "multi-turn" else "question": j, "context": sample.id}
+            several = protocol_of(config).several_questions
+            place = {"turn" if protocol_of(config).answers_stay else "question": j, "context": sample.id}
             place["part"] = part.id  # the sample's own id, as a one-question run of its task names it
             rows.append(
                 Row(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench.core.config import MULTI_QUESTION_PROTOCOLS, RECORDED_PROTOCOLS
+from kvbench.core.config import PROTOCOLS, RECORDED_PROTOCOLS
 from kvbench.reporting.read import REFERENCE_PRESS, Run, config_label, protocol_label, with_report_columns
 from kvbench.reporting.stats import config_stats, paired_lead, paired_versus
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
@@ -107,7 +107,10 @@ def find_missing(
     for run in runs:
         configs = run.config.get("configs")
         if isinstance(configs, list) and any(
-            isinstance(c, dict) and c.get("protocol") in MULTI_QUESTION_PROTOCOLS for c in configs
+            isinstance(c, dict)
+            and c.get("protocol") in PROTOCOLS
+            and PROTOCOLS[c["protocol"]].several_questions
+            for c in configs
         ):
             continue  # its `samples` counts contexts, each asking several tasks: not samples per task
         wanted = run.config.get("samples")
