@@ -1,6 +1,7 @@
 """kvbench report on small synthetic results folders with known scores."""
 
 import base64
+import itertools
 import os
 import re
 import subprocess
@@ -8,16 +9,18 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from scipy.stats import ttest_ind
+from scipy.stats import ttest_1samp, ttest_ind
 
 from kvbench.cli.report import report
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
 from kvbench.reporting.plots import PRESS_LOOKS, heatmap_figure, press_style, press_styles, scores_figure
 from kvbench.reporting.read import collect, split_press_labels
+from kvbench.reporting.stats import sign_flip_p
 from kvbench.store.results import ResultsStore, Row, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -129,13 +132,11 @@ def test_leaderboard_numbers_tables_and_plots(tmp_path):
     readme = (out / "README.md").read_text()
     assert "mean of the per-task means" in readme
     assert "| press | 0.25 | 0.5 | mean rank |" in readme
-    # Intervals inline. snapkv @ 0.5 has t1 [100, 80] and t2 all 20: all its variance is t1's, of 1 degree
-    # of freedom, so t = 12.7 and the interval spans the whole score range (a normal one said 55.0 ± 9.8).
-    assert "| snapkv | 85.0 [85.0, 85.0] | 55.0 [0.0, 100.0] | 1.50 |" in readme
-    assert (
-        f"| knorm | 75.0 [75.0, 75.0] | 60.0 [{60 - half_width:.1f}, {60 + half_width:.1f}] | 1.50 |"
-        in readme
-    )
+    # Intervals inline; none at 0.25, where every sample scores alike (zero width is no interval). snapkv
+    # @ 0.5 has t1 [100, 80] and t2 all 20: all its variance is t1's, of 1 degree of freedom, so t = 12.7
+    # and the interval spans the whole score range (a normal one said 55.0 ± 9.8).
+    assert "| snapkv | 85.0 | 55.0 [0.0, 100.0] | 1.50 |" in readme
+    assert f"| knorm | 75.0 | 60.0 [{60 - half_width:.1f}, {60 + half_width:.1f}] | 1.50 |" in readme
     assert "Each cell averages 6 samples" in readme and not re.search(r"\(n=\d", readme)  # all hold 6
     assert "| knorm | -15.0 | -30.0 |" in readme
     assert "Leaderboard by memory" not in readme
@@ -235,7 +236,7 @@ def test_corrupt_line_is_skipped_and_report_renders(tmp_path):
     with pytest.warns(UserWarning, match="rows.jsonl"):
         readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
     assert "Skipped while reading" in readme and "rows.jsonl:31: skipped a corrupt results row" in readme
-    assert "| snapkv | 85.0 [85.0, 85.0] | 55.0 [0.0, 100.0] | 1.50 |" in readme
+    assert "| snapkv | 85.0 | 55.0 [0.0, 100.0] | 1.50 |" in readme
     assert "| tova |  | 40.0* (n=1) |" in readme  # the row after the corrupt line counts
 
 
@@ -436,9 +437,7 @@ def test_protocols_are_never_averaged_together(tmp_path):
     assert "## smollm2-135m, 1 task, length 1024, query-agnostic" in readme
     assert "## smollm2-135m, 1 task, length 1024, decode-time (interval=16)" in readme
     assert "## smollm2-135m, 1 task, length 1024, streaming (chunk=256)" in readme
-    assert (
-        "| knorm | 20.0 [20.0, 20.0] | 1.00 |" in readme and "| knorm | 70.0 [0.0, 100.0] | 1.00 |" in readme
-    )
+    assert "| knorm | 20.0 | 1.00 |" in readme and "| knorm | 70.0 [0.0, 100.0] | 1.00 |" in readme
     assert (out / "smollm2-135m-1024-decode-time-interval-16-scores.png").is_file()
     assert (out / "smollm2-135m-1024-streaming-chunk-256-scores.png").is_file()
 
@@ -619,6 +618,62 @@ def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r2"), "--versus", "z"])
     assert outcome.exit_code != 0 and "--versus 'z' is not a press of these results" in str(outcome.exception)
     assert not (tmp_path / "r2" / "README.md").exists()
+
+
+def brute_force_p(differences, weights):
+    """The two-sided sign-flip p-value by enumerating every one of the 2^n sign assignments."""
+    observed = abs(sum(w * d for w, d in zip(weights, differences, strict=True)))
+    extreme = [
+        abs(sum(s * w * d for s, w, d in zip(signs, weights, differences, strict=True))) >= observed - 1e-9
+        for signs in itertools.product((1, -1), repeat=len(differences))
+    ]
+    return sum(extreme) / len(extreme)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sign_flip_p_matches_enumeration_on_small_samples(seed):
+    """Random small samples (ties, zeros, unequal weights as unequal tasks give): scipy's exact test equals
+    the brute-force count of sign assignments; beyond 16 units the seeded Monte-Carlo is reproducible and
+    close to a large-sample check."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 11))
+    differences = rng.choice([-50.0, -10.0, 0.0, 5.0, 10.0, 50.0], size=n)
+    weights = rng.choice([1.0, 0.5, 0.25], size=n)
+    assert sign_flip_p(differences, weights) == pytest.approx(brute_force_p(differences, weights))
+    many = rng.normal(1.0, 3.0, size=40)
+    first = sign_flip_p(many, np.ones(40) / 40)
+    assert first == sign_flip_p(many, np.ones(40) / 40)  # seeded
+    assert first == pytest.approx(ttest_1samp(many, 0).pvalue, abs=0.05)
+
+
+@pytest.mark.parametrize("pairs, gap", [(4, 50), (5, 50), (3, 1), (4, -20)])
+def test_a_few_identical_differences_are_not_called_significant(tmp_path, pairs, gap):
+    """4 pairs all +50: the t interval is [+50, +50] (zero width), yet 2 of the 2^4 sign assignments are as
+    extreme, p = 0.125. The report shows the value alone, p, and calls it significant nowhere (not in the
+    lead table, not in bold in --versus); 5 pairs (p = 0.0625) neither. Smaller gaps the same."""
+    a = {"t1": [60.0] * pairs}
+    b = {"t1": [60.0 - gap] * pairs}
+    results = write_results(tmp_path / "results", rows_of({("a", 0.5): a, ("b", 0.5): b}))
+    [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="b")
+    [lead] = board.ratio.lead.to_dict("records")
+    assert lead["p"] == pytest.approx(2 / 2**pairs) and lead["p"] > 0.05
+    assert pd.isna(lead["low"]) and pd.isna(lead["high"])  # no zero-width interval
+    outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r"), "--versus", "b"])
+    assert outcome.exit_code == 0, outcome.output
+    readme = (tmp_path / "r" / "README.md").read_text()
+    assert f"| {abs(gap):+.1f} | {2 / 2**pairs:.3f} | no | {pairs} |\n" in readme  # the lead table
+    assert f"\n| a | {gap:+.1f} |\n" in readme and "**" not in readme  # --versus b: a - b, not in bold
+    assert "excludes 0: yes" not in readme and "| yes |" not in readme
+
+
+def test_many_identical_differences_are_significant_without_an_interval(tmp_path):
+    """20 pairs all +50: no t interval to show (zero width), but the sign-flip p is 2 / 2^20: significant."""
+    results = write_results(
+        tmp_path / "results", rows_of({("a", 0.5): {"t1": [90.0] * 20}, ("b", 0.5): {"t1": [40.0] * 20}})
+    )
+    readme = (render_report([results], tmp_path / "r", versus="b") / "README.md").read_text()
+    assert "| +50.0 | <0.001 | yes | 20 |" in readme
+    assert "\n| a | **+50.0** |\n" in readme
 
 
 def test_presses_keeps_only_the_named_presses_and_the_reference(tmp_path):

@@ -56,7 +56,8 @@ def test_budget_configs_get_their_own_view_plot_and_labels(tmp_path):
     readme = (out / "README.md").read_text()
     assert "### Leaderboard by budget (KV entries per head)" in readme
     assert "| press | budget=128 | budget=64 | mean rank |" in readme
-    assert "| budget=128 | tova | knorm | +20.0 [+20.0, +20.0] | yes | 2 |" in readme
+    # 2 pairs both +20: no zero-width interval, and p = 2 / 2^2: not significant
+    assert "| budget=128 | tova | knorm | +20.0 | 0.500 | no | 2 |" in readme
     assert "knorm @ budget=256: t1 0/2" in readme
     kept = readme.split("### KV cache kept at each budget")[1].split("###")[0]
     assert (

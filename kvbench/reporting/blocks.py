@@ -22,6 +22,7 @@ from kvbench.reporting.plots import (
     scores_figure,
 )
 from kvbench.reporting.read import REFERENCE_PRESS, Run
+from kvbench.reporting.stats import EXACT_UNITS, RESAMPLES, significant
 
 # ---- document: one list of blocks rendered to markdown and to HTML --------------------------------------
 
@@ -29,9 +30,9 @@ from kvbench.reporting.read import REFERENCE_PRESS, Run
 @dataclass(frozen=True)
 class Cell:
     """A table cell: its value, what a reader needs beside it (`note`: a sample count, the bytes stored),
-    and whether it stands out (`strong`: a difference whose 95 % interval excludes 0). Markdown writes
-    `**value** (note)`; HTML puts the value in <strong> and the note in a span of its own, so that a narrow
-    column breaks between the two, never inside a number."""
+    and whether it stands out (`strong`: a difference called significant, `stats.significant`). Markdown
+    writes `**value** (note)`; HTML puts the value in <strong> and the note in a span of its own, so that a
+    narrow column breaks between the two, never inside a number."""
 
     text: str
     note: str = ""
@@ -119,8 +120,18 @@ def fmt_interval(value: float, low: float, high: float, signed: bool = False) ->
     return f"{number(value)} [{number(low)}, {number(high)}]"
 
 
-def excludes_zero(low: float, high: float) -> bool:
-    return pd.notna(low) and pd.notna(high) and (low > 0 or high < 0)
+def fmt_p(value: float) -> str:
+    """A p-value: `0.125`, `<0.001`; empty where there is none."""
+    if pd.isna(value):
+        return ""
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+SIGNIFICANCE = (
+    "a sign-flip test of the paired differences (each unit's sign flipped: all 2^n "
+    f"assignments up to {EXACT_UNITS} units, {RESAMPLES:,} seeded random ones beyond) gives p < 0.05 and the "
+    "interval, where there is one, excludes 0 (a difference the same on every pair has no interval)"
+)
 
 
 def fmt_fraction(value: float) -> str:
@@ -369,13 +380,15 @@ def budget_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> l
 
 def versus_blocks(view: ScoreView, baseline: str | None) -> list:
     """With `report --versus`: each press minus the baseline, paired by sample, per column of the view, in
-    its order; strong where the interval excludes 0."""
+    its order; strong where significant (`stats.significant`)."""
     versus = view.versus
     if versus is None or versus.empty:
         return []
     cells = [
-        Cell(fmt_interval(d, low, high, signed=True), strong=excludes_zero(low, high))
-        for d, low, high in zip(versus["difference"], versus["low"], versus["high"], strict=True)
+        Cell(fmt_interval(d, low, high, signed=True), strong=significant(p, low, high))
+        for d, low, high, p in zip(
+            versus["difference"], versus["low"], versus["high"], versus["p"], strict=True
+        )
     ]
     axis = view.axis
     table = versus.assign(cell=cells).pivot(index="press", columns=axis, values="cell")
@@ -394,7 +407,9 @@ def versus_blocks(view: ScoreView, baseline: str | None) -> list:
     return [
         Paragraph(
             f"Each press minus `{baseline}`, paired by sample (same task and sample), averaged as the "
-            "leaderboard averages, [95 % t interval]; in bold where the interval excludes 0. "
+            "leaderboard averages, [95 % t interval]; in bold where "
+            + SIGNIFICANCE
+            + ". "
             + (f"Each cell holds {typical} pairs unless it says otherwise (n=...)." if typical else "")
         ),
         Table(view_columns(table, axis)),
@@ -415,9 +430,10 @@ def lead_blocks(view: ScoreView) -> list:
                 fmt_interval(value, low, high, signed=True)
                 for value, low, high in zip(lead["lead"], lead["low"], lead["high"], strict=True)
             ],
-            "interval excludes 0": [
-                "" if pd.isna(low) else ("yes" if excludes_zero(low, high) else "no")
-                for low, high in zip(lead["low"], lead["high"], strict=True)
+            "p (sign-flip)": [fmt_p(p) for p in lead["p"]],
+            "significant": [
+                "" if pd.isna(p) else ("yes" if significant(p, low, high) else "no")
+                for p, low, high in zip(lead["p"], lead["low"], lead["high"], strict=True)
             ],
             "pairs": lead["pairs"].astype(str),
         }
@@ -427,7 +443,9 @@ def lead_blocks(view: ScoreView) -> list:
             "The leader's lead over the runner-up, paired: score differences on the samples both scored "
             "(same task and sample), averaged as the leaderboard averages (mean of the per-task means), "
             "[95 % t interval]. Pairing takes out what the two share (how hard each sample is), so it can "
-            "tell two presses apart where their intervals above overlap."
+            "tell two presses apart where their intervals above overlap. It is significant where "
+            + SIGNIFICANCE
+            + "."
         ),
         Table(table.set_index(view.axis)),
     ]
