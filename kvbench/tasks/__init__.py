@@ -19,7 +19,7 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_me
 from kvbench.core.registry import PluginError, Registry, is_target, load_target
 from kvbench.core.resources import suites_dir
 from kvbench.core.validation import STRICT, check_json, load_yaml
-from kvbench.tasks import agent, heldout, jsonl, longbench, ruler, text
+from kvbench.tasks import agent, heldout, jsonl, longbench, longbench_v2, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import normalize_answer
 from kvbench.tasks.prompt import transcript
@@ -122,6 +122,7 @@ for family_name, family_module in {
     "jsonl": jsonl,  # the user's own data
 }.items():
     register_family(family_name, family_module)
+register_family("longbench-v2", longbench_v2)
 
 
 def register_metric(name: str, function) -> str:
@@ -379,6 +380,8 @@ def check_data(task: str, data_dir: Path | None) -> None:
         longbench.read_rows(longbench.parse_task(task)[1], data_dir)
     if task in ruler.QA_FILES and data_dir is not None and (Path(data_dir) / ruler.QA_FILES[task]).is_file():
         ruler.qa_data(task, Path(data_dir))
+    if hasattr(family := family_of(task), "check_data"):  # a family that reads its own files checks them
+        family.check_data(task, data_dir)
 
 
 def score_sample(sample: Sample, prediction: str) -> float:
