@@ -21,6 +21,8 @@ from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
 # Commands whose modules are heavy to import (plots, lm-eval, training) load only when called; their one-line
 # help is here so that `kvbench --help` lists them without importing torch.
 LAZY_COMMANDS = {
+    "export": ("kvbench.cli.interop:export_command", "Write results as kvpress evaluation's output folders."),
+    "import": ("kvbench.cli.interop:import_command", "Read kvpress evaluation's output folders as results."),
     "report": (
         "kvbench.cli.report:report",
         "Leaderboards, per-task tables and plots from one or more results folders.",
