@@ -19,7 +19,7 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_me
 from kvbench.core.registry import PluginError, Registry, is_target, load_target
 from kvbench.core.resources import suites_dir
 from kvbench.core.validation import STRICT, check_json, load_yaml
-from kvbench.tasks import agent, heldout, jsonl, longbench, longbench_v2, ruler, text
+from kvbench.tasks import agent, heldout, infinitebench, jsonl, longbench, longbench_v2, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import normalize_answer
 from kvbench.tasks.prompt import transcript
@@ -123,6 +123,7 @@ for family_name, family_module in {
 }.items():
     register_family(family_name, family_module)
 register_family("longbench-v2", longbench_v2)
+register_family("infinitebench", infinitebench)
 
 
 def register_metric(name: str, function) -> str:
