@@ -774,6 +774,52 @@ def test_bad_input_is_one_line_naming_the_culprit_and_writes_nothing(args, code,
     assert snapshot(tmp_path) == before  # no --out created, prepared files unchanged byte for byte
 
 
+@pytest.mark.parametrize("mutation", ["all nan", "one inf", "one -inf"])
+@pytest.mark.parametrize(
+    "press, folder_arg, weights",
+    [("kvp", "agents", "agents.safetensors"), ("distillcache", "weights", "policy.safetensors")]
+    + [("gate", "weights", "gates.safetensors")],
+)
+def test_weights_that_are_not_finite_are_refused_before_the_model_loads(
+    press, folder_arg, weights, mutation, tmp_path
+):
+    """A learned press's shipped state with its weights made nan or inf (a diverged training, a damaged
+    file): refused in one line naming the file, before the model loads, nothing written (it scored 0)."""
+    import shutil
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    state = tmp_path / "state"
+    shutil.copytree(Path(__file__).parents[1] / "presses" / press / "smollm2-135m", state)
+    with safe_open(state / weights, framework="pt") as file:
+        metadata = file.metadata()
+        tensors = {name: file.get_tensor(name) for name in file.keys()}
+    name = sorted(name for name, tensor in tensors.items() if tensor.is_floating_point())[-1]
+    if mutation == "all nan":
+        tensors[name] = torch.full_like(tensors[name], float("nan"))
+    else:
+        tensors[name] = tensors[name].clone()
+        tensors[name].view(-1)[-1] = float("inf") if mutation == "one inf" else float("-inf")
+    save_file(tensors, state / weights, metadata=metadata)
+    args = [
+        *RUN[:2],
+        press,
+        "--ratio",
+        "0.5",
+        "--press-arg",
+        f"{folder_arg}={state}",
+        "--out",
+        f"{tmp_path}/out",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()
+    assert line.startswith(f"Error: {state / weights}: {name} holds ") and "not finite (nan or inf)" in line
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_table_has_at_least_80_cases():
     assert len(CASES) >= 80 and len({tuple(args) for args, _, _ in CASES}) == len(CASES)
 

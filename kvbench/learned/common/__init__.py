@@ -319,13 +319,31 @@ def check_fits(card: dict, shape: ModelShape, directory: Path, what: str, hint: 
         )
 
 
-def load_weights(path: Path, hint: str) -> dict:
-    """A safetensors file's tensors, or a one-line error naming the file and the command."""
+def load_weights(path: Path, hint: str, error=TrainingFileError) -> dict:
+    """A safetensors file's tensors, every one finite (`check_finite`), or a one-line `error` naming the
+    file and the command that makes it."""
     from safetensors.torch import load_file
 
     if not path.is_file():
-        raise TrainingFileError(f"missing {path}; make it with: {hint}")
+        raise error(f"missing {path}; make it with: {hint}")
     try:
-        return load_file(path)
-    except Exception as error:  # safetensors raises its own error types for truncated or foreign files
-        raise corrupt(path, error, hint) from None
+        state = load_file(path)
+    except Exception as reason:  # safetensors raises its own error types for truncated or foreign files
+        raise error(str(corrupt(path, reason, hint))) from None
+    return check_finite(state, path, hint, error)
+
+
+def check_finite(state: dict, path: Path, hint: str, error=TrainingFileError) -> dict:
+    """`state` (a checkpoint's tensors, read from `path`), refused in one line where a floating tensor holds
+    nan or inf: a press scoring with such weights ranks every entry alike and scores 0 without a word (a
+    diverged training, a damaged file)."""
+    import torch
+
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise error(
+                f"{path}: {name} holds {bad} of {tensor.numel()} values that are not finite (nan or inf); "
+                f"make it again with: {hint}"
+            )
+    return state

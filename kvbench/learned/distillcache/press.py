@@ -25,9 +25,17 @@ from kvpress import ScorerPress
 from torch import nn
 
 from kvbench.bridge.adapter import language_model
-from kvbench.learned.common import check_made_for, model_shape, read_card, state_folder, state_version
+from kvbench.learned.common import (
+    check_made_for,
+    load_weights,
+    model_shape,
+    read_card,
+    state_folder,
+    state_version,
+)
 from kvbench.learned.distillcache.checkpoint import (
     METHOD,
+    WEIGHTS_FILE,
     load_policy,
     train_command_hint,
 )
@@ -56,10 +64,11 @@ class DistillCachePress(ScorerPress):
     state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of the weights
 
     def check_for_model(self, name: str) -> None:
-        """Refuse (one line) a missing or corrupt card, or one made for another model, before the model
-        loads; the weights and the KV-cache shape are checked once it has."""
+        """Refuse (one line) a missing or corrupt card, one made for another model, or weights missing,
+        corrupt or not finite, before the model loads; the KV-cache shape is checked once it has."""
         directory, hint = state_folder(self.weights, METHOD, name), train_command_hint(name)
         check_made_for(read_card(directory, METHOD, hint), name, directory, "DistillCache weights", hint)
+        load_weights(directory / WEIGHTS_FILE, hint)
 
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)

@@ -16,8 +16,15 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
-from kvbench.learned.common import check_made_for, model_shape, read_card, state_folder, state_version
-from kvbench.learned.gate.checkpoint import METHOD, load_gates, train_command_hint
+from kvbench.learned.common import (
+    check_made_for,
+    load_weights,
+    model_shape,
+    read_card,
+    state_folder,
+    state_version,
+)
+from kvbench.learned.gate.checkpoint import METHOD, WEIGHTS_FILE, load_gates, train_command_hint
 from kvbench.learned.gate.gates import GateSet
 
 
@@ -42,10 +49,11 @@ class GatePress(ScorerPress):
     state_digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def check_for_model(self, name: str) -> None:
-        """Refuse (one line) a missing or corrupt card, or one made for another model, before the model
-        loads; the weights and the KV-cache shape are checked once it has."""
+        """Refuse (one line) a missing or corrupt card, one made for another model, or weights missing,
+        corrupt or not finite, before the model loads; the KV-cache shape is checked once it has."""
         directory, hint = state_folder(self.weights, METHOD, name), train_command_hint(name)
         check_made_for(read_card(directory, METHOD, hint), name, directory, "gate weights", hint)
+        load_weights(directory / WEIGHTS_FILE, hint)
 
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)

@@ -16,6 +16,7 @@ from kvbench.learned.common import (  # noqa: F401 (ModelShape and model_shape a
     CARD_FILE,
     ModelShape,
     TrainingFileError,
+    check_finite,
     check_fits,
     model_shape,
     save_learned_state,
@@ -82,7 +83,7 @@ def load_agents(directory: Path, arch: str | None = None) -> tuple[StackedAgents
             weights_arch = (weights.metadata() or {}).get("arch", made)  # files from before: as the card says
         if weights_arch != made:
             raise KVPAgentsError(f"{path} holds {weights_arch} agents but {CARD_FILE} says {made}")
-        state = load_file(path)
+        state = check_finite(load_file(path), path, train_command_hint(card["model"]["name"]), KVPAgentsError)
         agents = ARCHS[made].from_state(state)
         agents.load_state_dict(state)
     except KVPAgentsError:

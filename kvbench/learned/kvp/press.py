@@ -19,7 +19,7 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 
 from kvbench.core.errors import BadInput
-from kvbench.learned.common import check_made_for
+from kvbench.learned.common import check_made_for, load_weights
 from kvbench.learned.kvp.agent import ARCHS, StackedAgents
 from kvbench.learned.kvp.checkpoint import (
     CARD_FILE,
@@ -88,8 +88,9 @@ class KVPPress(ScorerPress):
             )
 
     def check_for_model(self, name: str) -> None:
-        """Refuse (one line) agents for model `name` that are missing, of another arch or made for another
-        model, before the model loads; their KV-cache shape is checked once it has."""
+        """Refuse (one line) agents for model `name` that are missing, of another arch, made for another
+        model, or whose weights are unreadable or not finite, before the model loads; their KV-cache shape
+        is checked once it has."""
         directory = Path(self.agents) if self.agents else default_agents_dir(name)
         if not (directory / CARD_FILE).is_file():
             hint = train_command_hint(name)
@@ -97,6 +98,9 @@ class KVPPress(ScorerPress):
         card = load_card(directory)
         check_arch(card_arch(card), self.arch, directory)
         check_made_for(card, name, directory, "KVP agents", train_command_hint(name), KVPAgentsError)
+        load_weights(
+            directory / WEIGHTS_FILE, train_command_hint(name), KVPAgentsError
+        )  # finite, before the model
 
     def post_init_from_model(self, model: nn.Module) -> None:
         shape = model_shape(model)
