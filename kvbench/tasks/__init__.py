@@ -19,7 +19,7 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_me
 from kvbench.core.registry import PluginError, Registry, is_target, load_target
 from kvbench.core.resources import suites_dir
 from kvbench.core.validation import STRICT, check_json, load_yaml
-from kvbench.tasks import agent, heldout, infinitebench, jsonl, longbench, longbench_v2, ruler, text
+from kvbench.tasks import agent, heldout, infinitebench, jsonl, listing, longbench, longbench_v2, ruler, text
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import normalize_answer
 from kvbench.tasks.prompt import transcript
@@ -119,6 +119,7 @@ for family_name, family_module in {
     "text": text,
     **{suite.name: suite.module for suite in heldout.SUITES},  # each held-out suite is its own family
     "longbench": longbench,
+    "listing": listing,  # long answers, for the decode-heavy protocol
     "jsonl": jsonl,  # the user's own data
 }.items():
     register_family(family_name, family_module)
