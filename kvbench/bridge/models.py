@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvbench.bridge import embedded
 from kvbench.core.errors import BadInput, ModelNotFound
+from kvbench.core.validation import parse_json
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
 # its checks of names and numbers answer without them.
@@ -126,7 +127,7 @@ def model_config(name: str) -> dict | None:
     if path is None:
         return None
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = parse_json((path / "config.json").read_text())
     except (OSError, ValueError) as error:
         raise ModelNotFound(f"{path / 'config.json'}: cannot read the model's config ({error})") from None
     if not isinstance(config, dict):

@@ -15,6 +15,9 @@ reads, each refused in one line that names the culprit.
 - Integers in files must fit in 64 bits (`Int64`): what pandas and torch hold without overflow.
 - JSONL lines: `jsonl_lines` is the one way every JSONL file kvbench reads (results rows, costs, traces,
   study rows, local texts) is cut into lines, so that all its readers agree on where a line ends.
+- JSON decoded outside pydantic: `parse_json` is the one `json.loads` of the file readers; JSON nested deeper
+  than `MAX_DEPTH` (pydantic's own parser's limit) is a ValueError like any malformed JSON, never a
+  RecursionError traceback, so each reader refuses it in its one line naming the file.
 
 The lowest layer: of kvbench it imports only the errors (BadInput by default; callers that read files
 pass their own type), and pydantic only when a first file is checked, so `kvbench --help` does not pay
@@ -23,6 +26,7 @@ for it.
 
 import dataclasses
 import functools
+import json
 import math
 import numbers
 import re
@@ -44,6 +48,7 @@ Ratio = Annotated[float, annotated_types.Interval(ge=0, lt=1)]  # fraction of KV
 Memory = Annotated[float, annotated_types.Interval(gt=0, le=1)]  # fraction of the 16-bit full cache
 # What every schema is validated with: exact JSON types, finite floats.
 STRICT = {"strict": True, "allow_inf_nan": False}
+MAX_DEPTH = 200  # the deepest JSON nesting a reader accepts: pydantic's JSON parser's own limit
 LINE_END = re.compile(r"\r\n|\r|\n")  # where a JSONL line ends: JSON text never holds these raw
 
 
@@ -63,6 +68,32 @@ def whole_lines_size(data: bytes) -> int:
     `jsonl_lines` splits); 0 when it holds none. Safe on UTF-8: neither byte occurs inside a multi-byte
     character. A trailing b"\r" counts as an end (a "\n" after it would only add a blank line)."""
     return max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+
+
+def parse_json(text: str | bytes) -> Any:
+    """`json.loads(text)` for a file kvbench reads, with JSON nested deeper than `MAX_DEPTH` refused as a
+    ValueError (as any malformed JSON is): at ~1000 levels json raises RecursionError, a traceback, and
+    a value nested hundreds deep overflows the stack of whatever walks it next."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    opening = (b"[", b"{") if isinstance(text, bytes | bytearray) else ("[", "{")
+    if sum(text.count(bracket) for bracket in opening) > MAX_DEPTH and nesting(value) > MAX_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def nesting(value: Any) -> int:
+    """How deep lists and dicts nest in a decoded JSON value (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def interval_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:

@@ -54,7 +54,7 @@ from kvbench.bridge import models
 from kvbench.core import provenance
 from kvbench.core.config import Config, budget_label
 from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning
-from kvbench.core.validation import jsonl_lines
+from kvbench.core.validation import jsonl_lines, parse_json
 from kvbench.engine import budget_entries, check_compresses_live
 from kvbench.harness.planning import (
     budget_configs,
@@ -210,11 +210,11 @@ def local_texts(data_dir: Path) -> Iterator[tuple[str, str]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
+                record, reason = parse_json(line), ""
+            except ValueError as error:
+                record, reason = None, f" ({str(error).splitlines()[0]})"
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise DataFileError(f'{path}:{number}: not a JSON object with a "text" string')
+                raise DataFileError(f'{path}:{number}: not a JSON object with a "text" string{reason}')
             if record["text"].strip():
                 yield f"{path.name}:{number}", record["text"]
 

@@ -9,10 +9,9 @@ plots) and three plots, one line or point per run (a policy, its press, a budget
 A policy keeps its colour everywhere; its compressed runs are dashed (lines) or hollow (points).
 """
 
-import json
 from pathlib import Path
 
-from kvbench.core.validation import jsonl_lines
+from kvbench.core.validation import jsonl_lines, parse_json
 from kvbench.harness.serving.bench import MIB, table
 from kvbench.reporting.plots import MARKERS, PALETTE, new_figure, save, wrapped_title
 
@@ -139,9 +138,9 @@ def render(folder: Path | str) -> list[Path]:
     """summary.md (table and plots) and the plots of a prefix-cache folder, from its summary.json and
     requests.jsonl; the plots' paths."""
     folder = Path(folder)
-    record = json.loads((folder / "summary.json").read_text())
+    record = parse_json((folder / "summary.json").read_text())
     summaries = record["summary"]["policies"]
-    rows = [json.loads(line) for line in jsonl_lines((folder / "requests.jsonl").read_text()) if line.strip()]
+    rows = [parse_json(line) for line in jsonl_lines((folder / "requests.jsonl").read_text()) if line.strip()]
     policies = list(dict.fromkeys(s["policy"] for s in summaries))
     figures = {
         "ttft.png": ttft_figure(rows, policies),

@@ -56,6 +56,7 @@ from kvbench.core.validation import (
     Ratio,
     check_fields,
     jsonl_lines,
+    parse_json,
     whole_lines_size,
 )
 
@@ -388,7 +389,7 @@ class ResultsStore:
                 owner_lock.acquire(blocking=False)
             except Timeout:  # the writer lives
                 with suppress_os_error():
-                    taken.update(tuple(key) for key in json.loads(path.read_text()))
+                    taken.update(tuple(key) for key in parse_json(path.read_text()))
                 continue
             path.unlink(missing_ok=True)  # a killed writer's claims
             owner_lock.release()
@@ -401,7 +402,7 @@ class ResultsStore:
         written and fsync'd."""
         line = (json.dumps(row.to_dict(), default=str) + "\n").encode()
         try:  # the store never writes a row that its readers would skip
-            Row.from_dict(json.loads(line))
+            Row.from_dict(parse_json(line))
         except ValueError as error:
             raise ValueError(f"refusing to write a results row that cannot be read back: {error}") from None
         with self.locked():
@@ -458,8 +459,12 @@ def append_line(path: Path, line: bytes) -> int:
 
 
 def is_json(line: bytes) -> bool:
+    """Whether an unterminated last line is whole (kept) rather than torn (cut). JSON nested too deeply to
+    decode is kept: cutting it would lose bytes that may be whole; the readers skip it as a corrupt row."""
     try:
         json.loads(line)
+    except RecursionError:
+        return True
     except ValueError:  # UnicodeDecodeError included
         return False
     return True
@@ -485,7 +490,7 @@ def parse_rows(lines: Iterable[str], path: Path) -> list[Row]:
         if not line.strip():
             continue
         try:
-            rows.append(Row.from_dict(json.loads(line)))
+            rows.append(Row.from_dict(parse_json(line)))
         except (ValueError, TypeError) as error:
             bad.append((number, str(error).splitlines()[0] if str(error) else "unreadable"))
     if bad:
@@ -595,7 +600,7 @@ def load_runs(paths) -> list[dict]:
     for file in results_files(paths):
         for run in sorted((file.parent / RUNS_DIR).glob("*.json")):
             try:
-                record = json.loads(run.read_text())
+                record = parse_json(run.read_text())
                 if not isinstance(record, dict):
                     raise ValueError("not a JSON object")
                 check_fields(RunRecord, record, "", error=ValueError)

@@ -18,7 +18,7 @@ from typing import Annotated
 import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError
-from kvbench.core.validation import STRICT, check, check_json, load_yaml
+from kvbench.core.validation import STRICT, check, check_json, load_yaml, parse_json
 from kvbench.tasks.base import Sample
 
 logger = logging.getLogger(__name__)
@@ -90,8 +90,8 @@ def read_records(task: DataTask) -> list[dict]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                except (ValueError, RecursionError) as error:
+                    record = parse_json(line)
+                except ValueError as error:
                     raise DataFileError(f"{path}:{number}: not a JSON line ({first_words(error)})") from None
                 if not isinstance(record, dict):
                     raise DataFileError(f"{path}:{number}: not a record (a JSON object)")

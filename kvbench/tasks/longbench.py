@@ -13,7 +13,6 @@ the `data/` folder of the release's data.zip), else the hub's THUDM/LongBench da
 script no longer runs with `datasets` >= 4, so we read that zip directly.
 """
 
-import json
 import logging
 import socket
 import zipfile
@@ -23,7 +22,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask
-from kvbench.core.validation import STRICT, Count, check_json
+from kvbench.core.validation import STRICT, Count, check_json, parse_json
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import (
     classification_score,
@@ -268,7 +267,7 @@ def read_jsonl(lines, source: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line)
         except ValueError as error:
             raise DataFileError(f"{source}:{number}: not a JSON line ({error})") from None
         if not isinstance(row, dict):

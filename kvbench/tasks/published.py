@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.core.errors import DataFileError, TaskUnavailable
-from kvbench.core.validation import check_json
+from kvbench.core.validation import check_json, parse_json
 from kvbench.tasks.jsonl import read_parquet
 from kvbench.tasks.longbench import hub_is_reachable, truncate_middle
 
@@ -58,7 +58,7 @@ def read_objects(path: Path) -> list[dict]:
 
 def read_json_array(text: str, path: Path) -> list:
     try:
-        rows = json.loads(text)
+        rows = parse_json(text)
     except ValueError as error:
         raise DataFileError(f"{path}: not a JSON document ({error})") from None
     if not isinstance(rows, list):
@@ -72,7 +72,7 @@ def read_json_lines(text: str, path: Path) -> list:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(parse_json(line))
         except ValueError as error:
             raise DataFileError(f"{path}:{number}: not a JSON line ({error})") from None
     return rows

@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from kvbench.core.errors import BadInput, DataFileError
-from kvbench.core.validation import jsonl_lines, parse_int
+from kvbench.core.validation import jsonl_lines, parse_int, parse_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +145,9 @@ def read_trace(path: Path) -> Trace:
             continue
         where = f"{path}:{number}"
         try:
-            row = json.loads(line)
-        except ValueError:
-            raise DataFileError(f"{where}: not a JSON line") from None
+            row = parse_json(line)
+        except ValueError as error:
+            raise DataFileError(f"{where}: not a JSON line ({str(error).splitlines()[0]})") from None
         if not isinstance(row, dict) or row.get("kind") not in ("chunk", "request"):
             raise DataFileError(f"{where}: each line must be an object with kind 'chunk' or 'request'")
         if row["kind"] == "chunk":

@@ -4,7 +4,6 @@ of the perplexity change against the model's own no-eviction reference (paired w
 model, the same windows). Writes summary.csv, summary.md (the tables the study page quotes) and
 substrate.png (change against keep fraction, one panel per model)."""
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from kvbench.core.validation import (
     PositiveReal,
     check_json,
     jsonl_lines,
+    parse_json,
 )
 
 MODEL_ORDER = [
@@ -81,7 +81,7 @@ def load(rows_path: Path) -> list[dict]:
     for number, line in enumerate(jsonl_lines(rows_path.read_text(encoding="utf-8")), 1):
         if line.strip():
             check_json(StudyRow, line, f"{rows_path} line {number}", DataFileError)
-            rows.append(json.loads(line))
+            rows.append(parse_json(line))
     if not rows:
         raise DataFileError(f"{rows_path}: no rows")
     if not any(r["method"] == "none" for r in rows):

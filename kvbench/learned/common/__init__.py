@@ -17,7 +17,7 @@ from typing import Any, Literal
 from kvbench.bridge import models
 from kvbench.core import resources
 from kvbench.core.errors import TrainingFileError
-from kvbench.core.validation import STRICT, Count, Positive, check_json
+from kvbench.core.validation import STRICT, Count, Positive, check_json, parse_json
 
 MANIFEST_FILE = "manifest.json"
 CARD_FILE = "card.json"
@@ -112,7 +112,7 @@ def read_json(path: Path, what: str, hint: str) -> dict:
     if not path.is_file():
         raise TrainingFileError(f"no {what} at {path.parent} (missing {path.name}); make it with: {hint}")
     try:
-        content = json.loads(path.read_text())
+        content = parse_json(path.read_text())
         if not isinstance(content, dict):
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as error:

@@ -31,7 +31,6 @@ settings continues where the last one stopped. Stores made before this one by ei
 "kvp" or "distillcache") stay trainable by that press.
 """
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from transformers import DynamicCache
 
 from kvbench.bridge.adapter import attention_hooks, attention_implementation, language_model
 from kvbench.core.errors import BadInput, DataFileError
-from kvbench.core.validation import check_json
+from kvbench.core.validation import check_json, parse_json
 from kvbench.learned.common import (
     MANIFEST_FILE,
     SHARED,
@@ -214,7 +213,7 @@ def existing_manifest(directory: Path) -> dict | None:
         check_json(Manifest, text, "", ValueError)  # its schema: what a resumed run appends to
     except ValueError as error:  # UnicodeDecodeError is one
         raise DataFileError(f"{path}: not a datagen manifest ({str(error).splitlines()[0]})") from None
-    return json.loads(text)
+    return parse_json(text)
 
 
 def check_seed_changes_samples(task: str, length: int, seed: int, tokenizer) -> None:

@@ -5,13 +5,13 @@ the architecture (`agent.arch`: compact or apple; cards from before there were t
 feature and training config, a summary of the data and the validation reward per head.
 """
 
-import json
 from pathlib import Path
 
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kvbench.core.errors import KVPAgentsError
+from kvbench.core.validation import parse_json
 from kvbench.learned.common import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
     CARD_FILE,
     ModelShape,
@@ -49,7 +49,7 @@ def load_card(directory: Path) -> dict:
     if not path.is_file():
         raise KVPAgentsError(f"no KVP agents at {directory} (missing {CARD_FILE})")
     try:
-        card = json.loads(path.read_text())
+        card = parse_json(path.read_text())
         if not isinstance(card, dict) or not {"model", "heads"} <= card.keys():
             raise ValueError("it lacks model and heads")
         ModelShape(**card["model"])

@@ -10,7 +10,6 @@ here and said in `MemDecayPress`'s docstring.
 """
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -24,7 +23,7 @@ from torch import nn
 from kvbench.bridge import models
 from kvbench.core import resources
 from kvbench.core.errors import MemDecayError
-from kvbench.core.validation import STRICT, Count, check_json
+from kvbench.core.validation import STRICT, Count, check_json, parse_json
 from kvbench.presses.queries import (
     SCORED_QUERIES,
     Scored,
@@ -94,7 +93,7 @@ def load_calibration(directory: Path, model_name: str) -> tuple[dict, str]:
             raise ValueError(f"no region {', '.join(missing)}")
     except ValueError as error:
         raise MemDecayError(f"{path} is corrupt ({error}); {remake}") from None
-    calibration = json.loads(text)
+    calibration = parse_json(text)
     if calibration["model"] != model_name:
         raise MemDecayError(
             f"the MemDecay calibration at {directory} was made for {calibration['model']}, not for "
