@@ -268,6 +268,18 @@ def test_a_mutated_longbench_line_is_refused_in_one_line_before_the_model(
         assert "hotpotqa.jsonl:1" in error, error
 
 
+@pytest.mark.parametrize("answers", [[], [[]]], ids=["no answer", "a list in the list"])
+def test_a_longbench_line_without_an_answer_is_refused_in_one_line(answers, tmp_path, no_model_loads):
+    """`"answers": []` scored 0 whatever the prediction; refused, as the user's own JSONL refuses it."""
+    (tmp_path / "lb").mkdir()
+    (tmp_path / "lb" / "hotpotqa.jsonl").write_text(json.dumps(VALID_LINE | {"answers": answers}) + "\n")
+    args = ["run", "--press", "knorm", "--ratio", "0.5", "--task", "longbench/hotpotqa", "--samples", "1"]
+    error = one_line_exit_2(
+        [*args, "--data-dir", str(tmp_path / "lb"), "--out", str(tmp_path / "out")], tmp_path
+    )
+    assert "hotpotqa.jsonl:1" in error and "answers" in error, error
+
+
 # ---- numbers ----
 
 

@@ -19,7 +19,10 @@ import zipfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlparse
+
+import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, Count, check_json, parse_json
@@ -246,13 +249,14 @@ FIELDS = ("input", "context", "answers", "length")  # what every official row ho
 @dataclass
 class LongBenchRow:
     """The schema of a row of an official LongBench JSONL (THUDM/LongBench data.zip): the fields read, each
-    of its type (a string `answers` would be scored letter by letter); others are not read."""
+    of its type (a string `answers` would be scored letter by letter; no answer at all, scored 0 whatever
+    the prediction, as the user's JSONL refuses it); others are not read."""
 
     __pydantic_config__ = STRICT
 
     input: str
     context: str
-    answers: list[str]
+    answers: Annotated[list[str], annotated_types.MinLen(1)]
     length: Count  # words (LongBench-E's buckets)
     _id: str | None = None
     all_classes: list[str] | None = None
