@@ -170,17 +170,18 @@ def check_protocol(config: Config) -> None:
 def check_compresses_live(config: Config) -> None:
     """Fail before any work if the config's press cannot compress a cache as it grows (kvpress's
     DecodingPress around it), which every protocol but query-agnostic and query-aware asks (multi-question
-    only shares the prefill), live-cache perplexity too."""
+    only shares the prefill), live-cache perplexity too (its configs' protocol is none of the engine's)."""
     if config.press == "none":
         return
+    again = config.protocol not in PROTOCOLS or protocol_of(config).compresses_again
     press = config_press(config)
     if compresses_decoding(press) or not is_shareable(press):
         raise BadInput(
             f"press {config.press!r} cannot run under the {config.protocol} protocol: it changes the "
             "forward or compresses while decoding by itself"
-            + ("; kvpress's DecodingPress takes scorers" if protocol_of(config).compresses_again else "")
+            + ("; kvpress's DecodingPress takes scorers" if again else "")
         )
-    if protocol_of(config).compresses_again:
+    if again:
         if config.press in PRESSES and PRESSES[config.press].prefill_only:
             raise BadInput(
                 f"press {config.press!r} scores a whole prefill only (kvpress asserts it): it cannot "
@@ -201,7 +202,8 @@ def check_query_window(config: Config, press: BasePress) -> None:
     windows = [p.window_size for p in pressed_tree(press) if isinstance(p, SnapKVPress)]
     if not windows:
         return
-    steps = {"turns": SHORTEST_TURN} if protocol_of(config).answers_stay else dict(config.protocol_args)
+    turns = config.protocol in PROTOCOLS and protocol_of(config).answers_stay
+    steps = {"turns": SHORTEST_TURN} if turns else dict(config.protocol_args)
     name = next(iter(steps))
     if max(windows) >= steps[name]:
         raise BadInput(

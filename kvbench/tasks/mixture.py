@@ -8,7 +8,7 @@ through `KINDS`. Training draws seeds >= 1000; evaluation uses 0..999."""
 from dataclasses import dataclass
 
 from kvbench.core.errors import BadInput
-from kvbench.tasks import heldout, longbench, ruler, text
+from kvbench.tasks import heldout, infinitebench, listing, longbench, longbench_v2, ruler, text
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ KINDS: dict[str, str] = {
     **text.KINDS,
     **{task: kind for suite in heldout.SUITES for task, kind in suite.module.KINDS.items()},
     **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
+    **{task: "longbench-v2" for task in longbench_v2.TASKS},
+    **{task: f"infinitebench-{task.split('/')[1]}" for task in infinitebench.TASKS},
+    **{task: "listing" for task in listing.TASKS},
 }
 
 
