@@ -414,6 +414,7 @@ CASES = [
     ([*DATAGEN, "--length", "20000"], 2, "20000 exceeds the 8192-token context"),
     ([*DATAGEN, "--tasks", "nope"], 2, "'nope' is not a task"),
     ([*DATAGEN, "--tasks", ","], 2, "name at least one task"),
+    ([*DATAGEN, "--samples", "4"], 2, "--val-fraction 0.1 of 4 samples makes no validation prompt"),
     (
         [*DATAGEN, "--tasks", "longbench/hotpotqa"],
         2,

@@ -198,7 +198,7 @@ def test_mixture_datagen_at_two_lengths_resumes_and_trains_both_archs(tmp_path, 
 
 
 def test_a_task_whose_samples_ignore_the_seed_is_refused(monkeypatch, embedded_tokenizer):
-    config = DatagenConfig([Part("niah_single_1", 512, 1)])
+    config = DatagenConfig([Part("niah_single_1", 512, 1)], val_fraction=1.0)
     assert len(plan_shards(config, embedded_tokenizer)) == 1
     real = datagen.load_samples
     monkeypatch.setattr(datagen, "load_samples", lambda task, **kwargs: real(task, **{**kwargs, "seed": 7}))

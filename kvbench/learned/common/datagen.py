@@ -74,6 +74,17 @@ class DatagenConfig:
         duplicate = next((pair for pair in pairs if pairs.count(pair) > 1), None)
         if duplicate:
             raise BadInput(f"the mixture holds task {duplicate[0]!r} at length {duplicate[1]} twice")
+        if not any(self.validation_count(part.samples) for part in self.parts):
+            fewest = next(n for n in range(1, 10**6) if self.validation_count(n))
+            raise BadInput(
+                f"--val-fraction {self.val_fraction:g} of {max(part.samples for part in self.parts)} samples "
+                f"makes no validation prompt, which training needs: give --samples {fewest} or more, or a "
+                "larger --val-fraction"
+            )
+
+    def validation_count(self, samples: int) -> int:
+        """How many of a part's `samples` validate: the first round(val_fraction x samples)."""
+        return round(self.val_fraction * samples)
 
     def part_seeds(self) -> list[int]:
         """Each part's sample seed: `seed` for a task's first part, seed + k for its k-th after that."""
@@ -240,7 +251,7 @@ def plan_shards(config: DatagenConfig, tokenizer) -> list[PlannedShard]:
         samples = load_samples(
             part.task, length=part.length, samples=part.samples, seed=seed, tokenizer=tokenizer
         )
-        n_val = round(config.val_fraction * len(samples))
+        n_val = config.validation_count(len(samples))
         for index, sample in enumerate(samples):
             file = f"{folder_name(part.task)}-{part.length}-{index:05d}.safetensors"
             split = "val" if index < n_val else "train"
