@@ -73,6 +73,7 @@ from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning
 from kvbench.core.validation import check_fields, check_json, load_yaml
 from kvbench.store.results import ROWS_FILE, Row, check_folder_writable, config_id, load_rows, results_files
+from kvbench.tasks import ruler
 
 PREDICTIONS = "predictions.csv"
 METRICS = "metrics.json"
@@ -80,21 +81,7 @@ CONFIG = "config.yaml"
 IMPORTED = "kvpress"  # meta.imported of an imported row
 SUFFIX = " (kvpress)"  # ... and its press name's suffix
 NO_PRESS = "no_press"  # kvpress's name of kvbench's "none"
-RULER_TASKS = (
-    "niah_single_1",
-    "niah_single_2",
-    "niah_single_3",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "cwe",
-    "fwe",
-    "qa_1",
-    "qa_2",
-)
+RULER_TASKS = tuple(ruler.TASKS)  # kvpress scores RULER per task, under the same 13 names
 PROTOCOL_OF = {False: "query-agnostic", True: "query-aware"}  # kvpress's query_aware -> kvbench protocol
 ROUNDING = 0.005 + 1e-9  # how far a published score (2 decimals) may be from its predictions' mean
 
