@@ -440,3 +440,19 @@ def test_two_files_of_one_content_are_two_sources(tmp_path):
     files = [PRESSES[name].source.file for name in names]
     assert files == [str(first.resolve()), str(second.resolve())]
     assert PRESSES["one"].source.sha256 == PRESSES["two"].source.sha256
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_a_data_file_reads_alike_with_any_line_end_and_raw_u2028(tmp_path, end):
+    """The user's JSONL goes through the one line splitter of every JSONL reader: lines end at \\n, \\r\\n
+    or a lone \\r, never at a U+2028 written raw inside a string (as `jq -c` writes it)."""
+    lines = [
+        json.dumps(
+            {"context": f"box {i}\u2028line two", "question": "q?", "answers": [str(i)]}, ensure_ascii=False
+        )
+        for i in range(3)
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_bytes(end.join(lines).encode())
+    records = jsonl.checked_records(jsonl.data_task(path))
+    assert [record["context"] for record in records] == [f"box {i}\u2028line two" for i in range(3)]

@@ -22,7 +22,8 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks.base import Sample
 from kvbench.tasks.infinitebench_metrics import SCORERS
-from kvbench.tasks.published import HubFile, checked_rows, find_rows, fit
+from kvbench.tasks.longbench import fit_prompt
+from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def make_samples(
         raise BadInput(f"samples must be at least 1, got {samples}")
     result, truncated = [], 0
     for row in read_rows(name, data_dir)[:samples]:
-        context, question, cut = fit(*prompt(name, row), length, tokenizer)
+        context, question, cut = fit_prompt(*prompt(name, row), length, tokenizer)
         truncated += cut
         answer = label(name, row)
         result.append(

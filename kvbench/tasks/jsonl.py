@@ -18,7 +18,7 @@ from typing import Annotated
 import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError
-from kvbench.core.validation import STRICT, check, check_json, load_yaml, parse_json
+from kvbench.core.validation import STRICT, check, check_json, jsonl_lines, load_yaml, parse_json
 from kvbench.tasks.base import Sample
 
 logger = logging.getLogger(__name__)
@@ -83,21 +83,21 @@ def read_records(task: DataTask) -> list[dict]:
         return read_parquet(path)
     if path.suffix != ".jsonl":
         raise DataFileError(f"data {str(path)!r}: give a .jsonl or .parquet file or a datasets folder")
+    try:
+        lines = jsonl_lines(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise DataFileError(f"{path}: not UTF-8 text") from None
     records = []
-    with path.open(encoding="utf-8", errors="strict") as lines:  # universal newlines: \n, \r\n or \r
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
         try:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = parse_json(line)
-                except ValueError as error:
-                    raise DataFileError(f"{path}:{number}: not a JSON line ({first_words(error)})") from None
-                if not isinstance(record, dict):
-                    raise DataFileError(f"{path}:{number}: not a record (a JSON object)")
-                records.append(record)
-        except UnicodeDecodeError:
-            raise DataFileError(f"{path}: not UTF-8 text") from None
+            record = parse_json(line)
+        except ValueError as error:
+            raise DataFileError(f"{path}:{number}: not a JSON line ({first_words(error)})") from None
+        if not isinstance(record, dict):
+            raise DataFileError(f"{path}:{number}: not a record (a JSON object)")
+        records.append(record)
     return records
 
 

@@ -337,14 +337,19 @@ def split_prompt(row: dict, name: str, length: int, tokenizer) -> tuple[str, str
     """(context, question, truncated): context + question is the official prompt after middle truncation."""
     context_template, question_template = prompt_templates(name)
     context = context_template.format(context=row["context"])
-    question = question_template.format(input=row["input"])
+    return fit_prompt(context, question_template.format(input=row["input"]), length, tokenizer)
+
+
+def fit_prompt(context: str, question: str, length: int, tokenizer) -> tuple[str, str, bool]:
+    """(context, question, cut): `context + question` truncated in the middle to `length` tokens as the
+    authors' pred.py files do (first and last halves of the tokens kept); the question part stays whole
+    unless it alone is longer than the kept tail (a tiny `length`: all kept from the end is the question)."""
     truncated = truncate_middle(context + question, length, tokenizer)
     if truncated is None:
         return context, question, False
     head, tail = truncated
     if tail.endswith(question):
         return head + tail[: len(tail) - len(question)], question, True
-    # The question itself was cut (a tiny `length`): everything kept from the end is the question part.
     return head, tail, True
 
 

@@ -22,7 +22,8 @@ from typing import Literal
 from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks.base import Sample
-from kvbench.tasks.published import HubFile, checked_rows, find_rows, fit
+from kvbench.tasks.longbench import fit_prompt
+from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def make_samples(
     rows = [row for row in read_rows(data_dir) if not wanted or row.length == wanted][:samples]
     result, truncated = [], 0
     for row in rows:
-        context, question, cut = fit(*prompt(row), length, tokenizer)
+        context, question, cut = fit_prompt(*prompt(row), length, tokenizer)
         truncated += cut
         result.append(
             Sample(

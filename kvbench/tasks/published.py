@@ -12,7 +12,7 @@ from pathlib import Path
 from kvbench.core.errors import DataFileError, TaskUnavailable
 from kvbench.core.validation import check_json, parse_json
 from kvbench.tasks.jsonl import read_parquet
-from kvbench.tasks.longbench import hub_is_reachable, truncate_middle
+from kvbench.tasks.longbench import hub_is_reachable
 
 SUFFIXES = (".json", ".jsonl", ".parquet")
 
@@ -108,16 +108,3 @@ def find_rows(local: list[Path], hub: HubFile | None, what: str) -> tuple[list[d
             return read_objects(path), f"{hub.repo}:{hub.filename}"
         looked_at.append(f"hub dataset {hub.repo} ({hub.filename}: offline, unreachable or not cached)")
     raise TaskUnavailable(f"{what} not found; looked at: {'; '.join(looked_at)}")
-
-
-def fit(context: str, question: str, length: int, tokenizer) -> tuple[str, str, bool]:
-    """(context, question, cut): `context + question` truncated in the middle to `length` tokens as the
-    authors' pred.py files do (first and last halves of the tokens kept); the question part stays whole
-    unless it alone is longer than the kept tail."""
-    truncated = truncate_middle(context + question, length, tokenizer)
-    if truncated is None:
-        return context, question, False
-    head, tail = truncated
-    if tail.endswith(question):
-        return head + tail[: len(tail) - len(question)], question, True
-    return head, tail, True
