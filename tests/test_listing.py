@@ -90,3 +90,26 @@ def test_ordered_f1_rewards_the_list_and_charges_what_is_wrong(embedded_tokenize
     assert listing.ordered_f1(sample.context, sample) < 100.0  # copying the context lists the barrels too
     reversed_list = "\n".join(reversed(sample.references))
     assert listing.ordered_f1(reversed_list, sample) == pytest.approx(100 / listing.ITEMS)  # one in order
+
+
+def test_recite_samples_fit_their_length_and_continue_their_log(embedded_tokenizer):
+    from kvbench.tasks.prompt import tokenize_sample
+
+    samples = listing.make_samples("recite_log", 640, 3, 0, embedded_tokenizer)
+    assert samples == listing.make_samples("recite_log", 640, 3, 0, embedded_tokenizer)
+    for sample in samples:
+        prompt = tokenize_sample(embedded_tokenizer, sample)
+        assert prompt.context_ids.shape[1] + prompt.question_ids.shape[1] + sample.max_new_tokens <= 640
+        assert sample.context == f"{sample.answer_prefix} {sample.references[0]}"
+        assert len(set(sample.context.split(". "))) == sample.meta["sentences"]  # distinct events
+        answer = len(embedded_tokenizer(sample.references[0]).input_ids)
+        assert answer >= 200 and sample.max_new_tokens == answer + listing.RECITE_SLACK
+    longer = listing.make_samples("recite_log", 1024, 1, 0, embedded_tokenizer)[0]
+    assert longer.meta["sentences"] > samples[0].meta["sentences"]
+
+
+def test_recite_refuses_a_length_too_short(embedded_tokenizer):
+    from kvbench.core.errors import BadInput
+
+    with pytest.raises(BadInput, match="at least 512"):
+        listing.make_samples("recite_log", 511, 1, 0, embedded_tokenizer)

@@ -1,10 +1,16 @@
-"""Long checkable answers, generated offline: list every item of a kind from the context, in order.
+"""Long checkable answers, generated offline: list every item of a kind from the context, in order, or
+continue a passage of the context word for word.
 
 The decode-heavy protocol needs answers of hundreds of tokens that are scored whole: here the context holds
 `ITEMS` record lines ("Crate 417 holds copper wire.") among noise and distractor records of another kind
 ("Barrel 52 holds ..."), and the question asks for every crate and its cargo, one line each, in the order
 of the context (about 200 tokens of answer with SmolLM2's tokenizer). The score is an F1 of the records
 given in order (`ordered_f1`), so a dropped, invented, misplaced or distractor record costs what it should.
+
+`recite_log` is the one the embedded model can do: the context is a log of distinct events ("In 1932, Elena
+Berg sold a piquant pilot in Oslo."), the answer starts with its first sentence and continues the log word for
+word, and the score is ROUGE-L's F against the rest of it (LongBench's `rouge`). The log is as long as the
+answer may be, so a press must keep the part of the context still to be recited while the answer grows.
 """
 
 import random
@@ -19,9 +25,13 @@ ITEMS = 24  # crates a sample lists
 DISTRACTORS = 8  # barrels: records of another kind, never to be listed
 MAX_NEW_TOKENS = 320
 MIN_LENGTH = 1024
+RECITE_MIN_LENGTH = 512
 TASKS = {
-    "list_crates": f"list the {ITEMS} crates and their cargo in the order of the context (a long answer)"
+    "list_crates": f"list the {ITEMS} crates and their cargo in the order of the context (a long answer)",
+    "recite_log": "continue a log of events from the context word for word (an answer half the length)",
 }
+RECITE_QUESTION = "Repeat the text above word for word, from its first sentence to its last."
+VERBS = ("kept", "sold", "painted", "found", "lost", "carried", "mended", "borrowed", "hid", "weighed")
 QUESTION = (
     "List every crate and its cargo in the order they appear in the text, one per line, as "
     "'crate NUMBER: CARGO'. Do not list barrels."
@@ -75,7 +85,7 @@ METRICS = {"ordered_f1": ordered_f1}
 
 
 def min_length(task: str) -> int:
-    return MIN_LENGTH
+    return RECITE_MIN_LENGTH if task == "recite_log" else MIN_LENGTH
 
 
 def draft(seed: str) -> tuple[list[str], list[str]]:
@@ -113,11 +123,63 @@ def sample_at(task: str, sample_id: str, seed: str, fillers: int) -> Sample:
     )
 
 
+def log_sentences(seed: str, count: int) -> list[str]:
+    """`count` events of a log, each a sentence of a person, a verb, a thing, a city and a year."""
+    rng = random.Random(seed)
+    return [
+        f"In {rng.randint(1900, 2020)}, {words.person(rng)} {rng.choice(VERBS)} a "
+        f"{words.adjective_noun(rng)} in {rng.choice(words.CITIES)}."
+        for _ in range(count)
+    ]
+
+
+def recite_sample(task: str, sample_id: str, seed: str, sentences: int, tokenizer) -> Sample:
+    """The log of `sentences` events as the context; the answer begins with its first sentence (the answer
+    prefix) and the reference is the rest, given `RECITE_SLACK` tokens more than its length to end in."""
+    log = log_sentences(seed, sentences)
+    rest = " ".join(log[1:])
+    return Sample(
+        task=task,
+        id=sample_id,
+        context=" ".join(log),
+        question=RECITE_QUESTION,
+        answer_prefix=log[0],
+        references=[rest],
+        max_new_tokens=len(tokenizer(rest).input_ids) + RECITE_SLACK,
+        metric="rouge",
+        meta={"sentences": sentences},
+    )
+
+
+RECITE_SLACK = 16
+
+
+def make_recite_samples(task: str, length: int, samples: int, seed: int, tokenizer) -> list[Sample]:
+    """`samples` logs whose input (as the engine builds it) + the answer's tokens fill `length` at most."""
+    if length < RECITE_MIN_LENGTH:
+        raise BadInput(f"{task} needs a length of at least {RECITE_MIN_LENGTH} tokens, got {length}")
+    result, sentences = [], None
+    for i in range(samples):
+        seed_text, sample_id = f"{task}/{seed}/{i}", f"{seed}-{i}"
+
+        def tokens_at(n: int, seed_text=seed_text, sample_id=sample_id) -> int:
+            sample = recite_sample(task, sample_id, seed_text, n, tokenizer)
+            prompt = tokenize_sample(tokenizer, sample)
+            return prompt.context_ids.shape[1] + prompt.question_ids.shape[1] + sample.max_new_tokens
+
+        sentences = ruler.largest_fitting(tokens_at, length, 2, length, sentences)
+        result.append(recite_sample(task, sample_id, seed_text, sentences, tokenizer))
+    return result
+
+
 def make_samples(task: str, length: int, samples: int, seed: int, tokenizer, data_dir=None) -> list[Sample]:
     """`samples` samples whose input (as the engine builds it) + MAX_NEW_TOKENS fill `length` tokens at most,
-    the noise grown around the records; deterministic in (task, length, seed, tokenizer)."""
+    the noise grown around the records (the log's length, for `recite_log`); deterministic in (task,
+    length, seed, tokenizer)."""
     if task not in TASKS:
         raise UnknownTask(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if task == "recite_log":
+        return make_recite_samples(task, length, samples, seed, tokenizer)
     if length < MIN_LENGTH:
         raise BadInput(f"{task} needs a length of at least {MIN_LENGTH} tokens, got {length}")
     result, fillers = [], None
