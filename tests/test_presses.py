@@ -186,6 +186,23 @@ def test_press_args_are_typed_and_reach_the_press():
         parse_press_args(["window_size"])
 
 
+def test_press_args_are_typed_by_one_rule_and_a_config_can_hold_them():
+    """YAML 1.1's surprises are gone (010 was 8, 1:30 was 90, yes was True, 5e-1 was text); a list is a
+    tuple (a config is hashed); a dict and the config's own memory are refused, naming the argument."""
+    args = parse_press_args(["seed=010", "x=1:30", "flag=yes", "threshold=5e-1", "ratios=[0.3, .7]"])
+    assert args == {"seed": 10, "x": "1:30", "flag": "yes", "threshold": 0.5, "ratios": (0.3, 0.7)}
+    hash(tuple(sorted(args.items())))
+    for pair, culprit in (
+        ("x={a: 1}", "press argument 'x': '{a: 1}' is a dict"),
+        ("memory=0.5", "press argument 'memory'"),
+        ("qevict.memory=0.5", "press argument 'qevict.memory'"),
+        ("seed=1e999", "press argument 'seed' must be a finite number"),
+    ):
+        with pytest.raises(ValueError) as info:
+            parse_press_args([pair])
+        assert str(info.value).startswith(culprit) and "--ratio" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     "call, error",
     [

@@ -17,7 +17,7 @@ from kvbench.bridge import models
 from kvbench.cli import main
 from kvbench.core.config import PROTOCOLS, Config
 from kvbench.core.errors import BadInput, KvbenchWarning
-from kvbench.core.validation import parse_float, parse_int
+from kvbench.core.validation import parse_float, parse_int, parse_value
 from kvbench.harness.planning import parse_memory, parse_ratio, trial_run
 from kvbench.store.results import REQUIRED_FIELDS, ResultsStore, Row, check_writable, load_rows
 from kvbench.tasks import longbench
@@ -302,6 +302,74 @@ def test_numbers_are_parsed_from_text_and_numbers_alike():
     assert parse_ratio("1e-320") == 0.0 and parse_memory("0.50000000000001") == 0.5
     with pytest.raises(BadInput, match="1 at 10 decimal places"):
         parse_ratio("0.99999999999")
+
+
+# ---- values typed from text (--press-arg KEY=VALUE): one rule, YAML 1.2's core schema in decimal ----
+
+TYPED = [
+    # YAML 1.1 (yaml.safe_load) read these as 8, 90, 16, True, True and the text '5e-1'
+    ("010", 10),
+    ("1:30", "1:30"),
+    ("0x10", "0x10"),
+    ("0o10", "0o10"),
+    ("yes", "yes"),
+    ("on", "on"),
+    ("No", "No"),
+    ("5e-1", 0.5),
+    ("1_000", "1_000"),
+    ("2001-01-01", "2001-01-01"),
+    # the rule itself
+    ("32", 32),
+    ("-3", -3),
+    ("+4", 4),
+    (".5", 0.5),
+    ("1.", 1.0),
+    ("1E3", 1000.0),
+    ("true", True),
+    ("FALSE", False),
+    ("null", None),
+    ("", None),
+    ("~", None),
+    ("tova", "tova"),
+    ("  tova ", "tova"),
+    ("a: b", "a: b"),
+    ("x # y", "x # y"),
+    ("path/to/agents", "path/to/agents"),
+    ("'010'", "010"),
+    ('"yes"', "yes"),
+    ("[0.3, 010, yes, '1', [a]]", [0.3, 10, "yes", "1", ["a"]]),
+    ("{a: 1, b: [on]}", {"a": 1, "b": ["on"]}),
+]
+
+
+@pytest.mark.parametrize("text, value", TYPED, ids=[text or "(empty)" for text, _ in TYPED])
+def test_a_value_typed_from_text_follows_one_rule(text, value):
+    typed = parse_value(text, "press argument 'k'")
+    assert typed == value and type(typed) is type(value)
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("1e999", "must be a finite number, got inf"),
+        (".inf", "must be a finite number, got inf"),
+        ("-.inf", "must be a finite number, got -inf"),
+        ("nan", "must be a finite number, got nan"),
+        ("[1, .nan]", "must be a finite number, got nan"),
+        ("99999999999999999999", "must be at most 9223372036854775807"),
+        ("[1", "cannot read '[1'"),
+        ("[1] [2]", "cannot read"),
+        ("[&a 1, *a]", "anchors and aliases"),
+        ("[!!str 3]", "tags"),
+        ("{[1]: 2}", "a key of"),
+        ("[" * 5000, "cannot read"),
+    ],
+)
+def test_a_value_that_cannot_be_typed_is_one_line_naming_it(text, reason):
+    with pytest.raises(BadInput) as info:
+        parse_value(text, "press argument 'k'")
+    message = str(info.value)
+    assert message.startswith("press argument 'k'") and reason in message and "\n" not in message
 
 
 def test_the_python_api_refuses_wrong_types_before_any_work(tmp_path, no_model_loads):

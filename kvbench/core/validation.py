@@ -6,6 +6,8 @@ reads, each refused in one line that names the culprit.
   (no option of kvbench means anything at nan, and an infinite rate or fraction trains nonsense); neither
   are booleans (`True` is an int to Python, never a ratio to a user). Click options take them through
   `cli.types.Number`, a ParamType, so `--lr nan` is a usage error like `--lr abc`.
+- Values typed as text (`--press-arg KEY=VALUE`): `parse_value` types them by one rule (YAML 1.2's core
+  schema, decimal only: `010` is 10, `5e-1` 0.5, `yes` and `0x10` text), its numbers through the two above.
 - Files: each kind of file kvbench reads (results rows, run records, training manifests, calibrations,
   local task data) has one schema, declared where it is read, as pydantic models or as annotated fields of
   a dataclass (`check_fields`); `check` validates a decoded JSON value against one and turns pydantic's
@@ -120,14 +122,15 @@ def parse_float(
     """`value` (a number or its text) as a finite float within the bounds; `error` naming `what` if not.
     -0.0 comes back as 0.0, so that it prints and hashes as the 0 it means."""
     bounds = interval_text(low, high, low_open, high_open)
+    within = f" {bounds}" if bounds else ""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
-        raise error(f"{what} must be a number {bounds}, got {value!r}".replace("  ", " "))
+        raise error(f"{what} must be a number{within}, got {value!r}")
     try:
         number = float(value)
     except ValueError:
-        raise error(f"{what} must be a number {bounds}, got {value!r}".replace("  ", " ")) from None
+        raise error(f"{what} must be a number{within}, got {value!r}") from None
     if not math.isfinite(number):
-        raise error(f"{what} must be a finite number {bounds}, got {number}".replace("  ", " "))
+        raise error(f"{what} must be a finite number{within}, got {number}")
     below = low is not None and (number <= low if low_open else number < low)
     above = high is not None and (number >= high if high_open else number > high)
     if below or above:
@@ -146,18 +149,91 @@ def parse_int(
     """`value` (an integer or its text) as an int within the bounds (and 64 bits); `error` naming `what`
     if not. A float is refused even when whole (512.0): a length or a seed given as a float is a slip."""
     bounds = interval_text(low, high, False, False)
+    within = f" {bounds}" if bounds else ""
     text = value.strip() if isinstance(value, str) else None
     if isinstance(value, bool) or not (isinstance(value, numbers.Integral) or text is not None):
-        raise error(f"{what} must be a whole number {bounds}, got {value!r}".replace("  ", " "))
+        raise error(f"{what} must be a whole number{within}, got {value!r}")
     try:
         number = int(text) if text is not None else int(value)
     except ValueError:
-        raise error(f"{what} must be a whole number {bounds}, got {value!r}".replace("  ", " ")) from None
+        raise error(f"{what} must be a whole number{within}, got {value!r}") from None
     if low is not None and number < low:
         raise error(f"{what} must be at least {low}, got {number}")
     if number > (INT64 - 1 if high is None else high) or number < -INT64:
         raise error(f"{what} must be at most {INT64 - 1 if high is None else high}, got {number}")
     return number
+
+
+INTEGER = re.compile(r"[-+]?[0-9]+")
+DECIMAL = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+NOT_FINITE = re.compile(r"[-+]?\.?(inf|infinity|nan)", re.IGNORECASE)
+TRUE, FALSE, NULL = ("true", "True", "TRUE"), ("false", "False", "FALSE"), ("null", "Null", "NULL", "~", "")
+
+
+def parse_value(text: str, what: str, error: type[Exception] = BadInput) -> Any:
+    """The value a user typed as text (a press argument), by one rule, YAML 1.2's core schema without its
+    surprises: decimal digits with an optional sign are an int (`010` is 10: never octal, and `0x10`, `1:30`,
+    `1_000` stay text); a decimal number with a point or an exponent is a float (`0.5`, `.5`, `5e-1`,
+    `1E3`); `true`/`false` (or True, TRUE, ...) a bool and `null`, `~` or nothing None (`yes`, `on`, `no`
+    stay text); `[a, 1]` and `{k: 1}` a list and a dict in YAML's flow style, each item read by this same
+    rule; a value in quotes the text inside them; anything else the text itself, surrounding spaces
+    dropped. Numbers go through `parse_int` and `parse_float`: an int beyond 64 bits, a float that
+    overflows (`1e999`), inf and nan are refused, as `error` naming `what`."""
+    text = text.strip()
+    if text.startswith(("[", "{", "'", '"')):
+        return flow_value(text, what, error)
+    return plain_value(text, what, error)
+
+
+def plain_value(text: str, what: str, error: type[Exception]) -> Any:
+    if text in TRUE or text in FALSE:
+        return text in TRUE
+    if text in NULL:
+        return None
+    if INTEGER.fullmatch(text):
+        return parse_int(text, what, error=error)
+    if DECIMAL.fullmatch(text) or NOT_FINITE.fullmatch(text):
+        return parse_float(text.replace(".inf", "inf").replace(".nan", "nan"), what, error=error)
+    return text
+
+
+def flow_value(text: str, what: str, error: type[Exception]) -> Any:
+    """A list, dict or quoted text in YAML's flow style; plain items typed by `plain_value`. Anchors,
+    aliases and tags are refused: the text is a value, not a YAML document."""
+    import yaml
+
+    class Composer(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise yaml.YAMLError("anchors and aliases (&name, *name) are not read")
+            if getattr(event, "tag", None) not in (None, "!"):
+                raise yaml.YAMLError(f"tags ({event.tag}) are not read")
+            return super().compose_node(parent, index)
+
+    def build(node) -> Any:
+        if isinstance(node, yaml.SequenceNode):
+            return [build(item) for item in node.value]
+        if isinstance(node, yaml.MappingNode):
+            built = {}
+            for key_node, value_node in node.value:
+                key = build(key_node)
+                if isinstance(key, (list, dict)):
+                    raise error(f"{what}: a key of {text!r} is a list or a dict")
+                built[key] = build(value_node)
+            return built
+        return node.value if node.style else plain_value(node.value, what, error)  # style: quoted
+
+    try:
+        loader = Composer(text)
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except (yaml.YAMLError, RecursionError) as failure:
+        reason = str(failure).splitlines()[0] if str(failure) else "nested too deeply"
+        raise error(f"{what}: cannot read {text!r} ({reason})") from None
+    return build(node)
 
 
 @functools.cache

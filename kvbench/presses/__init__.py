@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import importlib
 import inspect
-import math
 import re
 import types
 import typing
@@ -26,12 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from kvbench.core import resources
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
 from kvbench.core.registry import PluginError, Registry, Source, is_target, load_target, source_of
+from kvbench.core.validation import parse_value
 
 DEFAULT_INNER = "snapkv"
 
@@ -552,21 +550,40 @@ def list_presses() -> list[PressSpec]:
 
 
 def parse_press_args(pairs: list[str]) -> dict:
-    """['window_size=32', 'inner=tova'] -> {'window_size': 32, 'inner': 'tova'} (values typed as YAML)."""
+    """['window_size=32', 'inner=tova', 'x=5e-1'] -> {'window_size': 32, 'inner': 'tova', 'x': 0.5}.
+
+    Each value is typed by `validation.parse_value`'s one rule: decimal digits an int (`010` is 10), a
+    decimal number with a point or an exponent a float, true/false a bool, null (or nothing) None, `[...]`
+    and `{...}` a list and a dict, quoted text the text; anything else (`yes`, `0x10`, `1:30`, a path)
+    the text as given. Errors name the press argument: `press argument 'seed' must be at most ...`.
+
+    A list comes back as a tuple, so that a config holding it stays hashable; a dict is refused (no
+    press of the registry takes one, and a config could not hold it), as is `memory`, the config's own
+    memory budget (`--memory`), which `build_press` passes to codecs itself."""
     args = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise BadInput(f"press argument {pair!r} is not key=value")
-        if key.strip() in args:
-            raise BadInput(f"press argument {key.strip()!r} is given twice")
-        try:
-            args[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise BadInput(f"press argument {pair!r}: cannot read the value {value!r}") from None
-        if isinstance(args[key.strip()], float) and not math.isfinite(args[key.strip()]):
-            raise BadInput(f"press argument {pair!r}: {value} is not a finite number")
+        if key in args:
+            raise BadInput(f"press argument {key!r} is given twice")
+        if key.rpartition(".")[2] == "memory":
+            raise BadInput(
+                f"press argument {key!r}: a memory budget is the config's own (--memory), "
+                "not a press argument"
+            )
+        args[key] = hashable(parse_value(value, f"press argument {key!r}"), key, value)
     return args
+
+
+def hashable(value, key: str, text: str):
+    """A press argument's value as a config holds it: lists as tuples; a dict refused."""
+    if isinstance(value, dict):
+        raise BadInput(f"press argument {key!r}: {text.strip()!r} is a dict, which no press argument takes")
+    if isinstance(value, list):
+        return tuple(hashable(item, key, text) for item in value)
+    return value
 
 
 def value_fits(value, hint) -> bool:
@@ -645,7 +662,7 @@ def check_press_runnable(name: str) -> None:
         )
 
 
-def build_press(name: str, ratio: float, memory: float | None = None, **press_args):
+def build_press(name: str, ratio: float, /, memory: float | None = None, **press_args):
     """The press `name` at compression ratio `ratio`; None for `none`.
 
     `memory` (fraction of the 16-bit full cache) is what a codec press solves its own knobs for; without it
