@@ -19,7 +19,19 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_me
 from kvbench.core.registry import PluginError, Registry, is_target, load_target
 from kvbench.core.resources import suites_dir
 from kvbench.core.validation import STRICT, check_json, load_yaml
-from kvbench.tasks import agent, heldout, infinitebench, jsonl, listing, longbench, longbench_v2, ruler, text
+from kvbench.tasks import (
+    agent,
+    heldout,
+    infinitebench,
+    jsonl,
+    listing,
+    longbench,
+    longbench_v2,
+    math_answers,
+    needle,
+    ruler,
+    text,
+)
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import normalize_answer
 from kvbench.tasks.prompt import transcript
@@ -125,6 +137,8 @@ for family_name, family_module in {
     register_family(family_name, family_module)
 register_family("longbench-v2", longbench_v2)
 register_family("infinitebench", infinitebench)
+register_family("needle_in_haystack", needle)
+register_family("math", math_answers)
 
 
 def register_metric(name: str, function) -> str:

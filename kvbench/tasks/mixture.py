@@ -8,7 +8,17 @@ through `KINDS`. Training draws seeds >= 1000; evaluation uses 0..999."""
 from dataclasses import dataclass
 
 from kvbench.core.errors import BadInput
-from kvbench.tasks import heldout, infinitebench, listing, longbench, longbench_v2, ruler, text
+from kvbench.tasks import (
+    heldout,
+    infinitebench,
+    listing,
+    longbench,
+    longbench_v2,
+    math_answers,
+    needle,
+    ruler,
+    text,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,8 @@ KINDS: dict[str, str] = {
     **{task: "longbench-v2" for task in longbench_v2.TASKS},
     **{task: f"infinitebench-{task.split('/')[1]}" for task in infinitebench.TASKS},
     **{task: "listing" for task in listing.TASKS},
+    **{task: "needle-in-a-haystack" for task in needle.TASKS},
+    **{task: f"math-{task}" for task in math_answers.TASKS},
 }
 
 
