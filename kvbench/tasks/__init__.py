@@ -31,6 +31,7 @@ from kvbench.tasks import (
     needle,
     ruler,
     text,
+    zero_scrolls,
 )
 from kvbench.tasks.base import Sample, TaskUnavailable
 from kvbench.tasks.longbench_metrics import normalize_answer
@@ -137,6 +138,7 @@ for family_name, family_module in {
     register_family(family_name, family_module)
 register_family("longbench-v2", longbench_v2)
 register_family("infinitebench", infinitebench)
+register_family("zero_scrolls", zero_scrolls)
 register_family("needle_in_haystack", needle)
 register_family("math", math_answers)
 

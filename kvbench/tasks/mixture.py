@@ -18,6 +18,7 @@ from kvbench.tasks import (
     needle,
     ruler,
     text,
+    zero_scrolls,
 )
 
 
@@ -77,6 +78,7 @@ KINDS: dict[str, str] = {
     **{task: "longbench-v2" for task in longbench_v2.TASKS},
     **{task: f"infinitebench-{task.split('/')[1]}" for task in infinitebench.TASKS},
     **{task: "listing" for task in listing.TASKS},
+    **{task: task.replace("/", "-") for task in zero_scrolls.TASKS},
     **{task: "needle-in-a-haystack" for task in needle.TASKS},
     **{task: f"math-{task}" for task in math_answers.TASKS},
 }
