@@ -27,6 +27,7 @@ from kvbench.tasks import (
     listing,
     longbench,
     longbench_v2,
+    loogle,
     math_answers,
     needle,
     ruler,
@@ -139,6 +140,7 @@ for family_name, family_module in {
 register_family("longbench-v2", longbench_v2)
 register_family("infinitebench", infinitebench)
 register_family("zero_scrolls", zero_scrolls)
+register_family("loogle", loogle)
 register_family("needle_in_haystack", needle)
 register_family("math", math_answers)
 

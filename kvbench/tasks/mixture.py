@@ -14,6 +14,7 @@ from kvbench.tasks import (
     listing,
     longbench,
     longbench_v2,
+    loogle,
     math_answers,
     needle,
     ruler,
@@ -78,7 +79,7 @@ KINDS: dict[str, str] = {
     **{task: "longbench-v2" for task in longbench_v2.TASKS},
     **{task: f"infinitebench-{task.split('/')[1]}" for task in infinitebench.TASKS},
     **{task: "listing" for task in listing.TASKS},
-    **{task: task.replace("/", "-") for task in zero_scrolls.TASKS},
+    **{task: task.replace("/", "-") for task in (*zero_scrolls.TASKS, *loogle.TASKS)},
     **{task: "needle-in-a-haystack" for task in needle.TASKS},
     **{task: f"math-{task}" for task in math_answers.TASKS},
 }
