@@ -184,6 +184,47 @@ def load_tokenizer(name: str = EMBEDDED):
         raise ModelNotFound(f"cannot load tokenizer for {name!r}: {first_line(error)}") from None
 
 
+def resolve_tokenizer(name: str) -> str:
+    """The path or hub id transformers should load a tokenizer named by the user (`--tokenizer`) from: the
+    embedded alias's folder, a folder holding tokenizer_config.json, or a hub id whose tokenizer_config.json
+    is in the local Hugging Face cache (or the hub reachable). ModelNotFound in one line otherwise."""
+    if name == EMBEDDED:
+        return str(embedded_folder())
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "tokenizer_config.json").is_file():
+            raise ModelNotFound(f"tokenizer folder {name!r} has no tokenizer_config.json")
+        return str(path)
+    if path.exists():
+        raise ModelNotFound(f"tokenizer {name!r} is a file; give its folder, a hub id or {EMBEDDED!r}")
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        raise ModelNotFound(f"tokenizer {name!r}: no such folder, and not a Hugging Face id (owner/name)")
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "tokenizer_config.json")
+    except ValueError:  # not a valid hub id: loading it says why
+        cached = None
+    if not isinstance(cached, str) and not hub_reachable():
+        raise ModelNotFound(
+            f"tokenizer {name!r} is not in the local Hugging Face cache and the hub is not reachable"
+        )
+    return name
+
+
+def load_tokenizer_only(name: str):
+    """The tokenizer `name` names (`resolve_tokenizer`), without a model: what sizes samples when it is not
+    the model's own. A tokenizer that does not load is ModelNotFound in one line."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_tokenizer(name))
+    except ModelNotFound:
+        raise
+    except Exception as error:  # its files are the user's: a missing or malformed one raises any type
+        raise ModelNotFound(f"cannot load tokenizer {name!r}: {first_line(error)}") from None
+
+
 class TokenizerFiles:
     """A model folder's tokenizer as sample generation uses it (encode, decode, the chat template), read with
     the tokenizers library and jinja2 alone: transformers' import (5-10 s on 2 busy cores, torch with it)

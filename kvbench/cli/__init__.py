@@ -196,6 +196,14 @@ def task_options(command):
             help="Folder of local task data (SQuAD/HotpotQA JSON, LongBench JSONL).",
         ),
         click.option(
+            "--tokenizer",
+            default=None,
+            metavar="NAME_OR_PATH",
+            help="Size and generate the samples with this tokenizer instead of the model's (default: the "
+            "suite's, else the model's): a Hugging Face id (offline: from the local cache), a folder or "
+            "the embedded alias. The model still reads them with its own.",
+        ),
+        click.option(
             "--out",
             type=click.Path(path_type=Path),
             default=Path("results"),

@@ -373,12 +373,14 @@ def key_by_learned_state(model, configs: list[Config], presses: list) -> list[Co
 
 @dataclass
 class TaskPlan:
-    """The tasks of a run after validation: the suite named (if any), task names, length, samples."""
+    """The tasks of a run after validation: the suite named (if any), task names, length, samples, and the
+    tokenizer that sizes the samples."""
 
     suite: str | None
     tasks: list[str]
     length: int | None  # None: each task's default for the model (`task_lengths`)
     samples: int
+    tokenizer: str | None = None  # None: the model's
 
 
 def plan_tasks(
@@ -389,11 +391,15 @@ def plan_tasks(
     data: Sequence[str] | str = (),
     metric: str | None = None,
     include_path: Sequence[str] | str = (),
+    tokenizer: str | None = None,
 ) -> TaskPlan:
     """The suite's tasks (the default suite without tasks, data or suite), or the tasks named and the
-    user's data files (`data`, scored by `metric`, default qa_f1); the suite's length and samples unless
-    given. `include_path`: folders whose task YAMLs are registered first (a suite given by its path
+    user's data files (`data`, scored by `metric`, default qa_f1); the suite's length, samples and tokenizer
+    unless given. `include_path`: folders whose task YAMLs are registered first (a suite given by its path
     includes its own folder). Checked against the registry and each task's minimum length."""
+    tokenizer = str(tokenizer) if isinstance(tokenizer, Path) else tokenizer
+    if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer.strip()):
+        raise BadInput(f"--tokenizer must name a tokenizer, got {tokenizer!r}")
     task_list = [task_list] if isinstance(task_list, str) else list(task_list)
     data = [str(data)] if isinstance(data, (str, Path)) else [str(path) for path in data]
     if metric is not None and not data:
@@ -419,7 +425,8 @@ def plan_tasks(
         minimum = tasks.family_of(name).min_length(name)
         if length is not None and length < minimum:
             raise BadInput(f"--length {length} is below the minimum of task {name!r} ({minimum})")
-    return TaskPlan(suite_spec.name if suite_spec else None, names, length, samples)
+    tokenizer = tokenizer if tokenizer is not None else (suite_spec.tokenizer if suite_spec else None)
+    return TaskPlan(suite_spec.name if suite_spec else None, names, length, samples, tokenizer)
 
 
 def task_lengths(names: list[str], length: int | None, limit: int | None, model: str) -> dict[str, int]:

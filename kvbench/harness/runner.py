@@ -11,6 +11,7 @@ computes units on Ray actors).
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import warnings
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 from kvbench.bridge import models
 from kvbench.core import provenance
 from kvbench.core.config import DEFAULT_PROTOCOL, Config, protocol_by_option, protocol_of
-from kvbench.core.errors import BadInput, KvbenchWarning
+from kvbench.core.errors import BadInput, KvbenchWarning, ModelNotFound
 from kvbench.core.validation import parse_int
 from kvbench.harness.planning import (
     check_configs,
@@ -47,6 +48,7 @@ from kvbench.tasks import (
     load_samples,
     reads_data_dir,
     score_sample,
+    sized_by_tokenizer,
     user_metrics,
 )
 
@@ -73,6 +75,7 @@ class Plan:
     device: str = "cpu"
     dtype: str = "float32"
     lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
+    tokenizer: str | None = None  # what sizes the samples, as the user named it; None: the model's own
     out: Path = Path("results")  # the results folder
     # Users' presses the configs name (press or `inner`): name -> target, registered again by Ray workers;
     # and users' metrics (target -> target), which score on the workers.
@@ -172,6 +175,7 @@ def prepare_plan(
     model: str = models.EMBEDDED,
     device: str = "cpu",
     dtype: str = "float32",
+    tokenizer: str | None = None,
     executor: Executor | None = None,
 ):
     """(plan, model, tokenizer): everything checked before the model loads, cheap checks first (names,
@@ -180,9 +184,19 @@ def prepare_plan(
     KvbenchErrors). `force` recomputes rows `out` already holds. When `out` already holds every row of the
     plan, the model is None and the tokenizer is read from its files (`held_plan`).
 
+    `tokenizer` (else the suite's `tokenizer:`) names what sizes and generates the samples instead of the
+    model's tokenizer (a hub id, a folder or the embedded alias; `models.resolve_tokenizer`): loaded before
+    the model, refused where no task of the plan is sized by a tokenizer (`tasks.sized_by_tokenizer`). The
+    model still reads the samples with its own.
+
     With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
     and the model loads here on the CPU, only to plan (context lengths, learned state)."""
-    task_plan = plan_tasks(suite, tasks, length, samples, data, metric, include_path)
+    task_plan = plan_tasks(suite, tasks, length, samples, data, metric, include_path, tokenizer)
+    if task_plan.tokenizer is not None and not any(sized_by_tokenizer(name) for name in task_plan.tasks):
+        raise BadInput(
+            f"--tokenizer sizes the samples of tasks cut or filled to a length in tokens; none of "
+            f"{', '.join(task_plan.tasks)} is"
+        )
     data_dir = Path(data_dir) if data_dir is not None else None
     if data_dir is not None and not data_dir.is_dir():
         raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
@@ -202,6 +216,8 @@ def prepare_plan(
         models.check_device(device)
     if model != models.EMBEDDED:  # a folder or hub id is checked now; the embedded one converts later, once
         models.resolve(model)
+    if task_plan.tokenizer not in (None, models.EMBEDDED):
+        models.resolve_tokenizer(task_plan.tokenizer)
     limit = models.context_limit(model)
     names, asked = task_plan.tasks, task_plan.length
     lengths = task_lengths(names, asked, limit, model) if limit is not None or asked is not None else None
@@ -224,9 +240,12 @@ def prepare_plan(
         user_presses=user_presses_of(configs),
         user_metrics=user_metrics(),
         data_tasks={name: data_task_record(name) for name in names if name in jsonl.DATA_TASKS},
+        tokenizer=task_plan.tokenizer,
     )
     if not force and lengths is not None and (held := held_plan(plan, lengths)) is not None:
         return held
+    if plan.tokenizer is not None:
+        sizing_tokenizer(plan.tokenizer)  # one that does not load fails here, before the model
     presses = check_configs(configs, task_plan.length)  # bad press arguments fail here; imports torch
     models.resolve(model)
     check_learned_state(presses, model)  # agents for another model fail here, not after the model loads
@@ -239,6 +258,13 @@ def prepare_plan(
         check_lengths(configs, lengths)
     configs = key_by_learned_state(llm, configs, presses)
     return replace(plan, configs=configs, lengths=lengths_apart(lengths, asked)), llm, tokenizer
+
+
+@functools.cache
+def sizing_tokenizer(name: str):
+    """The tokenizer a plan names to size its samples (`Plan.tokenizer`), loaded once per process: it only
+    counts and cuts tokens, nothing changes it (`models.load_tokenizer_only`)."""
+    return models.load_tokenizer_only(name)
 
 
 def data_task_record(name: str) -> dict:
@@ -294,7 +320,10 @@ def held_plan(plan: Plan, lengths: dict[str, int]) -> tuple[Plan, None, object] 
     except LookupError:
         return None
     plan = replace(plan, configs=configs, lengths=lengths_apart(lengths, plan.length))
-    tokenizer = models.TokenizerFiles.open(plan.model)
+    try:
+        tokenizer = models.TokenizerFiles.open(plan.tokenizer or plan.model)
+    except ModelNotFound:  # a hub tokenizer whose files transformers finds (without a config.json)
+        return None
     if tokenizer is None:
         return None
     try:
@@ -344,8 +373,9 @@ def check_lengths(configs: list[Config], lengths: dict[str, int]) -> None:
 
 
 def plan_samples(plan: Plan, tokenizer) -> list[Sample]:
-    """Every sample of the plan, task by task (RULER's are sized with the model's tokenizer); under the
-    multi-question protocols, contexts combining K samples of the plan's tasks (`load_combined_samples`)."""
+    """Every sample of the plan, task by task, sized with `tokenizer` (the plan's `tokenizer` when it names
+    one, else the model's); under the multi-question protocols, contexts combining K samples of the plan's
+    tasks (`load_combined_samples`)."""
     questions = questions_per_context(plan.configs)
     if questions is not None:
         return load_combined_samples(
@@ -462,11 +492,15 @@ def run_plan(
     can claim at once (a claim replaces the writer's previous one); either way this process alone claims
     and writes their rows. Units whose rows another live writer of the folder has claimed are left to it
     and waited for (polled every CLAIM_POLL_S); should that writer die, its claims lapse and this one
-    computes them."""
+    computes them.
+
+    `tokenizer` is the model's; the samples are sized with the plan's own tokenizer when it names one
+    (`sizing_tokenizer`). Without a model (every row held: `held_plan`), `tokenizer` is what sizes them."""
     if model is not None and models.model_name(model) != plan.model:  # None: every row is held
         raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
     started = datetime.now(timezone.utc).isoformat()
-    units = plan_units(plan, plan_samples(plan, tokenizer))
+    sizer = tokenizer if model is None or plan.tokenizer is None else sizing_tokenizer(plan.tokenizer)
+    units = plan_units(plan, plan_samples(plan, sizer))
     rows_of = [unit_rows(plan, unit) for unit in units]
     # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
     record_path = store.write_run(run_record(plan, None, started))
@@ -588,6 +622,7 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
         "seed": plan.seed,
         "data_dir": str(plan.data_dir) if plan.data_dir else None,
         **({"data_tasks": plan.data_tasks} if plan.data_tasks else {}),
+        **({"tokenizer": plan.tokenizer} if plan.tokenizer else {}),
         "device": plan.device,
         "dtype": plan.dtype,
     }

@@ -53,7 +53,8 @@ __all__ = [
 
 # A family (a module or any object) exposes: TASKS {name: one-line description}, METRICS {name:
 # fn(prediction, sample) -> score in [0, 100]}, min_length(task) -> int, make_samples(task, length, samples,
-# seed, tokenizer, data_dir) -> list[Sample], and optionally reads_data_dir(task) -> bool (default False).
+# seed, tokenizer, data_dir) -> list[Sample], and optionally reads_data_dir(task) -> bool (default False) and
+# sized_by_tokenizer(task) -> bool (default True: its samples depend on the tokenizer they are made with).
 FAMILY_API = ("TASKS", "METRICS", "min_length", "make_samples")
 
 
@@ -208,6 +209,13 @@ def reads_data_dir(task: str) -> bool:
         return True
     family = family_of(task)
     return bool(getattr(family, "reads_data_dir", lambda task: False)(task))
+
+
+def sized_by_tokenizer(task: str) -> bool:
+    """Whether the samples of `task` depend on the tokenizer they are made with (filled or cut to a length in
+    its tokens), as its family says (`FAMILY_API`); what `--tokenizer` applies to."""
+    family = family_of(task)
+    return bool(getattr(family, "sized_by_tokenizer", lambda task: True)(task))
 
 
 def register_data_task(task: "jsonl.DataTask") -> str:
@@ -415,12 +423,14 @@ class Suite:
     length: int | None  # None: each task's default for the model (LongBench: THUDM's per-model limit)
     samples: int
     description: str = ""
+    tokenizer: str | None = None  # what sizes the samples (a hub id or folder); None: the model's
 
 
 @dataclass
 class SuiteFile:
     """The schema of a suite YAML: its tasks (names, at least one), and optionally the context length in
-    tokens, the samples per task and a description. Unknown keys are refused."""
+    tokens, the samples per task, a description and the tokenizer that sizes the samples instead of the
+    model's (a hub id or a folder, as `--tokenizer` takes). Unknown keys are refused."""
 
     __pydantic_config__ = {**STRICT, "extra": "forbid"}
 
@@ -428,6 +438,7 @@ class SuiteFile:
     length: Annotated[int, annotated_types.Interval(ge=1, lt=2**31)] | None = None
     samples: Annotated[int, annotated_types.Interval(ge=1, lt=2**31)] = 5
     description: str = field(default="")
+    tokenizer: Annotated[str, annotated_types.MinLen(1)] | None = None
 
 
 def suite_names() -> list[str]:
@@ -445,7 +456,8 @@ def is_suite_path(name: str) -> bool:
 
 def load_suite(name: str) -> Suite:
     """The suite `name` (tasks/, or a folder given with `include_path`) or the suite YAML at path `name`,
-    whose folder's task YAMLs are registered first; checked against `SuiteFile`."""
+    whose folder's task YAMLs are registered first; checked against `SuiteFile`. A `tokenizer:` that names a
+    folder is relative to the suite's folder; anything else is a hub id."""
     if is_suite_path(name):
         path = Path(name)
         if not path.is_file():
@@ -459,4 +471,7 @@ def load_suite(name: str) -> Suite:
         load_yaml(path, DataFileError), default=str
     )  # strict JSON mode: objects fill dataclasses
     parsed = check_json(SuiteFile, spec, f"{path}: not a suite", DataFileError)
-    return Suite(path.stem, list(parsed.tasks), parsed.length, parsed.samples, parsed.description)
+    tokenizer = parsed.tokenizer
+    if tokenizer is not None and (path.parent / tokenizer).is_dir():
+        tokenizer = str((path.parent / tokenizer).resolve())
+    return Suite(path.stem, list(parsed.tasks), parsed.length, parsed.samples, parsed.description, tokenizer)

@@ -142,6 +142,10 @@ def reads_data_dir(task: str) -> bool:
     return task in TASKS
 
 
+def sized_by_tokenizer(task: str) -> bool:
+    return False  # each problem is asked whole: no tokenizer fills or cuts it
+
+
 def parse_task(task: str) -> MathSet:
     if task not in TASKS:
         raise UnknownTask(f"unknown math task {task!r} (see `kvbench tasks`)")
