@@ -19,7 +19,7 @@ from kvbench.core.config import PROTOCOLS, Config
 from kvbench.core.errors import BadInput, KvbenchWarning
 from kvbench.core.validation import parse_float, parse_int, parse_value
 from kvbench.harness.planning import parse_memory, parse_ratio, trial_run
-from kvbench.store.results import REQUIRED_FIELDS, ResultsStore, Row, check_writable, load_rows
+from kvbench.store.results import REQUIRED_FIELDS, ResultsStore, Row, check_writable, load_rows, load_runs
 from kvbench.tasks import longbench
 
 MUTATIONS = ("wrong type", "missing", "null", "nan", "huge")
@@ -95,18 +95,60 @@ VALID_ROW = Row(
     prefill_s=0.1,
     decode_s=0.2,
     nll=2.5,
-    meta={"k": 1},
+    # The keys of meta that kvbench reads back (RowMeta), and one of a task's own.
+    meta={
+        "k": 1,
+        "question": 0,
+        "turn": 1,
+        "context": "c",
+        "part": "p",
+        "length": 9,
+        "span": 4,
+        "span_nll": [2.0],
+    },
 ).to_dict()
 ROW_OPTIONAL = set(VALID_ROW) - set(REQUIRED_FIELDS)  # an absent or null field takes its default
 # Free text, and floats without an upper bound (lm-eval's metrics are not all on 0-100).
 ROW_UNBOUNDED = {name for name, value in VALID_ROW.items() if isinstance(value, str)}
 ROW_UNBOUNDED |= {"score", "prefill_s", "decode_s", "nll"}
 ROW_CASES = [(field, mutation) for field in VALID_ROW for mutation in MUTATIONS]
+META_CASES = [(key, mutation) for key in VALID_ROW["meta"] for mutation in MUTATIONS]
+META_UNBOUNDED = {"k", "context", "part"}  # a task's own key passes as it is; free text
 
 
 @pytest.mark.parametrize("field, mutation", ROW_CASES, ids=[f"{f}-{m}" for f, m in ROW_CASES])
 def test_a_mutated_row_is_loaded_or_skipped_with_one_warning_and_nothing_changes(field, mutation, tmp_path):
     row = mutate(VALID_ROW, (field,), mutation)
+    check_mutated_row(row, accepted(mutation, field, ROW_OPTIONAL, ROW_UNBOUNDED), tmp_path)
+
+
+@pytest.mark.parametrize("key, mutation", META_CASES, ids=[f"meta.{k}-{m}" for k, m in META_CASES])
+def test_a_row_whose_meta_is_mutated_is_loaded_or_skipped_with_one_warning(key, mutation, tmp_path):
+    """The keys of meta the report reads are typed (a question "a" was a pandas traceback in the report);
+    each may be absent, and other keys pass whatever they hold."""
+    row = mutate(VALID_ROW, ("meta", key), mutation)
+    ok = key == "k" or accepted(mutation, key, set(VALID_ROW["meta"]), META_UNBOUNDED)
+    check_mutated_row(row, ok, tmp_path, f"'meta.{key}'")
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"protocol": "perplexity", "nll": None}, "'nll'"),
+        ({"protocol": "perplexity", "meta": {"span_nll": [2.0]}}, "'meta.span'"),
+        ({"protocol": "perplexity", "meta": {"span": 4}}, "'meta.span_nll'"),
+        ({"task": "longbench-e/qasper", "meta": {"k": 1}}, "'meta.length'"),
+    ],
+)
+def test_a_row_without_what_its_kind_needs_is_skipped_with_one_warning(changes, field, tmp_path):
+    """A perplexity row is drawn from its NLL and per-span NLLs, a LongBench-E row bucketed by its length:
+    without them, a KeyError in the report; now skipped as a corrupt row, naming the field."""
+    check_mutated_row({**VALID_ROW, **changes}, False, tmp_path, field)
+
+
+def check_mutated_row(row: dict | None, ok: bool, tmp_path: Path, field: str = "") -> None:
+    """A folder of a valid row and `row` (its second line): both load (`ok`), or `row` is skipped with one
+    warning (naming `field`) by the reader and by a writer opening the folder; no byte of it changes."""
     if row is None:
         pytest.skip("huge applies to numbers and strings")
     other = {**VALID_ROW, "sample_id": "s0"}
@@ -118,12 +160,12 @@ def test_a_mutated_row_is_loaded_or_skipped_with_one_warning_and_nothing_changes
         ResultsStore(tmp_path).close()  # a writer opening the folder (a resumed run) changes no row
     (tmp_path / "rows.jsonl.lock").unlink()  # what a writer leaves: its lock file, empty
     ours = [w for w in caught if issubclass(w.category, KvbenchWarning)]
-    if accepted(mutation, field, ROW_OPTIONAL, ROW_UNBOUNDED):
+    if ok:
         assert len(frame) == 2 and not ours, [str(w.message) for w in ours]
     else:
         assert list(frame["sample_id"]) == ["s0"]
         assert len(ours) == 2 and all(":2: skipped a corrupt results row" in str(w.message) for w in ours)
-        assert "\n" not in str(ours[0].message)
+        assert "\n" not in str(ours[0].message) and field in str(ours[0].message), str(ours[0].message)
     assert folder_hash(tmp_path) == before
 
 
@@ -159,6 +201,86 @@ def test_a_torn_last_line_is_still_cut(tmp_path):
     (tmp_path / "rows.jsonl").write_text(line + "\n" + line[:-7])
     ResultsStore(tmp_path)
     assert (tmp_path / "rows.jsonl").read_text() == line + "\n"
+
+
+# ---- run records: their nested parts too ----
+
+VALID_RUN = {
+    "command": "kvbench sweep ...",
+    "config": {
+        "model": "m",
+        "dtype": "float32",
+        "configs": [
+            {
+                "press": "knorm",
+                "ratio": 0.5,
+                "press_args": [["window_size", 8]],
+                "memory": 0.5,
+                "budget": 64,
+                "protocol": "decode-time",
+                "protocol_args": [["interval", 4]],
+            }
+        ],
+        "tasks": ["t"],
+        "suite": "s",
+        "length": 1024,
+        "samples": 2,
+    },
+    "summary": {},
+    "versions": {"torch": "2"},
+    "hardware": {"machine": "x86_64", "cpus": 2, "gpu": "H200"},
+    "git_commit": "abc",
+    "started": "2026-01-01T00:00:00",
+    "finished": None,
+}
+ENTRY = ("config", "configs", 0)
+RUN_PATHS = [
+    ("command",),
+    ("config",),
+    *[("config", key) for key in VALID_RUN["config"]],
+    *[(*ENTRY, key) for key in VALID_RUN["config"]["configs"][0]],
+    ("hardware",),
+    *[("hardware", key) for key in VALID_RUN["hardware"]],
+    ("started",),
+]
+RUN_REQUIRED = {(*ENTRY, "press"), (*ENTRY, "ratio")}  # what a config of a run is
+RUN_CASES = [(path, mutation) for path in RUN_PATHS for mutation in MUTATIONS]
+
+
+def dig(data, path: tuple):
+    for part in path:
+        data = data[part]
+    return data
+
+
+@pytest.mark.parametrize(
+    "path, mutation", RUN_CASES, ids=[".".join(map(str, p)) + f"-{m}" for p, m in RUN_CASES]
+)
+def test_a_mutated_run_record_is_read_or_skipped_with_one_warning_naming_the_field(path, mutation, tmp_path):
+    """Every field of a run record the report reads, nested ones too (config.tasks as text was iterated
+    letter by letter; a config without a press was a KeyError): read, or skipped with one warning naming
+    the file and the field, and the report's rows read all the same."""
+    record = mutate(VALID_RUN, path, mutation)
+    if record is None:
+        pytest.skip("huge applies to numbers and strings")
+    (tmp_path / "rows.jsonl").write_text(json.dumps(VALID_ROW) + "\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r.json").write_text(json.dumps(record))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs([tmp_path])
+    ours = [str(w.message) for w in caught if issubclass(w.category, KvbenchWarning)]
+    free_text = isinstance(dig(VALID_RUN, path), str)
+    if mutation in ("missing", "null"):
+        ok = path not in RUN_REQUIRED
+    else:
+        ok = mutation == "huge" and free_text
+    if ok:
+        assert len(runs) == 1 and not ours, ours
+    else:
+        field = ".".join(map(str, path))
+        assert not runs and len(ours) == 1, ours
+        assert f"runs/r.json: skipped a corrupt run record: field '{field}" in ours[0], ours
 
 
 # ---- training manifests ----

@@ -37,7 +37,7 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Generator, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +48,7 @@ from filelock import FileLock, Timeout
 from kvbench.core.config import DEFAULT_PROTOCOL, Config
 from kvbench.core.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
 from kvbench.core.validation import (
+    STRICT,
     Count,
     Int64,
     Memory,
@@ -55,6 +56,7 @@ from kvbench.core.validation import (
     Positive,
     Ratio,
     check_fields,
+    check_json,
     jsonl_lines,
     parse_json,
     whole_lines_size,
@@ -111,6 +113,54 @@ def config_id_of(model: str, config: Config) -> str:
 
 
 @dataclass
+class RowMeta:
+    """The schema of the keys of a row's `meta` that kvbench reads back, each of its type where present: the
+    question or turn of a context that asks several (the runner's `question`/`turn`, `context`, `part`), a
+    sample's length (LongBench-E's length buckets), and a perplexity row's per-span NLLs (`span`, `span_nll`).
+    Any other key passes as it is (a task's own, e.g. LongBench's `all_classes`)."""
+
+    question: Count
+    turn: Count
+    context: str
+    part: str
+    length: Count
+    span: Positive
+    span_nll: list[NonNegative]
+
+
+# What a kind of row must hold for the report to read it: (which rows, what they are, the fields).
+ROW_NEEDS = (
+    (
+        lambda values: values.get("protocol") == "perplexity",
+        "a perplexity row",
+        ("nll", "meta.span", "meta.span_nll"),
+    ),
+    (
+        lambda values: str(values.get("task")).startswith("longbench-e/"),
+        "a LongBench-E row",
+        ("meta.length",),
+    ),
+)
+
+
+def check_meta(values: dict) -> None:
+    """ValueError naming the field when a row's `meta` does not fit `RowMeta`, or when the row lacks a field
+    its kind of row needs (`ROW_NEEDS`)."""
+    meta = values.get("meta", {})
+    try:
+        check_fields(
+            RowMeta, {key: meta[key] for key in RowMeta.__dataclass_fields__ if key in meta}, "", ValueError
+        )
+    except ValueError as error:
+        raise ValueError(str(error).replace("field '", "field 'meta.", 1)) from None
+    for applies, kind, names in ROW_NEEDS:
+        held = {**values, **{f"meta.{key}": value for key, value in meta.items()}}
+        missing = [name for name in names if held.get(name) is None]
+        if missing and applies(values):
+            raise ValueError(f"field {missing[0]!r}: {kind} needs it (got none)")
+
+
+@dataclass
 class Row:
     """One scored (config, sample): a line of rows.jsonl, written by `kvbench run`/`sweep` and by the lm-eval
     bridge, read by the report. Fields a row of an older version lacks take their defaults; fields this
@@ -153,7 +203,7 @@ class Row:
     # `kvbench perplexity` (protocol "perplexity", score None): the mean negative log-likelihood in nats per
     # predicted token of the text (its perplexity is exp(nll)); per-span means are in `meta`.
     nll: NonNegative | None = None
-    meta: dict[str, Any] = field(default_factory=dict)  # the sample's, e.g. LongBench-E's length bucket
+    meta: dict[str, Any] = field(default_factory=dict)  # the sample's (e.g. LongBench-E's length); `RowMeta`
     extra: dict[str, Any] = field(default_factory=dict)  # fields of other versions, kept as read
 
     @property
@@ -184,6 +234,7 @@ class Row:
         known = {item.name for item in fields(cls)} - {"extra"}
         values = {name: value for name, value in data.items() if name in known and value is not None}
         values = check_fields(cls, values, "", error=ValueError)
+        check_meta(values)
         extra = {name: value for name, value in data.items() if name not in known}
         return cls(**{"length": None, "seed": 0, **values}, extra=extra)
 
@@ -382,18 +433,21 @@ class ResultsStore:
         if not self.claims_dir.is_dir():
             return taken
         for path in self.claims_dir.glob("*.json"):
-            if path.stem == self.owner:
+            if path.stem == self.owner or not path.is_file():  # a folder or a FIFO is no writer's claims
                 continue
             owner_lock = FileLock(str(path.with_suffix(".lock")))
             try:
                 owner_lock.acquire(blocking=False)
-            except Timeout:  # the writer lives
-                with suppress_os_error():
+            except Timeout:  # the writer lives; claims it cannot have written (not lists of keys) are none
+                with suppress_os_error(), suppress(TypeError):
                     taken.update(tuple(key) for key in parse_json(path.read_text()))
                 continue
-            path.unlink(missing_ok=True)  # a killed writer's claims
-            owner_lock.release()
-            Path(owner_lock.lock_file).unlink(missing_ok=True)
+            except OSError:  # a lock that cannot be taken (a folder in its place): no writer to wait for
+                continue
+            with suppress_os_error():
+                path.unlink(missing_ok=True)  # a killed writer's claims
+                owner_lock.release()
+                Path(owner_lock.lock_file).unlink(missing_ok=True)
         return taken
 
     def append(self, row: Row, force: bool = False) -> bool:
@@ -577,16 +631,69 @@ def load_rows(paths):
     return frame.drop_duplicates(subset=list(SAMPLE_FIELDS), keep="last").reset_index(drop=True)
 
 
+# Arguments as a run record writes them: a config's sorted (key, value) pairs, or an object.
+Arguments = list[tuple[str, Any]] | dict[str, Any]
+
+
+@dataclass
+class RunConfigEntry:
+    """One config of a run record's `config.configs` (a `Config` as `asdict` writes it): the fields the
+    report reads to name what a run asked for."""
+
+    __pydantic_config__ = STRICT
+
+    press: str
+    ratio: Ratio
+    press_args: Arguments | None = None
+    memory: Memory | None = None
+    budget: Positive | None = None
+    protocol: str | None = None
+    protocol_args: Arguments | None = None
+
+
+@dataclass
+class RunConfig:
+    """A run record's `config`: the fields the report reads (the model and compute dtype, the configs, tasks,
+    suite, length and samples a run asked for, a protocol named once for all), each of its type where
+    present; the others pass as they are."""
+
+    __pydantic_config__ = STRICT
+
+    model: str | None = None
+    dtype: str | None = None
+    configs: list[RunConfigEntry] | None = None
+    tasks: list[str] | None = None
+    suite: str | None = None
+    length: Positive | None = None
+    samples: Count | None = None
+    protocol: str | None = None
+    protocol_args: Arguments | None = None
+
+
+@dataclass
+class RunHardware:
+    """A run record's `hardware`, what the report says the timings ran on."""
+
+    __pydantic_config__ = STRICT
+
+    machine: str | None = None
+    cpus: Positive | None = None
+    gpu: str | None = None
+
+
 @dataclass
 class RunRecord:
     """The schema of a run record (runs/*.json, written whole by `kvbench.core.provenance.run_record`): the
-    fields readers use, each of its type; other fields pass as they are."""
+    fields readers use, each of its type (`config`'s and `hardware`'s too), null as absent; other fields pass
+    as they are. Checked as JSON (`check_json`), so that arrays fill the (key, value) pairs."""
 
-    command: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, Any] = field(default_factory=dict)
-    hardware: dict[str, Any] = field(default_factory=dict)
+    __pydantic_config__ = STRICT
+
+    command: str | None = None
+    config: RunConfig | None = None
+    summary: dict[str, Any] | None = None
+    versions: dict[str, Any] | None = None
+    hardware: RunHardware | None = None
     git_commit: str | None = None
     started: str | None = None
     finished: str | None = None
@@ -603,7 +710,7 @@ def load_runs(paths) -> list[dict]:
                 record = parse_json(run.read_text())
                 if not isinstance(record, dict):
                     raise ValueError("not a JSON object")
-                check_fields(RunRecord, record, "", error=ValueError)
+                check_json(RunRecord, json.dumps(record), "", error=ValueError)
             except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
                 warnings.warn(f"{run}: skipped a corrupt run record: {reason}", KvbenchWarning, stacklevel=2)
