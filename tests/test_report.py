@@ -569,7 +569,7 @@ def test_the_leaders_lead_is_paired_by_sample(tmp_path):
     """Two presses whose scores swing together from sample to sample: their intervals overlap, but the
     paired lead (a - b on each sample, mean of the per-task means) is beyond noise. A sample only one of
     them scored is no pair."""
-    a = {"t1": [90, 30, 80, 20], "t2": [70, 10, 60, 0, 50]}
+    a = {"t1": [90, 30, 80, 20], "t2": [70, 12, 60, 12, 50]}  # b, 10-12 lower, stays in [0, 100]
     gaps = [10, 12, 10, 12]
     b = {
         "t1": [s - g for s, g in zip(a["t1"], gaps, strict=True)],
@@ -591,10 +591,10 @@ def test_the_leaders_lead_is_paired_by_sample(tmp_path):
 def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
     """b and c against a: b trails a by the same 10-12 on every sample (beyond noise though the intervals
     overlap); c is a plus a little noise. The CLI writes the table and refuses an unknown baseline."""
-    a = {"t1": [90, 30, 80, 20], "t2": [70, 10, 60, 0]}
+    a = {"t1": [90, 30, 80, 20], "t2": [70, 12, 60, 12]}  # b, 10-12 lower, stays in [0, 100]
     gaps = {"t1": [10, 12, 10, 12], "t2": [12, 10, 12, 10]}
     b = {task: [s - g for s, g in zip(a[task], gaps[task], strict=True)] for task in a}
-    c = {"t1": [95, 25, 80, 20], "t2": [70, 10, 65, 0]}
+    c = {"t1": [95, 25, 80, 20], "t2": [70, 12, 65, 12]}
     scores = {("a", 0.5): a, ("b", 0.5): b, ("c", 0.5): c, ("a", 0.75): a}
     results = write_results(tmp_path / "results", rows_of(scores))
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="a")

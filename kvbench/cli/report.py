@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from kvbench.core.errors import NoResults
+from kvbench.core.errors import KvbenchError, NoResults
 from kvbench.reporting.browser import SCREENSHOT_SIZE, require_browser
 from kvbench.reporting.browser import screenshot as take_screenshot
 from kvbench.reporting.costs import read_costs
@@ -80,12 +80,14 @@ def report(
         try:
             chosen = split_press_labels(presses) if presses else None
             out_dir = render_report(list(result_dirs), out, recursive, versus, chosen, every_state, costs)
-        except NoResults as error:
+        except KvbenchError as error:  # said after what was skipped while reading, which may explain it
             out_dir = error
     for caught_warning in caught:  # one line each, not Python's two-line warning format
         click.echo(f"Warning: {caught_warning.message}", err=True)
     if isinstance(out_dir, NoResults):
         raise click.UsageError(str(out_dir)) from out_dir
+    if isinstance(out_dir, KvbenchError):
+        raise out_dir
     click.echo(f"Report written to {out_dir / 'README.md'} and {out_dir / 'index.html'}")
     if screenshot:
         click.echo(

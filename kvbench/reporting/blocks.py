@@ -2,6 +2,7 @@
 from the leaderboards; rendered to markdown and to HTML from the same blocks by reporting.render.
 """
 
+import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -222,14 +223,37 @@ def view_columns(frame: pd.DataFrame, axis: str) -> pd.DataFrame:
     )
 
 
+MAX_STEM = 96  # characters of a plot file's stem before its hash: a file name holds 255 bytes
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
 def file_stem(board: Leaderboard) -> str:
-    """Plot file names: model and length, and the protocol when it is not the default one."""
+    """Plot file names: model and length, and the protocol when it is not the default one (`board.stem`
+    where `unique_stems` had to tell it apart)."""
+    if board.stem:
+        return board.stem
     stem = slug(board.model) + ("" if board.length is None else f"-{board.length}")
     return stem if board.protocol == DEFAULT_PROTOCOL else f"{stem}-{slug(board.protocol)}"
+
+
+def unique_stems(stems: list[str], keys: list) -> list[str]:
+    """The plot file stems of one report, each still naming one thing: a stem that another thing's shares
+    (`org/m` and `org-m` both slug to `org-m`; case aside, as some file systems ignore it), or that runs
+    past MAX_STEM characters (cut), ends in a short hash of its thing's key (`org-m-1a2b3c4d`). Stems
+    that are unique already stay as they are, so a report's file names do not change for nothing."""
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem.casefold()] = counts.get(stem.casefold(), 0) + 1
+    unique = []
+    for stem, key in zip(stems, keys, strict=True):
+        if counts[stem.casefold()] > 1 or len(stem) > MAX_STEM:
+            digest = hashlib.sha1(repr(key).encode()).hexdigest()[:8]
+            stem = f"{stem[:MAX_STEM].rstrip('-')}-{digest}"
+        unique.append(stem)
+    return unique
 
 
 INTERVALS = (
@@ -542,7 +566,8 @@ def detail_blocks(board: Leaderboard, out_dir: Path, stem: str) -> list:
         table = breakdown(board, ratio)
         counts = breakdown(board, ratio, board.sample_counts)
         title = f"{board.title}\nratio {ratio:g}: mean score per task"
-        heatmap = save(heatmap_figure(table, title), out_dir / f"{stem}-tasks-{ratio:g}.png", dpi=100)
+        path = out_dir / f"{stem}-tasks-{ratio:.10g}.png"  # ratios 10 digits apart are two files
+        heatmap = save(heatmap_figure(table, title), path, dpi=100)
         blocks += [
             Paragraph(
                 f"Ratio {ratio:g}: mean score per task. Each cell averages the task's samples (see Samples "

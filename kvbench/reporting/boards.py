@@ -63,6 +63,7 @@ class Leaderboard:
     codecs: list[str]  # presses run with a ratio that store fewer bytes than their kept entries
     has_bytes: bool  # rows record kv_bytes, or ran with a memory budget: the memory view is shown
     baseline: str | None = None  # with `report --versus`: the press every view compares to
+    stem: str = ""  # its plots' file stem where another board's would be the same (`blocks.unique_stems`)
 
     @property
     def title(self) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.core.config import budget_label
-from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, slug
+from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, slug, unique_stems
 from kvbench.reporting.plots import Style, new_figure, plain_ticks
 from kvbench.reporting.read import REFERENCE_PRESS, with_report_columns
 
@@ -132,9 +132,11 @@ def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style
         ),
     ]
     keys = ["model", "length", "protocol_label", "task"]
-    for (model, length, protocol, task), group in rows.groupby(keys, sort=True):  # ty: ignore[not-iterable]
+    groups = [(tuple(key), group) for key, group in rows.groupby(keys, sort=True)]
+    names = [f"perplexity-{slug(m)}-{n}-{slug(p)}-{slug(t)}" for (m, n, p, t), _ in groups]
+    for (key, group), stem in zip(groups, unique_stems(names, [key for key, _ in groups]), strict=True):
+        model, length, protocol, task = key
         title = f"{model}, {task}, length {length}, {protocol}"
-        stem = f"perplexity-{slug(model)}-{length}-{slug(protocol)}-{slug(task)}"
         full = group.loc[group["press"] == REFERENCE_PRESS, "nll"]
         reference = float(np.exp(full.mean())) if len(full) else None
         texts = group["sample_id"].nunique()

@@ -11,6 +11,7 @@ import pandas as pd
 
 from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.core.errors import BadInput, NoResults
+from kvbench.reporting.stats import SCORE_RANGE
 from kvbench.store.results import load_rows, load_runs, results_files
 
 REFERENCE_PRESS = "none"  # ratio 0.0: the no-compression reference
@@ -184,6 +185,36 @@ def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tu
     return rows[~older].reset_index(drop=True), notes
 
 
+# Past this NLL per token, a perplexity (exp(nll)) overflows a float: no measurement of a language model.
+MAX_NLL = 700.0
+
+
+def off_scale(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The rows without those whose value the report cannot place, and a line per results folder saying
+    what was set aside: a score outside [0, 100] (the scale of every table, interval and plot; a row
+    schema allows any finite score, for lm-eval metrics that are not on it), an NLL whose perplexity
+    overflows. Not a file's corruption: the lines stay as they are, the report leaves them out."""
+    score, nll = pd.to_numeric(rows["score"]), pd.to_numeric(rows["nll"])
+    low, high = SCORE_RANGE
+    reasons = {
+        f"a score outside [{low:g}, {high:g}]": score.notna() & ~score.between(low, high),
+        f"an NLL above {MAX_NLL:g} (a perplexity beyond a float)": nll.notna() & (nll > MAX_NLL),
+    }
+    dropped = pd.Series(False, index=rows.index)
+    notes = []
+    for reason, bad in reasons.items():
+        for source, group in rows[bad & ~dropped].groupby("source", sort=True):
+            first = group.iloc[0]
+            value = first["score"] if "score" in reason else first["nll"]
+            count = f"{len(group)} row{'s' if len(group) > 1 else ''}"
+            notes.append(
+                f"{source}: set aside {count} with {reason}, which the report cannot place "
+                f"(first: task {first['task']}, sample {first['sample_id']}: {value:g})"
+            )
+        dropped |= bad
+    return rows[~dropped].reset_index(drop=True), notes
+
+
 def collect(paths: list[Path], recursive: bool = False, every_state: bool = False) -> Collected:
     files = result_files([Path(p) for p in paths], recursive)
     with warnings.catch_warnings(record=True) as caught:
@@ -192,6 +223,8 @@ def collect(paths: list[Path], recursive: bool = False, every_state: bool = Fals
         runs = [run for file in files for run in read_runs(file)]
     # results.read_rows already says once per file what it skipped; each message once.
     summary = list(dict.fromkeys(str(w.message) for w in caught))
+    rows, set_aside = off_scale(rows)
+    summary += set_aside
     for message in summary:  # recorded for the report, still shown to the user
         warnings.warn(message, stacklevel=2)
     if rows.empty:

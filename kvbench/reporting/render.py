@@ -4,11 +4,26 @@ and `render_report`, which writes a whole report folder.
 """
 
 import base64
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Generator
+from contextlib import contextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 
-from kvbench.core.errors import BadInput
-from kvbench.reporting.blocks import Code, Heading, Image, Paragraph, Table, leaderboard_blocks
+from kvbench.core.errors import BadInput, WriteError
+from kvbench.reporting.blocks import (
+    Code,
+    Heading,
+    Image,
+    Paragraph,
+    Table,
+    file_stem,
+    leaderboard_blocks,
+    unique_stems,
+)
 from kvbench.reporting.boards import build_leaderboards, unscored_note
 from kvbench.reporting.conformance import conformance_blocks, read_conformance
 from kvbench.reporting.costs import Costs, cost_blocks, read_costs
@@ -95,20 +110,54 @@ def render_report(
     perplexity = is_perplexity(collected.rows)  # NLLs, not scores: a section of their own
     scored = collected.rows[~perplexity]
     boards = build_leaderboards(scored, collected.runs, versus)
+    stems = unique_stems([file_stem(board) for board in boards], [board.title for board in boards])
+    boards = [replace(board, stem=stem) for board, stem in zip(boards, stems, strict=True)]
     names = sorted({press for board in boards for press in board.presses})
     if versus and versus not in names:
         raise BadInput(f"--versus {versus!r} is not a press of these results (they hold {', '.join(names)})")
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     blocks = [Paragraph("Results folders: " + ", ".join(f"`{d}`" for d in collected.dirs))]
     notes = [*collected.notes, unscored_note(scored)]
     blocks += [Paragraph(note) for note in notes if note]
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
     checked = read_conformance(collected.dirs)
-    for board in boards:
-        costed = cost_blocks(board, costs, out_dir, styles) if costs is not None else []
-        blocks += leaderboard_blocks(board, out_dir, styles, costed + conformance_blocks(board, checked))
-    blocks += perplexity_blocks(collected.rows[perplexity], out_dir, styles)
-    (out_dir / "README.md").write_text(to_markdown(TITLE, blocks))
-    (out_dir / "index.html").write_text(to_html(TITLE, blocks))
+    out_dir = Path(out)
+    with staged(out_dir) as stage:
+        for board in boards:
+            costed = cost_blocks(board, costs, stage, styles) if costs is not None else []
+            blocks += leaderboard_blocks(board, stage, styles, costed + conformance_blocks(board, checked))
+        blocks += perplexity_blocks(collected.rows[perplexity], stage, styles)
+        (stage / "README.md").write_text(to_markdown(TITLE, blocks))
+        (stage / "index.html").write_text(to_html(TITLE, blocks))
     return out_dir
+
+
+@contextmanager
+def staged(out_dir: Path) -> Generator[Path, None, None]:
+    """A hidden folder inside `out_dir` (made if need be) to write a report's files into; once all are
+    written, each is moved into `out_dir` (a rename, which writes no byte), so a report that fails half-way
+    (a full disk, a file size limit) leaves the report that was there as it was, and no folder it made.
+    Files of `out_dir` that the report does not write stay. A write that fails is a WriteError (exit 1): not
+    the user's input; a file of the report that is a folder in `out_dir` is bad input, found before any
+    file moves."""
+    made = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]
+    stage = None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".report-", suffix=".tmp", dir=out_dir))
+        yield stage
+        files = sorted(stage.iterdir())
+        for file in files:
+            if (out_dir / file.name).is_dir() or (out_dir / file.name).is_symlink():
+                raise BadInput(f"cannot write the report to {out_dir}: {out_dir / file.name} is not a file")
+        for file in files:
+            os.replace(file, out_dir / file.name)
+        made = []
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        raise WriteError(f"cannot write the report to {out_dir}: {reason} (nothing written)") from None
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        for folder in made:  # deepest first; only those still empty
+            with suppress(OSError):
+                folder.rmdir()
