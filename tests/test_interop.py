@@ -164,8 +164,10 @@ def test_bad_inputs_are_refused_in_one_line_and_nothing_is_written(tmp_path):
     config = (knorm / "config.yaml").read_text()
     (knorm / "config.yaml").write_text(config.replace("press_name: knorm\n", ""))
     refused(invoke("import", "--format", "kvpress", kvpress, tmp_path / "out"), "config.yaml", "press_name")
+    (knorm / "config.yaml").write_text(config.replace("dataset: ruler", "dataset: scbench"))
+    refused(invoke("import", "--format", "kvpress", kvpress, tmp_path / "out"), "config.yaml", "scbench")
     (knorm / "config.yaml").write_text(config.replace("dataset: ruler", "dataset: loogle"))
-    refused(invoke("import", "--format", "kvpress", kvpress, tmp_path / "out"), "config.yaml", "loogle")
+    refused(invoke("import", "--format", "kvpress", kvpress, tmp_path / "out"), "metrics.json", "rouge-l")
     (knorm / "config.yaml").write_text(config)
     (knorm / "metrics.json").write_text(json.dumps({"vt": {"accuracy": 1.0}}))
     refused(

@@ -18,8 +18,10 @@ def export_command(format_, results, out):
 
     The results folder RESULTS goes to OUT, a new folder: one folder per config and dataset, named as
     kvpress's evaluate.py names it, holding predictions.csv, metrics.json and config.yaml. RULER,
-    longbench/NAME and longbench-e/NAME rows, query-agnostic or query-aware, at a compression ratio;
-    anything else is refused and nothing is written.
+    longbench/NAME, longbench-e/NAME, longbench-v2, infinitebench/NAME, loogle/NAME, needle_in_haystack,
+    aime25 and math500 rows, query-agnostic or query-aware, at a compression ratio; anything else
+    (ZeroSCROLLS: kvbench scores its validation split, kvpress its test split) is refused and nothing is
+    written.
     """
     from kvbench.harness.interop import export_kvpress
 
@@ -34,8 +36,9 @@ def export_command(format_, results, out):
 def import_command(format_, folder, out):
     """Read kvpress evaluation's output folders as results.
 
-    The folders at or below DIR go to OUT, a new kvbench results folder. Each prediction becomes a row
-    scored with kvbench's implementation of the same official metric, its press named `NAME (kvpress)`
+    The folders at or below DIR go to OUT, a new kvbench results folder (the datasets export writes; not
+    kvpress's DecodingPress runs). Each prediction becomes a row scored with kvbench's implementation of
+    the same official metric (math-verify for aime25 and math500), its press named `NAME (kvpress)`
     and `meta.imported` "kvpress", so `kvbench report` sets them beside kvbench's own results. A
     published score its predictions do not give back is said in a warning.
     """

@@ -1,53 +1,101 @@
 """Results that travel to and from kvpress's evaluation (and its leaderboard): `export_kvpress` writes a
 kvbench results folder as kvpress's output folders, `import_kvpress` reads such folders into kvbench rows.
 
-The format, as read from NVIDIA/kvpress (github, `evaluation/`):
+The format, as read from NVIDIA/kvpress (github, `evaluation/`, at commit 8bb29b9):
 
 - `evaluation/evaluate.py`: `EvaluationConfig.get_results_dir` names one folder per run
   `{dataset}__{data_dir}__{model with / as --}__{press_name}__{compression_ratio:.2f}`, then
-  `__max_context{N}` when a maximum context length is set and `__query_aware` when the question is
-  compressed with the context (empty parts left out); a folder that exists gets a numbered subfolder (`/1`,
-  `/2`). `run_evaluation` writes in it `predictions.csv` (every column of the dataset but `context`, plus
-  `predicted_answer` and `compression_ratio`; pandas' `to_csv`, list cells as numpy prints them, e.g.
-  `['a' 'b']`), `metrics.json` (the dataset's scorer's output, `json.dump(..., indent=4)`) and
-  `config.yaml` (`EvaluationConfig.save_config`: the dataclass's fields in order, `yaml.dump(...,
-  default_flow_style=False, indent=2, sort_keys=False)`, `threshold` and `head_compression_ratio` left out
-  when unset, `compression_ratio` left out when either is set; `press_init_command` is `str(press)`).
-  `no_press` runs at compression ratio 0.0.
+  `__max_context{N}` when a maximum context length is set, `__query_aware` when the question is compressed
+  with the context and, for needle_in_haystack, `__needle_depth{D}` (empty parts left out); a folder that
+  exists gets a numbered subfolder (`/1`, `/2`). `run_evaluation` writes in it `predictions.csv` (every
+  column of the dataset but `context`, plus `predicted_answer` and, but for a DecodingPress,
+  `compression_ratio`; pandas' `to_csv`, list cells as numpy prints them, e.g. `['a' 'b']`),
+  `metrics.json` (the dataset's scorer's output, `json.dump(..., indent=4)`) and `config.yaml`
+  (`EvaluationConfig.save_config`: the dataclass's fields in order, `yaml.dump(..., default_flow_style=False,
+  indent=2, sort_keys=False)`, `threshold` and `head_compression_ratio` left out when unset,
+  `compression_ratio` left out when either is set; `press_init_command` is `str(press)`), config.yaml last:
+  a scorer that raises leaves a folder without it. `no_press` runs at compression ratio 0.0.
 - `evaluation/evaluate_config.yaml`: the fields a user sets (ruler's `data_dir` is its context length,
   "4096"); `evaluation/leaderboard.sh`: the leaderboard's runs (ruler at 4096, ratios 0.25 to 0.875, a
   query-aware loop).
-- `evaluation/evaluate_registry.py`: the datasets (`ruler`, `longbench`, `longbench-e`, ...).
-- `evaluation/benchmarks/ruler/calculate_metrics.py`: metrics.json is `{task: {"string_match": score}}`,
-  per RULER task (`niah_single_1`, ..., `qa_2`; string_match_part for `qa_*`, string_match_all otherwise,
-  mean x 100 rounded to 2 decimals); `benchmarks/ruler/create_huggingface_dataset.py` and `generate.sh`:
-  the columns (`question`, `answer_prefix`, `answer`, `task`, `max_new_tokens`) and the tasks.
-- `evaluation/benchmarks/longbench/calculate_metrics.py`: for `longbench`, metrics.json is one number (the
-  dataset's official metric, mean x 100 rounded to 2); for `longbench-e`, `{"0-4k": .., "4-8k": ..,
-  "8k+": ..}` by the row's `length`; `benchmarks/longbench/create_huggingface_dataset.py`: one `data_dir`
-  per LongBench dataset (`narrativeqa`; LongBench-E's `qasper_e`), columns `question`, `answers`,
-  `all_classes`, `length`, `_id`, `answer_prefix`, `task`, `max_new_tokens`.
+- `evaluation/evaluate_registry.py`: the datasets (`DATASET_REGISTRY`, `SCORER_REGISTRY`) and presses
+  (`decoding_*` are DecodingPress).
 
-The correspondence: kvbench's RULER task T at length L is kvpress's `ruler`, data_dir L, task T;
-`longbench/NAME` is `longbench`, data_dir NAME (with `max_context_length` the kvbench length);
-`longbench-e/NAME` is `longbench-e`, data_dir `NAME_e`. Protocols: query-agnostic is `query_aware: false`,
-query-aware is `query_aware: true`. kvbench's `none` is kvpress's `no_press`. Everything else (other
-tasks and datasets, other protocols, memory or absolute budgets, presses set by a threshold) has no
-counterpart and is refused, in one line, before anything is written.
+The datasets, each from its `evaluation/benchmarks/<dir>/calculate_metrics.py` (the metrics.json shape) and
+`create_huggingface_dataset.py` (the `data_dir` values, one per `config_name`, and the columns), and how
+kvbench's tasks map to them:
 
-Export writes one kvpress folder per (config, dataset, data_dir); a config's press is named by its report
-label (press and arguments) and its kvbench identity (config id, learned state) is in
-`press_init_command`. Its metrics.json holds kvbench's scores in kvpress's shape (the mean of the rows'
-scores, rounded to 2 decimals). `fraction` stays 1.0: the leaderboard's own runs have 500 samples per
-RULER task, a kvbench export as many as kvbench ran.
+- `ruler` (`benchmarks/ruler/`, and `generate.sh`): metrics.json is `{task: {"string_match": score}}` per
+  RULER task (`niah_single_1`, ..., `qa_2`; string_match_part for `qa_*`, string_match_all otherwise, mean x
+  100 rounded to 2); columns `question`, `answer_prefix`, `answer`, `task`, `max_new_tokens`. kvbench's
+  RULER task T at length L is `ruler`, data_dir L, task T.
+- `longbench`, `longbench-e` (`benchmarks/longbench/`): for `longbench` metrics.json is one number (the
+  dataset's official metric, mean x 100 rounded to 2); for `longbench-e`, `{"0-4k": .., "4-8k": .., "8k+":
+  ..}` by the row's `length` (NaN for an empty bucket); one `data_dir` per LongBench dataset (`narrativeqa`;
+  LongBench-E's `qasper_e`), columns `question`, `answers`, `all_classes`, `length`, `_id`, `answer_prefix`,
+  `task`, `max_new_tokens`. `longbench/NAME` is `longbench`, data_dir NAME; `longbench-e/NAME` is
+  `longbench-e`, data_dir `NAME_e`; the kvbench length is `max_context_length`.
+- `longbench-v2` (`benchmarks/longbenchv2/`): metrics.json `{"average": .., "easy": .., "hard": ..,
+  "long": .., "medium": .., "short": ..}` (means in [0, 1] by `difficulty` and by `length`, the length
+  class); data_dir `0shot` (its config_name; import takes none too); columns THUDM's (`_id`, `domain`,
+  `sub_domain`, `difficulty`, `length`, `question`, `choice_A`..`choice_D`, `answer`) and `max_new_tokens`,
+  `answer_prefix`. `longbench-v2` and `longbench-v2/<length>` are `longbench-v2` (a subset comes back as
+  `longbench-v2`; the length class is a row's `meta.length_class`). kvpress scores a choice present anywhere
+  ("The correct answer is (X)" in the answer), kvbench as THUDM's `extract_answer` (the first one
+  found); kvpress's prompt is its own (16 new tokens), kvbench's THUDM's 0shot.txt (128).
+- `infinitebench` (`benchmarks/infinite_bench/`): metrics.json is one number, the mean score in [0, 1];
+  data_dir and `task` the task name; columns `question`, `answer_prefix`, `answer` (strings), `task`,
+  `max_new_tokens`. `infinitebench/NAME` is `infinitebench`, data_dir NAME. kvpress's prompts are its own
+  (answer prefixes, 20 more new tokens), kvbench's OpenBMB's; its choice answers are the letter alone where
+  OpenBMB's `get_answer` (and kvbench's export) gives [option, letter]: on import the option is read from
+  the question's "X. option" line, and code_debug, whose scorer needs the function's name, is refused
+  without it. kvpress's scorer copy raises on longbook_sum_eng, code_debug, math_find and math_calc (its
+  labels are strings, or a letter alone) and scores code_run 0 (a string label against an int): its folders
+  of those have no config.yaml, or a published score kvbench does not give back (a warning).
+- `loogle` (`benchmarks/loogle/`): metrics.json `{task: {"bleu1", "bleu4", "rouge-1", "rouge-2", "rouge-l",
+  "meteor", "bert"}}` (means in [0, 1]), for `shortdep_cloze` `{"exact_match", "partial_match"}` (masks
+  matched over masks, a prediction that is not a dict counting one, rounded to 4); data_dir and `task` the
+  task name; columns `question`, `answer_prefix`, `answer` (a string; the cloze's as JSON), `task`,
+  `max_new_tokens`. `loogle/NAME` is `loogle`, data_dir NAME. kvbench has ROUGE-L recall and exact match
+  only: an export's metrics.json holds `rouge-l` and `exact_match`.
+- `needle_in_haystack` (`benchmarks/needle_in_haystack/`, its `utils.py`): metrics.json a list, one
+  `Rouge().get_scores(needle, prediction)[0]` per row (`rouge-1`, `rouge-2`, `rouge-l`, each `r`, `p`,
+  `f`); no data_dir, `max_context_length` and `needle_depth` set; columns `needle`, `needle_depth`,
+  `question`, `answer_prefix`, `max_new_tokens`. kvbench's `needle_in_haystack` cell of length C and depth
+  D is a folder with max_context_length C and needle_depth D (a run at length L comes back as its cells'
+  lengths). kvpress puts the needle at the token of the depth in `max_context_length - 150 - needle` tokens
+  of essays, kvbench after the sentence before it in a cell's length less the prompt (gkamradt's): the same
+  grid, not the same contexts.
+- `aime25`, `math500` (`benchmarks/aime25/`, `benchmarks/math500/`; datasets alessiodevoto/aime25 and
+  alessiodevoto/math500, no creation script): metrics.json `{"correct", "answered", "accuracy", "total"}`,
+  the text after "boxed{" (AIME25: the last, MATH-500: the first) up to the next "}" equal to `answer`; no
+  data_dir; columns the ones evaluate.py and the scorer read, `question`, `answer_prefix`, `answer`,
+  `max_new_tokens`. kvbench scores these tasks with math-verify (`math_equivalence`), not that string
+  match: rows keep kvbench's score; an export's metrics.json is kvpress's string match of its predictions,
+  and an import's check compares the published accuracy with that same string match.
+- `zero_scrolls` (`benchmarks/zero_scrolls/`): kvpress reads the test split, whose answers are private
+  (`answer` empty, metrics.json `{}`); kvbench's `zero_scrolls/NAME` tasks score the validation split.
+  Refused both ways.
+
+Protocols: query-agnostic is `query_aware: false`, query-aware is `query_aware: true`. kvbench's `none` is
+kvpress's `no_press`. Everything else (other tasks, other protocols, memory or absolute budgets, presses set
+by a threshold, kvpress's DecodingPress runs) has no counterpart and is refused, in one line, before
+anything is written.
+
+Export writes one kvpress folder per (config, dataset, data_dir, context length, needle depth); a config's
+press is named by its report label (press and arguments) and its kvbench identity (config id, learned
+state) is in `press_init_command`. Its metrics.json holds kvbench's scores in kvpress's shape (as its scorer
+rounds and scales them; only the metrics kvbench computes). kvbench's rows hold no prompt text: `question`
+and `answer_prefix` are empty, and so is `max_new_tokens`. `fraction` stays 1.0: the leaderboard's own runs
+have 500 samples per RULER task, a kvbench export as many as kvbench ran.
 
 Import makes one row per line of predictions.csv, scored again with kvbench's implementation of the same
 official metric (the per-sample scores kvpress does not write), and marks it imported twice: its press is
 named `PRESS (kvpress)` (`no_press` is `none (kvpress)`), so a report keeps it apart from kvbench's own
-press of that name, and `meta.imported` is "kvpress" (with `meta.kvpress_folder` and the published
-`meta.kvpress_score`). A published score that its predictions do not give back (more than rounding apart)
-is said in a warning. The imported config's `press_state` is a digest of `press_init_command`, so two runs
-of one press name that differ in their arguments stay two configs.
+press of that name, and `meta.imported` is "kvpress" (with `meta.kvpress_folder` and `meta.kvpress_score`,
+the published figure, x 100, the row is part of). A published figure that its predictions do not give back
+(more than rounding apart) is said in a warning. The imported config's `press_state` is a digest of
+`press_init_command`, so two runs of one press name that differ in their arguments stay two configs.
 
 Both write their OUT folder whole: built in a temporary folder beside it, then renamed into place; an OUT
 that exists is refused.
@@ -73,7 +121,8 @@ from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning
 from kvbench.core.validation import check_fields, check_json, load_yaml
 from kvbench.store.results import ROWS_FILE, Row, check_folder_writable, config_id, load_rows, results_files
-from kvbench.tasks import ruler
+from kvbench.tasks import infinitebench, longbench, longbench_v2, loogle, needle, ruler, score_sample
+from kvbench.tasks.base import Sample
 
 PREDICTIONS = "predictions.csv"
 METRICS = "metrics.json"
@@ -81,9 +130,14 @@ CONFIG = "config.yaml"
 IMPORTED = "kvpress"  # meta.imported of an imported row
 SUFFIX = " (kvpress)"  # ... and its press name's suffix
 NO_PRESS = "no_press"  # kvpress's name of kvbench's "none"
+DECODING = "decoding_"  # the names of kvpress's DecodingPress runs (evaluate_registry.py)
 RULER_TASKS = tuple(ruler.TASKS)  # kvpress scores RULER per task, under the same 13 names
 PROTOCOL_OF = {False: "query-agnostic", True: "query-aware"}  # kvpress's query_aware -> kvbench protocol
-ROUNDING = 0.005 + 1e-9  # how far a published score (2 decimals) may be from its predictions' mean
+ROUNDING = 0.005 + 1e-9  # how far a published figure (x 100, rounded to 2) may be from kvbench's
+ZERO_SCROLLS = (
+    "kvpress's zero_scrolls is ZeroSCROLLS's test split, whose answers are private (its metrics.json is {}); "
+    "kvbench's zero_scrolls tasks score the validation split"
+)
 
 
 @dataclass
@@ -147,16 +201,21 @@ class KvpressConfig:
             parts.append("query_aware")
         if self.key_channel_compression_ratio is not None:
             parts.append(f"key_channel_cr{self.key_channel_compression_ratio:.2f}")
+        if self.needle_depth is not None and self.dataset == needle.TASK:
+            parts.append(f"needle_depth{self.needle_depth}")
         return "__".join(part for part in parts if part)
 
 
 @dataclass
 class Target:
-    """Where a kvbench task goes in kvpress: its dataset, data_dir and the name in its `task` column."""
+    """Where a kvbench row goes in kvpress: its dataset, data_dir, the name in its `task` column, and the
+    folder's `max_context_length` and `needle_depth`."""
 
     dataset: str
     data_dir: str
     task: str
+    max_context_length: int | None = None
+    needle_depth: int | None = None
 
 
 @dataclass
@@ -165,41 +224,6 @@ class Summary:
 
     folders: int
     rows: int
-
-
-# ---- the correspondence ----
-
-
-def kvpress_target(task: str, length: int | None) -> Target:
-    """kvpress's dataset, data_dir and task name of kvbench's `task` at `length`; BadInput if it has none."""
-    from kvbench.tasks import longbench
-
-    if task in RULER_TASKS:
-        if length is None:
-            raise BadInput(f"task {task!r} has no context length: kvpress's ruler is named by it")
-        return Target("ruler", str(length), task)
-    family, _, name = task.partition("/")
-    if family == "longbench" and name in longbench.DATASETS:
-        return Target("longbench", name, name)
-    if family == "longbench-e" and name in longbench.E_DATASETS:
-        return Target("longbench-e", f"{name}_e", name)
-    raise BadInput(
-        f"task {task!r} has no counterpart in kvpress's evaluation (export takes RULER, longbench/NAME "
-        "and longbench-e/NAME)"
-    )
-
-
-def kvbench_task(config: KvpressConfig, task: str, where: str) -> str:
-    """kvbench's task of a predictions.csv `task` value in a folder of `config`; DataFileError if none."""
-    from kvbench.tasks import longbench
-
-    if config.dataset == "ruler" and task in RULER_TASKS:
-        return task
-    if config.dataset == "longbench" and task in longbench.DATASETS:
-        return f"longbench/{task}"
-    if config.dataset == "longbench-e" and task in longbench.E_DATASETS:
-        return f"longbench-e/{task}"
-    raise DataFileError(f"{where}: field 'task': {task!r} has no kvbench task in dataset {config.dataset!r}")
 
 
 # ---- numpy's and pandas' cells ----
@@ -221,6 +245,588 @@ def parse_list_cell(text: str) -> list[str]:
 
 def number_cell(value: float) -> str:
     return repr(float(value))
+
+
+def mean(scores: list[float]) -> float:
+    return sum(scores) / len(scores) if scores else float("nan")
+
+
+def mean2(scores: list[float]) -> float:
+    """kvpress's `round(mean, 2)` of scores already x 100; NaN for none."""
+    return round(mean(scores), 2)
+
+
+def grouped(rows: list[dict], key) -> dict[Any, list[dict]]:
+    groups: dict[Any, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(key(row), []).append(row)
+    return groups
+
+
+def scored(task: str, references: list[str], metric: str, meta: dict | None = None, **fields) -> Sample:
+    """A Sample as kvbench's metric `metric` reads it: the task, references, meta and scoring flags."""
+    return Sample(
+        task=task,
+        id="",
+        context="",
+        question="",
+        answer_prefix="",
+        references=references,
+        max_new_tokens=1,
+        metric=metric,
+        meta=meta or {},
+        **fields,
+    )
+
+
+def references_of(line: dict[str, str], column: str, where: str) -> list[str]:
+    """The reference answers of a list cell; DataFileError when there are none."""
+    references = parse_list_cell(line[column])
+    if not references:
+        raise DataFileError(f"{where}: field {column!r}: no reference answer")
+    return references
+
+
+def text_of(line: dict[str, str], column: str, where: str) -> str:
+    """A one-answer cell; DataFileError when it is empty."""
+    if not line[column]:
+        raise DataFileError(f"{where}: field {column!r}: no reference answer")
+    return line[column]
+
+
+def whole(text: str, column: str, where: str) -> int:
+    if not str(text or "").isdigit():
+        raise DataFileError(f"{where}: field {column!r}: not a whole number (got {text!r})")
+    return int(text)
+
+
+# ---- the datasets ----
+
+
+class Dataset:
+    """One kvpress dataset as kvbench writes and reads its folders (see the module's docstring).
+
+    Export: `target` (where a kvbench row goes; None: not in this dataset), `cells` (its predictions.csv
+    cells by column), `metrics` (a folder's metrics.json, in kvpress's shape, from kvbench rows). Import:
+    `check_config` and `check_metrics` (DataFileError in one line), `task` (a line's kvbench task; None:
+    none), `sample` (a line as kvbench's metric reads it), `length` and `sample_id` of its row. Both:
+    `figures` (the comparable figures of a metrics.json object, x 100) and `label` (the figure a row is
+    part of). Rows are dicts with the fields of `Row` (load_rows' records, or import's before they are
+    Rows)."""
+
+    name = ""
+    columns: tuple[str, ...] = ()  # predictions.csv's columns but predicted_answer and compression_ratio
+    answer = "answer"  # the column of the reference answers
+    reads: tuple[str, ...] = ()  # the other columns import reads
+    schema: Any = float  # metrics.json's
+
+    def target(self, row: dict) -> Target | None:
+        raise NotImplementedError
+
+    def cells(self, row: dict) -> dict[str, Any]:
+        return {self.answer: list_cell(row["references"])}
+
+    def metrics(self, rows: list[dict]) -> Any:
+        raise NotImplementedError
+
+    def check_config(self, config: KvpressConfig, path: Path) -> None:
+        """DataFileError if config.yaml lacks what this dataset's runs set."""
+
+    def check_metrics(self, metrics: Any, path: Path) -> None:
+        """DataFileError if metrics.json (its schema checked) lacks a figure import reads."""
+
+    def task(self, config: KvpressConfig, line: dict[str, str]) -> str | None:
+        raise NotImplementedError
+
+    def sample(self, task: str, line: dict[str, str], config: KvpressConfig, where: str) -> Sample:
+        raise NotImplementedError
+
+    def length(self, config: KvpressConfig) -> int | None:
+        return config.max_context_length
+
+    def sample_id(self, task: str, line: dict[str, str], index: int, config: KvpressConfig) -> str:
+        return line.get("_id") or f"{task}-{index}"
+
+    def figures(self, metrics: Any) -> dict[str, float | None]:
+        raise NotImplementedError
+
+    def label(self, row: dict) -> str | None:
+        raise NotImplementedError
+
+
+class Ruler(Dataset):
+    name = "ruler"
+    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
+    reads = ("task",)
+    schema = dict[str, dict[str, float]]
+
+    def target(self, row):
+        if row["task"] not in RULER_TASKS:
+            return None
+        if row["length"] is None:
+            raise BadInput(f"task {row['task']!r} has no context length: kvpress's ruler is named by it")
+        return Target(self.name, str(row["length"]), row["task"])
+
+    def cells(self, row):
+        return {**super().cells(row), "task": row["task"]}
+
+    def metrics(self, rows):
+        tasks = grouped(rows, lambda row: row["task"])
+        return {task: {"string_match": mean2([r["score"] for r in tasks[task]])} for task in sorted(tasks)}
+
+    def check_config(self, config, path):
+        if not str(config.data_dir or "").isdigit():
+            raise DataFileError(
+                f"{path}: field 'data_dir': ruler's is its context length (got {config.data_dir!r})"
+            )
+
+    def check_metrics(self, metrics, path):
+        for task, scores in metrics.items():
+            if "string_match" not in scores:
+                raise DataFileError(f"{path}: field '{task}.string_match': missing")
+
+    def task(self, config, line):
+        return line["task"] if line["task"] in RULER_TASKS else None
+
+    def sample(self, task, line, config, where):
+        metric = "string_match_part" if task.startswith("qa_") else "string_match_all"
+        return scored(task, references_of(line, self.answer, where), metric, {"length": self.length(config)})
+
+    def length(self, config):
+        return int(str(config.data_dir))
+
+    def sample_id(self, task, line, index, config):
+        return f"{task}-{index}"
+
+    def figures(self, metrics):
+        return {task: scores["string_match"] for task, scores in metrics.items()}
+
+    def label(self, row):
+        return row["task"]
+
+
+class LongBench(Dataset):
+    """`longbench`, or with `e` `longbench-e` (the same columns; metrics.json by length bucket)."""
+
+    columns = (
+        "question",
+        "answers",
+        "length",
+        "dataset",
+        "all_classes",
+        "_id",
+        "answer_prefix",
+        "task",
+        "max_new_tokens",
+    )
+    answer = "answers"
+    reads = ("task", "length")
+
+    def __init__(self, e: bool):
+        self.e = e
+        self.name = "longbench-e" if e else "longbench"
+        self.names = longbench.E_DATASETS if e else list(longbench.DATASETS)
+        self.schema = dict[str, float | None] if e else float
+
+    def target(self, row):
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in self.names:
+            return None
+        return Target(self.name, f"{name}_e" if self.e else name, name, row["length"])
+
+    def cells(self, row):
+        meta = row["meta"] or {}
+        name = row["task"].partition("/")[2]
+        classes = meta.get("all_classes") or []
+        return {
+            **super().cells(row),
+            "length": meta.get("length", ""),
+            "dataset": name,
+            "all_classes": list_cell(classes) if classes else "",
+            "_id": row["sample_id"],
+            "task": name,
+        }
+
+    def metrics(self, rows):
+        if not self.e:
+            return mean2([row["score"] for row in rows])
+        buckets = grouped(rows, self.label)
+        return {
+            bucket: mean2([row["score"] for row in buckets.get(bucket, [])]) for bucket in longbench.E_BUCKETS
+        }
+
+    def task(self, config, line):
+        return f"{self.name}/{line['task']}" if line["task"] in self.names else None
+
+    def sample(self, task, line, config, where):
+        name = task.partition("/")[2]
+        dataset = longbench.DATASETS[name]
+        meta = {
+            "all_classes": parse_list_cell(line.get("all_classes") or ""),
+            "length": whole(line["length"], "length", where),
+        }
+        return scored(
+            task,
+            references_of(line, self.answer, where),
+            dataset.metric,
+            meta,
+            first_line=name in longbench.FIRST_LINE,
+        )
+
+    def figures(self, metrics):
+        if not self.e:
+            return {"score": metrics}
+        return {bucket: value for bucket, value in metrics.items() if value is None or not math.isnan(value)}
+
+    def label(self, row):
+        return longbench.length_bucket(row["meta"]["length"]) if self.e else "score"
+
+
+class LongBenchV2(Dataset):
+    name = "longbench-v2"
+    data_dir = "0shot"  # create_huggingface_dataset.py's config_name
+    classes = ("domain", "sub_domain", "difficulty")  # the meta import keeps, beside the length class
+    columns = (
+        "_id",
+        *classes,
+        "length",
+        "question",
+        "choice_A",
+        "choice_B",
+        "choice_C",
+        "choice_D",
+        "answer",
+        "max_new_tokens",
+        "answer_prefix",
+    )
+    reads = ("difficulty", "length")  # what its scorer groups by
+    schema = dict[str, float]
+
+    def target(self, row):
+        if row["task"] not in longbench_v2.TASKS:
+            return None
+        return Target(self.name, self.data_dir, self.name, row["length"])
+
+    def cells(self, row):
+        meta = row["meta"] or {}
+        return {
+            **{name: meta.get(name, "") for name in self.classes},
+            "length": meta.get("length_class", ""),
+            "answer": row["references"][0],
+            "_id": row["sample_id"],
+        }
+
+    def metrics(self, rows):
+        """calculate_metrics: the mean of 0/1 scores, then by difficulty and by length class, sorted."""
+        result = {"average": mean([row["score"] / 100 for row in rows])}
+        for key in ("difficulty", "length_class"):
+            groups: dict[str, list[float]] = {}
+            for row in rows:
+                value = (row["meta"] or {}).get(key)
+                if value:
+                    groups.setdefault(value, []).append(row["score"] / 100)
+            result.update({value: mean(groups[value]) for value in sorted(groups)})
+        return result
+
+    def check_config(self, config, path):
+        if config.data_dir not in (None, "", self.data_dir):
+            raise DataFileError(
+                f"{path}: field 'data_dir': longbench-v2's is {self.data_dir} (got {config.data_dir!r})"
+            )
+
+    def check_metrics(self, metrics, path):
+        if "average" not in metrics:
+            raise DataFileError(f"{path}: field 'average': missing")
+
+    def task(self, config, line):
+        return self.name
+
+    def sample(self, task, line, config, where):
+        answer = line["answer"]
+        if answer not in ("A", "B", "C", "D"):
+            raise DataFileError(f"{where}: field 'answer': not a choice A-D (got {answer!r})")
+        meta = {name: line[name] for name in self.classes if line.get(name)}
+        if line["length"]:
+            meta["length_class"] = line["length"]
+        return scored(task, [answer], "longbench_v2_accuracy", meta)
+
+    def figures(self, metrics):
+        return {"average": 100 * metrics["average"]}
+
+    def label(self, row):
+        return "average"
+
+
+class InfiniteBench(Dataset):
+    name = "infinitebench"
+    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
+    reads = ("task",)
+    numeric = ("math_find", "math_calc", "code_run")  # labels that are numbers (strings in kvpress's CSV)
+
+    def target(self, row):
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in infinitebench.TEMPLATES:
+            return None
+        return Target(self.name, name, name, row["length"])
+
+    def cells(self, row):
+        return {**super().cells(row), "task": row["task"].partition("/")[2]}
+
+    def metrics(self, rows):
+        return mean([row["score"] / 100 for row in rows])
+
+    def task(self, config, line):
+        return f"{self.name}/{line['task']}" if line["task"] in infinitebench.TEMPLATES else None
+
+    def sample(self, task, line, config, where):
+        name = task.partition("/")[2]
+        label: list = references_of(line, self.answer, where)
+        if name in self.numeric:
+            try:
+                label = [json.loads(value) for value in label]
+            except ValueError:
+                label = []
+            if not label or any(isinstance(value, (str, bool, dict)) or value is None for value in label):
+                raise DataFileError(f"{where}: field 'answer': not numbers (got {line['answer']!r})")
+        elif name in infinitebench.CHOICE_TASKS and len(label) == 1:
+            label = self.choice_label(name, label[0], line.get("question") or "", where)
+        references = [value if isinstance(value, str) else json.dumps(value) for value in label]
+        return scored(task, references, f"infinitebench_{name}", {"label": label})
+
+    def choice_label(self, name: str, letter: str, question: str, where: str) -> list[str]:
+        """[option, letter], as get_answer gives, from kvpress's letter and the question's "X. option" line;
+        longbook_choice_eng without that line: [letter] (what kvpress scores it on)."""
+        found = re.search(rf"^{re.escape(letter)}\. (.*)$", question, re.MULTILINE)
+        if found:
+            return [found.group(1).strip(), letter]
+        if name == "code_debug":
+            raise DataFileError(
+                f"{where}: field 'question': no option {letter!r} in it (code_debug's scorer needs the "
+                "function's name, which kvpress's answer leaves out)"
+            )
+        return [letter]
+
+    def figures(self, metrics):
+        return {"score": 100 * metrics}
+
+    def label(self, row):
+        return "score"
+
+
+class LooGLE(Dataset):
+    name = "loogle"
+    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
+    reads = ("task",)
+    schema = dict[str, dict[str, float]]
+    cloze = "shortdep_cloze"
+
+    def target(self, row):
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in loogle.DATASETS:
+            return None
+        return Target(self.name, name, name, row["length"])
+
+    def cells(self, row):
+        return {"answer": row["references"][0], "task": row["task"].partition("/")[2]}
+
+    def key(self, name: str) -> str:
+        return "exact_match" if name == self.cloze else "rouge-l"
+
+    def metrics(self, rows):
+        tasks = grouped(rows, self.label)
+        result = {}
+        for name in sorted(tasks):
+            value = (
+                pooled_exact_match(tasks[name])
+                if name == self.cloze
+                else mean([r["score"] / 100 for r in tasks[name]])
+            )
+            result[name] = {self.key(name): value}
+        return result
+
+    def check_metrics(self, metrics, path):
+        for name, scores in metrics.items():
+            if self.key(name) not in scores:
+                raise DataFileError(f"{path}: field '{name}.{self.key(name)}': missing")
+
+    def task(self, config, line):
+        return f"{self.name}/{line['task']}" if line["task"] in loogle.DATASETS else None
+
+    def sample(self, task, line, config, where):
+        name = task.partition("/")[2]
+        answer = text_of(line, self.answer, where)
+        if name == self.cloze:
+            try:
+                masks = json.loads(answer)
+            except ValueError:
+                masks = None
+            if not isinstance(masks, dict) or not masks:
+                raise DataFileError(f"{where}: field 'answer': not the cloze's masks as a JSON object")
+        return scored(task, [answer], f"loogle_{loogle.DATASETS[name][4]}")
+
+    def figures(self, metrics):
+        return {name: 100 * scores[self.key(name)] for name, scores in metrics.items()}
+
+    def label(self, row):
+        return row["task"].partition("/")[2]
+
+
+def pooled_exact_match(rows: list[dict]) -> float:
+    """calculate_metrics' cloze `exact_match`: masks matched over masks, a prediction that is no dict counting
+    one mask, rounded to 4; each row's matches from kvbench's score (its share of the masks)."""
+    matched = counted = 0
+    for row in rows:
+        masks = len(json.loads(row["references"][0]))
+        if loogle.read_dict(row["prediction"] or "None") is None:
+            counted += 1
+        else:
+            matched += round(row["score"] / 100 * masks)
+            counted += masks
+    return round(matched / counted, 4) if counted else float("nan")
+
+
+class Needle(Dataset):
+    name = needle.TASK
+    columns = ("needle", "needle_depth", "question", "answer_prefix", "max_new_tokens")
+    answer = "needle"
+    reads = ("needle_depth",)
+    schema = list[dict[str, dict[str, float]]]
+
+    def target(self, row):
+        if row["task"] != needle.TASK:
+            return None
+        meta = row["meta"] or {}
+        return Target(self.name, "", self.name, meta.get("length", row["length"]), meta.get("depth"))
+
+    def cells(self, row):
+        return {"needle": row["references"][0], "needle_depth": (row["meta"] or {}).get("depth", "")}
+
+    def metrics(self, rows):
+        return [rouge_scores(row["references"][0], row["prediction"] or "") for row in rows]
+
+    def check_config(self, config, path):
+        if config.max_context_length is None:
+            raise DataFileError(f"{path}: field 'max_context_length': missing (needle_in_haystack sets it)")
+
+    def check_metrics(self, metrics, path):
+        for index, scores in enumerate(metrics):
+            if "f" not in scores.get("rouge-l", {}):
+                raise DataFileError(f"{path}: field '{index}.rouge-l.f': missing")
+
+    def task(self, config, line):
+        return self.name
+
+    def sample(self, task, line, config, where):
+        meta = {
+            "length": config.max_context_length,
+            "depth": whole(line["needle_depth"], "needle_depth", where),
+        }
+        return scored(task, [text_of(line, self.answer, where)], "needle_rouge", meta)
+
+    def sample_id(self, task, line, index, config):
+        return f"{config.max_context_length}-{int(line['needle_depth'])}"
+
+    def figures(self, metrics):
+        return {"rouge-l": 100 * mean([scores["rouge-l"]["f"] for scores in metrics]) if metrics else None}
+
+    def label(self, row):
+        return "rouge-l"
+
+
+def rouge_scores(needle_text: str, prediction: str) -> dict:
+    """calculate_metrics' entry of one row: `Rouge().get_scores(needle, prediction)[0]`, stripped; zeros where
+    the package raises (an empty prediction: kvpress's scorer would raise there)."""
+    from rouge import Rouge
+
+    try:
+        return Rouge().get_scores(needle_text.strip(), prediction.strip())[0]
+    except (ValueError, RecursionError):
+        return {name: {"r": 0.0, "p": 0.0, "f": 0.0} for name in ("rouge-1", "rouge-2", "rouge-l")}
+
+
+class MathAnswers(Dataset):
+    """`aime25` or `math500`; `last`: kvpress's AIME25 scorer reads the last "boxed{", its MATH-500 one the
+    first."""
+
+    columns = ("question", "answer_prefix", "answer", "max_new_tokens")
+
+    def __init__(self, name: str, last: bool):
+        self.name = name
+        self.last = last
+        self.schema = dict[str, float]
+
+    def target(self, row):
+        return Target(self.name, "", self.name, row["length"]) if row["task"] == self.name else None
+
+    def cells(self, row):
+        return {"answer": row["references"][0]}
+
+    def boxed(self, prediction: str) -> str | None:
+        """extract_boxed: the text after "boxed{" (the last, or the first) up to the next "}"."""
+        parts = prediction.split("boxed{")
+        if not self.last and len(parts) < 2:
+            return None
+        return parts[-1 if self.last else 1].split("}")[0]
+
+    def metrics(self, rows):
+        """calculate_metrics, kvpress's string match (not kvbench's math-verify score)."""
+        correct = sum(self.boxed(row["prediction"] or "") == row["references"][0] for row in rows)
+        answered = sum("boxed{" in (row["prediction"] or "") for row in rows)
+        return {"correct": correct, "answered": answered, "accuracy": correct / len(rows), "total": len(rows)}
+
+    def check_metrics(self, metrics, path):
+        if "accuracy" not in metrics:
+            raise DataFileError(f"{path}: field 'accuracy': missing")
+
+    def task(self, config, line):
+        return self.name
+
+    def sample(self, task, line, config, where):
+        return scored(task, [text_of(line, self.answer, where)], "math_equivalence")
+
+    def sample_id(self, task, line, index, config):
+        return line.get("id") or line.get("unique_id") or f"{task}-{index}"
+
+    def figures(self, metrics):
+        return {"accuracy": 100 * metrics["accuracy"]}
+
+    def label(self, row):
+        return "accuracy"
+
+
+DATASETS: dict[str, Dataset] = {
+    dataset.name: dataset
+    for dataset in (
+        Ruler(),
+        LongBench(e=False),
+        LongBench(e=True),
+        LongBenchV2(),
+        InfiniteBench(),
+        LooGLE(),
+        Needle(),
+        MathAnswers("aime25", last=True),
+        MathAnswers("math500", last=False),
+    )
+}
+
+
+# ---- the correspondence ----
+
+
+def kvpress_target(row: dict) -> Target:
+    """kvpress's dataset, data_dir and task name of a kvbench row; BadInput if it has none."""
+    task = row["task"]
+    if task.startswith("zero_scrolls/"):
+        raise BadInput(f"task {task!r} has no counterpart in kvpress's evaluation: {ZERO_SCROLLS}")
+    for dataset in DATASETS.values():
+        target = dataset.target(row)
+        if target is not None:
+            return target
+    raise BadInput(
+        f"task {task!r} has no counterpart in kvpress's evaluation (export takes RULER, longbench/NAME, "
+        "longbench-e/NAME, longbench-v2, infinitebench/NAME, loogle/NAME, needle_in_haystack, aime25 and "
+        "math500)"
+    )
 
 
 # ---- export ----
@@ -259,10 +865,8 @@ def export_rows(results: Path) -> list[dict]:
             raise BadInput(f"{where}: a memory or absolute budget has no counterpart in kvpress's evaluation")
         if row["score"] is None:
             raise BadInput(f"{where}: a row without a score has no counterpart in kvpress's evaluation")
-        length = None if row["length"] is None else int(row["length"])
-        rows.append(
-            {**row, "protocol": protocol, "length": length, "target": kvpress_target(row["task"], length)}
-        )
+        row = {**row, "protocol": protocol, "length": None if row["length"] is None else int(row["length"])}
+        rows.append({**row, "target": kvpress_target(row)})
     return rows
 
 
@@ -271,98 +875,31 @@ def export_config(row: dict, out: Path) -> KvpressConfig:
     state = f", state {row['press_state']}" if row["press_state"] else ""
     return KvpressConfig(
         dataset=target.dataset,
-        data_dir=target.data_dir,
+        data_dir=target.data_dir or None,
         model=row["model"],
         press_name=press_label(row["press"], row["press_args"] or {}),
         compression_ratio=float(row["ratio"]),
-        max_context_length=None if target.dataset == "ruler" else row["length"],
+        max_context_length=target.max_context_length,
         query_aware=row["protocol"] == "query-aware",
+        needle_depth=target.needle_depth,
         output_dir=str(out),
         press_init_command=f"kvbench {row['press']} (config {row['config_id']}{state})",
     )
 
 
-def predictions_csv(config: KvpressConfig, rows: list[dict]) -> str:
+def predictions_csv(dataset: Dataset, config: KvpressConfig, rows: list[dict]) -> str:
     """predictions.csv of one folder: the dataset's columns but `context`, then `predicted_answer` and
-    `compression_ratio`; kvbench has no prompt text in its rows, so `question` and `answer_prefix` are
-    empty."""
+    `compression_ratio`; the cells kvbench's rows do not hold (the prompt) are empty."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     ratio = number_cell(config.compression_ratio or 0.0)
-    if config.dataset == "ruler":
+    writer.writerow([*dataset.columns, "predicted_answer", "compression_ratio"])
+    for row in rows:
+        cells = dataset.cells(row)
         writer.writerow(
-            [
-                "question",
-                "answer_prefix",
-                "answer",
-                "task",
-                "max_new_tokens",
-                "predicted_answer",
-                "compression_ratio",
-            ]
+            [*(cells.get(column, "") for column in dataset.columns), row["prediction"] or "", ratio]
         )
-        for row in rows:
-            writer.writerow(
-                ["", "", list_cell(row["references"]), row["target"].task, "", row["prediction"] or "", ratio]
-            )
-    else:
-        writer.writerow(
-            [
-                "question",
-                "answers",
-                "length",
-                "dataset",
-                "all_classes",
-                "_id",
-                "answer_prefix",
-                "task",
-                "max_new_tokens",
-                "predicted_answer",
-                "compression_ratio",
-            ]
-        )
-        for row in rows:
-            meta = row["meta"] or {}
-            classes = meta.get("all_classes") or []
-            writer.writerow(
-                [
-                    "",
-                    list_cell(row["references"]),
-                    meta.get("length", ""),
-                    row["target"].task,
-                    list_cell(classes) if classes else "",
-                    row["sample_id"],
-                    "",
-                    row["target"].task,
-                    "",
-                    row["prediction"] or "",
-                    ratio,
-                ]
-            )
     return buffer.getvalue()
-
-
-def metrics_json(config: KvpressConfig, rows: list[dict]) -> str:
-    """metrics.json of one folder, in the shape of the dataset's kvpress scorer, from kvbench's scores."""
-    from kvbench.tasks.longbench import E_BUCKETS, length_bucket
-
-    def mean(scores: list[float]) -> float:
-        return round(sum(scores) / len(scores), 2) if scores else float("nan")
-
-    metrics: Any
-    if config.dataset == "ruler":
-        tasks: dict[str, list[float]] = {}
-        for row in rows:
-            tasks.setdefault(row["target"].task, []).append(row["score"])
-        metrics = {task: {"string_match": mean(tasks[task])} for task in sorted(tasks)}
-    elif config.dataset == "longbench":
-        metrics = mean([row["score"] for row in rows])
-    else:
-        buckets: dict[str, list[float]] = {bucket: [] for bucket in E_BUCKETS}
-        for row in rows:
-            buckets[length_bucket((row["meta"] or {})["length"])].append(row["score"])
-        metrics = {bucket: mean(scores) for bucket, scores in buckets.items()}
-    return json.dumps(metrics, indent=4)
 
 
 def export_kvpress(results: Path, out: Path) -> Summary:
@@ -370,26 +907,35 @@ def export_kvpress(results: Path, out: Path) -> Summary:
     (see the module's docstring). BadInput, nothing written, if `out` exists or a row has no counterpart."""
     out = Path(out)
     refuse_existing(out)
-    rows = export_rows(results)
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
+    groups: dict[tuple, dict[tuple, dict]] = {}
+    for row in export_rows(results):
         target = row["target"]
-        groups.setdefault((row["config_id"], target.dataset, target.data_dir), []).append(row)
+        key = (
+            row["config_id"],
+            target.dataset,
+            target.data_dir,
+            target.max_context_length,
+            target.needle_depth,
+        )
+        # One line per sample: longbench-v2's subsets share its samples.
+        groups.setdefault(key, {})[(target.task, row["sample_id"], row["seed"])] = row
     files: dict[Path, str] = {}
     taken: set[Path] = set()
     for group in groups.values():
-        config = export_config(group[0], out)
+        rows = list(group.values())
+        config = export_config(rows[0], out)
+        dataset = DATASETS[config.dataset]
         folder = Path(config.folder_name())
         numbered, number = folder, 0
         while numbered in taken:  # get_results_dir: a folder that exists gets a numbered subfolder
             number += 1
             numbered = folder / str(number)
         taken.add(numbered)
-        files[numbered / PREDICTIONS] = predictions_csv(config, group)
-        files[numbered / METRICS] = metrics_json(config, group)
+        files[numbered / PREDICTIONS] = predictions_csv(dataset, config, rows)
+        files[numbered / METRICS] = json.dumps(dataset.metrics(rows), indent=4)
         files[numbered / CONFIG] = config.to_yaml()
     write_folder(out, files)
-    return Summary(len(groups), len(rows))
+    return Summary(len(groups), sum(len(group) for group in groups.values()))
 
 
 # ---- import ----
@@ -415,6 +961,18 @@ def read_config(path: Path) -> KvpressConfig:
         KvpressConfig, {k: v for k, v in known.items() if v is not None}, str(path), DataFileError
     )
     config = KvpressConfig(**{**{name: None for name in known}, **checked})
+    if config.dataset == "zero_scrolls":
+        raise DataFileError(f"{path}: field 'dataset': {ZERO_SCROLLS}")
+    if config.dataset not in DATASETS:
+        raise DataFileError(
+            f"{path}: field 'dataset': {config.dataset!r} has no kvbench task (import takes "
+            f"{', '.join(DATASETS)})"
+        )
+    if config.press_name.startswith(DECODING) or config.compression_interval or config.target_size:
+        raise DataFileError(
+            f"{path}: field 'press_name': {config.press_name!r} compresses while decoding (kvpress's "
+            "DecodingPress), which has no kvbench counterpart in import"
+        )
     ratio = (
         config.compression_ratio if config.compression_ratio is not None else config.head_compression_ratio
     )
@@ -425,25 +983,12 @@ def read_config(path: Path) -> KvpressConfig:
         )
     if not 0.0 <= ratio < 1.0:
         raise DataFileError(f"{path}: field 'compression_ratio': not in [0, 1) (got {ratio})")
-    if config.dataset not in ("ruler", "longbench", "longbench-e"):
-        raise DataFileError(
-            f"{path}: field 'dataset': {config.dataset!r} has no kvbench task (import takes ruler, "
-            "longbench, longbench-e)"
-        )
-    if config.dataset == "ruler" and not str(config.data_dir or "").isdigit():
-        raise DataFileError(
-            f"{path}: field 'data_dir': ruler's is its context length (got {config.data_dir!r})"
-        )
+    DATASETS[config.dataset].check_config(config, path)
     return config
 
 
-def read_metrics(path: Path, dataset: str) -> Any:
+def read_metrics(path: Path, dataset: Dataset) -> Any:
     """metrics.json at `path` in the shape of `dataset`'s scorer; DataFileError in one line otherwise."""
-    schema: Any = {
-        "ruler": dict[str, dict[str, float]],
-        "longbench": float,
-        "longbench-e": dict[str, float | None],
-    }[dataset]
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -453,11 +998,8 @@ def read_metrics(path: Path, dataset: str) -> Any:
     except (OSError, UnicodeDecodeError) as error:
         raise DataFileError(f"{path}: not readable ({error})") from None
     text = re.sub(r"\bNaN\b", "null", text)  # json.dump writes an empty length bucket's mean as NaN
-    metrics = check_json(schema, text, str(path), DataFileError)
-    if dataset == "ruler":
-        for task, scores in metrics.items():
-            if "string_match" not in scores:
-                raise DataFileError(f"{path}: field '{task}.string_match': missing")
+    metrics = check_json(dataset.schema, text, str(path), DataFileError)
+    dataset.check_metrics(metrics, path)
     return metrics
 
 
@@ -478,113 +1020,64 @@ def read_predictions(path: Path, required: tuple[str, ...]) -> list[dict[str, st
         raise DataFileError(f"{path}: not readable as CSV ({error})") from None
 
 
-def score_sample(task: str, prediction: str, references: list[str], line: dict[str, str]) -> float:
-    """kvbench's score of one prediction: the official metric of its task (kvbench's implementation)."""
-    from kvbench.tasks import longbench, ruler
-    from kvbench.tasks.base import Sample
-
-    family, _, name = task.partition("/")
-    if family in ("longbench", "longbench-e"):
-        dataset = longbench.DATASETS[name]
-        sample = Sample(
-            task=task,
-            id="",
-            context="",
-            question="",
-            answer_prefix="",
-            references=references,
-            max_new_tokens=dataset.max_new_tokens,
-            metric=dataset.metric,
-            first_line=name in longbench.FIRST_LINE,
-            meta={"all_classes": parse_list_cell(line.get("all_classes") or "")},
-        )
-        return float(longbench.METRICS[dataset.metric](prediction, sample))
-    metric = "string_match_part" if task.startswith("qa_") else "string_match_all"
-    sample = Sample(
-        task=task,
-        id="",
-        context="",
-        question="",
-        answer_prefix="",
-        references=references,
-        max_new_tokens=1,
-        metric=metric,
-    )
-    return float(ruler.METRICS[metric](prediction, sample))
-
-
 def folder_rows(folder: Path, root: Path) -> list[Row]:
     """The kvbench rows of one kvpress folder; DataFileError in one line for a file not in its format."""
     config = read_config(folder / CONFIG)
-    metrics = read_metrics(folder / METRICS, config.dataset)
-    answer = "answer" if config.dataset == "ruler" else "answers"
-    lines = read_predictions(folder / PREDICTIONS, ("task", "predicted_answer", answer))
+    dataset = DATASETS[config.dataset]
+    metrics = read_metrics(folder / METRICS, dataset)
+    lines = read_predictions(folder / PREDICTIONS, ("predicted_answer", dataset.answer, *dataset.reads))
     ratio = (
         config.compression_ratio if config.compression_ratio is not None else config.head_compression_ratio
     )
     ratio = 0.0 if config.press_name == NO_PRESS else float(ratio or 0.0)
     press = ("none" if config.press_name == NO_PRESS else config.press_name) + SUFFIX
     protocol = PROTOCOL_OF[config.query_aware]
-    length = int(str(config.data_dir)) if config.dataset == "ruler" else config.max_context_length
     state = hashlib.sha1((config.press_init_command or "").encode()).hexdigest()[:12]
     identity = config_id(config.model, press, ratio, {}, state, protocol=protocol)
     relative = str(folder.relative_to(root))
-    rows, counts, scores = [], {}, {}
+    records, counts = [], {}
     for number, line in enumerate(lines, start=2):
         where = f"{folder / PREDICTIONS} line {number}"
-        task = kvbench_task(config, line["task"], where)
-        references = parse_list_cell(line[answer])
-        if not references:
-            raise DataFileError(f"{where}: field {answer!r}: no reference answer")
-        index = counts[task] = counts.get(task, -1) + 1
-        score = score_sample(task, line["predicted_answer"], references, line)
-        scores.setdefault(task, []).append(score)
-        meta: dict[str, Any] = {"imported": IMPORTED, "kvpress_folder": relative}
-        if config.dataset == "ruler":
-            meta["length"] = length
-            meta["kvpress_score"] = metrics.get(line["task"], {}).get("string_match")
-        else:
-            if not str(line.get("length") or "").isdigit():
-                raise DataFileError(f"{where}: field 'length': not a word count (got {line.get('length')!r})")
-            meta["length"] = int(line["length"])
-            meta["kvpress_score"] = metrics if config.dataset == "longbench" else None
-        rows.append(
-            Row(
-                config_id=identity,
-                model=config.model,
-                press=press,
-                ratio=ratio,
-                task=task,
-                length=length,
-                seed=0,
-                sample_id=line.get("_id") or f"{task}-{index}",
-                press_state=state,
-                protocol=protocol,
-                prediction=line["predicted_answer"],
-                references=references,
-                score=score,
-                meta=meta,
+        task = dataset.task(config, line)
+        if task is None:
+            raise DataFileError(
+                f"{where}: field 'task': {line.get('task')!r} has no kvbench task in dataset "
+                f"{config.dataset!r}"
             )
+        sample = dataset.sample(task, line, config, where)
+        index = counts[task] = counts.get(task, -1) + 1
+        prediction = line["predicted_answer"]
+        records.append(
+            {
+                "task": task,
+                "length": dataset.length(config),
+                "sample_id": dataset.sample_id(task, line, index, config),
+                "prediction": prediction,
+                "references": sample.references,
+                "score": float(score_sample(sample, prediction)),
+                "meta": {**sample.meta, "imported": IMPORTED, "kvpress_folder": relative},
+            }
         )
-    if not rows:
+    if not records:
         raise DataFileError(f"{folder / PREDICTIONS}: no predictions")
-    check_published(folder, config.dataset, metrics, scores)
-    return rows
+    published = dataset.figures(metrics)
+    check_published(folder, published, dataset.figures(dataset.metrics(records)))
+    for record in records:
+        record["meta"]["kvpress_score"] = published.get(dataset.label(record))
+    common = {"config_id": identity, "model": config.model, "press": press, "ratio": ratio, "seed": 0}
+    return [Row(**common, press_state=state, protocol=protocol, **record) for record in records]
 
 
-def check_published(folder: Path, dataset: str, metrics: Any, scores: dict[str, list[float]]) -> None:
-    """Warn when a published score (metrics.json) is not what its predictions give, rounding aside."""
-    published: dict[str, float] = {}
-    if dataset == "ruler":
-        published = {task: value["string_match"] for task, value in metrics.items()}
-    elif dataset == "longbench":
-        published = {task: metrics for task in scores}
-    for task, value in published.items():
-        task_scores = scores.get(task, [])
-        if task_scores and abs(sum(task_scores) / len(task_scores) - value) > ROUNDING:
+def check_published(folder: Path, published: dict, recomputed: dict) -> None:
+    """Warn when a published figure (metrics.json) is not what its predictions give, rounding aside."""
+    for label, value in published.items():
+        again = recomputed.get(label)
+        if value is None or again is None or math.isnan(value) or math.isnan(again):
+            continue
+        if abs(again - value) > ROUNDING:
             warnings.warn(
-                f"{folder / METRICS}: {task} is published as {value}; its predictions score "
-                f"{sum(task_scores) / len(task_scores):.2f} with kvbench's metric",
+                f"{folder / METRICS}: {label} is published as {round(value, 4)}; its predictions give "
+                f"{again:.2f} as kvbench scores them",
                 KvbenchWarning,
                 stacklevel=3,
             )
