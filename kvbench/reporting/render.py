@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 
-from kvbench.core.errors import BadInput, WriteError
+from kvbench.core.errors import BadInput, KvbenchError
 from kvbench.reporting.blocks import (
     Code,
     Heading,
@@ -32,6 +32,15 @@ from kvbench.reporting.plots import press_styles
 from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
 
 TEMPLATES = Path(__file__).parent / "templates"
+
+
+class ReportWriteError(KvbenchError, OSError):
+    """The report could not be written (a full disk, a file size limit, permissions): not the user's input,
+    so exit 1, but one line; the report that was there stays as it was."""
+
+    exit_code = 1
+
+
 TITLE = "kvbench report"
 
 
@@ -136,9 +145,9 @@ def staged(out_dir: Path) -> Generator[Path, None, None]:
     """A hidden folder inside `out_dir` (made if need be) to write a report's files into; once all are
     written, each is moved into `out_dir` (a rename, which writes no byte), so a report that fails half-way
     (a full disk, a file size limit) leaves the report that was there as it was, and no folder it made.
-    Files of `out_dir` that the report does not write stay. A write that fails is a WriteError (exit 1): not
-    the user's input; a file of the report that is a folder in `out_dir` is bad input, found before any
-    file moves."""
+    Files of `out_dir` that the report does not write stay. A write that fails is a ReportWriteError (exit
+    1): not the user's input; a file of the report that is a folder in `out_dir` is bad input, found before
+    any file moves."""
     made = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]
     stage = None
     try:
@@ -154,7 +163,7 @@ def staged(out_dir: Path) -> Generator[Path, None, None]:
         made = []
     except OSError as error:
         reason = error.strerror or str(error) or type(error).__name__
-        raise WriteError(f"cannot write the report to {out_dir}: {reason} (nothing written)") from None
+        raise ReportWriteError(f"cannot write the report to {out_dir}: {reason} (nothing written)") from None
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
