@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from kvbench.cli import main
 from kvbench.core.errors import DataFileError
+from kvbench.store.results import check_meta
 from kvbench.tasks import list_tasks, load_samples, score_sample
 from kvbench.tasks import longbench_v2 as v2
 from kvbench.tasks.base import Sample, TaskUnavailable
@@ -76,8 +77,9 @@ def test_loads_the_hubs_data_json_with_the_authors_prompt(tmp_path, tokenizer):
         "domain": "Single-Document QA",
         "sub_domain": "Financial",
         "difficulty": "hard",
-        "length": "short",
+        "length_class": "short",
     }
+    check_meta({"task": first.task, "meta": first.meta})  # a row of it loads: meta.length counts tokens
     longs = load_samples(
         "longbench-v2/long", length=4000, samples=5, seed=0, tokenizer=tokenizer, data_dir=tmp_path
     )

@@ -163,7 +163,7 @@ def make_samples(
                     "domain": row.domain,
                     "sub_domain": row.sub_domain,
                     "difficulty": row.difficulty,
-                    "length": row.length,
+                    "length_class": row.length,  # short, medium or long; meta.length is a count of tokens
                 },
             )
         )
