@@ -15,8 +15,8 @@ import socket
 from pathlib import Path
 
 from kvbench.bridge import embedded
-from kvbench.core.errors import BadInput, ModelNotFound
-from kvbench.core.validation import parse_json
+from kvbench.core.errors import BadInput, ModelNotFound, WriteError
+from kvbench.core.validation import parse_json, read_text
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
 # its checks of names and numbers answer without them.
@@ -27,6 +27,27 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def cache_dir() -> Path:
     return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
+
+
+def usable_cache_dir() -> Path:
+    """`cache_dir()`, refused (BadInput naming it) when kvbench cannot write in it: a file, a dangling link
+    or a loop of links on the way, a read-only folder. Checked before the work that fills it (the embedded
+    model's conversion, ~30 s; lm-eval's caches), not found out after it; a cache that already holds what
+    is asked for is only read, and need not be writable."""
+    from kvbench.store.results import check_folder_writable
+
+    named = "KVBENCH_CACHE" if os.environ.get("KVBENCH_CACHE") else "the kvbench cache (KVBENCH_CACHE unset)"
+    check_folder_writable(cache_dir(), named)
+    return cache_dir()
+
+
+def check_embedded_cache() -> None:
+    """Refuse a kvbench cache that cannot take the embedded model's copy when the copy is not made yet
+    (`usable_cache_dir`): what `embedded_folder` checks before converting, for a command to check before it
+    imports torch."""
+    folder = cache_dir() / "models" / EMBEDDED
+    if not ((folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()):
+        usable_cache_dir()
 
 
 def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str):
@@ -61,6 +82,7 @@ def embedded_folder() -> Path:
     folder = cache_dir() / "models" / EMBEDDED
     if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
         return folder
+    check_embedded_cache()  # a cache that cannot take the copy is refused now, not after the conversion
     gguf = embedded.gguf_path(cache_dir())
     embedded.say(
         f"converting the embedded model's GGUF ({gguf}) to a transformers folder, {folder} (once, ~30 s)"
@@ -77,13 +99,21 @@ def embedded_folder() -> Path:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    # Rename last so a killed conversion never leaves a half-written folder that looks complete.
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        # Rename last so a killed conversion never leaves a half-written folder that looks complete.
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except Exception as error:  # a full disk, a file size limit: safetensors says so in its own type
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError) or type(error).__name__ == "SafetensorError":
+            raise WriteError(
+                f"cannot write the embedded model's copy to {folder}: {first_line(error)}"
+            ) from None
+        raise
     return folder
 
 
@@ -127,7 +157,7 @@ def model_config(name: str) -> dict | None:
     if path is None:
         return None
     try:
-        config = parse_json((path / "config.json").read_text())
+        config = parse_json(read_text(path / "config.json", ValueError))  # a FIFO: refused, not waited on
     except (OSError, ValueError) as error:
         raise ModelNotFound(f"{path / 'config.json'}: cannot read the model's config ({error})") from None
     if not isinstance(config, dict):

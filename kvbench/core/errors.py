@@ -66,11 +66,16 @@ class NoResults(BadInput):
     """A path given to the report holds no results."""
 
 
-class ResultsWriteError(KvbenchError, OSError):
-    """The results store could not be written (disk full, permissions): not the user's input, so exit 1,
-    but still one line."""
+class WriteError(KvbenchError, OSError):
+    """An output could not be written while the work ran (a full disk, a file size limit, permissions):
+    not the user's input, so exit 1, but still one line; what was written before stays as it was."""
 
     exit_code = 1
+
+
+class ResultsWriteError(WriteError):
+    """The results store could not be written (disk full, permissions): not the user's input, so exit 1,
+    but still one line."""
 
 
 class KvbenchWarning(UserWarning):

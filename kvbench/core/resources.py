@@ -12,6 +12,8 @@ A checkout, or an editable install of it, has no kvbench/_shipped/ and reads the
 from importlib import resources
 from pathlib import Path
 
+from kvbench.core.errors import KvbenchError
+
 PACKAGED = "_shipped"  # the shipped folders' home inside an installed kvbench package
 CHECKOUT = Path(__file__).resolve().parents[2]  # kvbench/core/resources.py: the checkout is two up
 
@@ -22,7 +24,8 @@ def packaged_root() -> Path | None:
     if not root.is_dir():
         return None
     if not isinstance(root, Path):  # e.g. a zipped install: lm-eval and safetensors need real files
-        raise RuntimeError(f"kvbench's shipped files must be on disk, not in {root}: install it unzipped")
+        # The install, not a bug: one line (exit 2), as any environment kvbench cannot run in.
+        raise KvbenchError(f"kvbench's shipped files must be on disk, not in {root}: install it unzipped")
     return root
 
 

@@ -20,6 +20,12 @@ reads, each refused in one line that names the culprit.
 - JSON decoded outside pydantic: `parse_json` is the one `json.loads` of the file readers; JSON nested deeper
   than `MAX_DEPTH` (pydantic's own parser's limit) is a ValueError like any malformed JSON, never a
   RecursionError traceback, so each reader refuses it in its one line naming the file.
+- Opening a file: `open_plain` (and `read_bytes`, `read_text` on it) is the one way a reader opens a file
+  kvbench is given or finds in a folder. Anything but a plain file is refused before a byte is read: a FIFO
+  blocks the open, or the read, until a writer comes (for ever), a device may never end (/dev/zero), a
+  socket cannot be read at all. It is opened without blocking and checked with fstat, on the opened file.
+- Counts: `parse_count` bounds a count of things kvbench makes one by one (texts, samples, requests) at
+  `MAX_COUNT`, so that a digit too many is refused at once, not found out after hours of work.
 
 The lowest layer: of kvbench it imports only the errors (BadInput by default; callers that read files
 pass their own type), and pydantic only when a first file is checked, so `kvbench --help` does not pay
@@ -27,11 +33,14 @@ for it.
 """
 
 import dataclasses
+import errno
 import functools
 import json
 import math
 import numbers
+import os
 import re
+import stat
 from typing import Annotated, Any
 
 import annotated_types
@@ -39,6 +48,9 @@ import annotated_types
 from kvbench.core.errors import BadInput
 
 INT64 = 2**63
+# The most of anything kvbench makes one at a time (texts, samples, requests): more than a machine gets
+# through in days. A bigger count is a slip (a digit too many), and would run, or hang, until killed.
+MAX_COUNT = 1_000_000
 # Integer fields of files: 64-bit, as pandas and torch store them.
 Int64 = Annotated[int, annotated_types.Interval(ge=-INT64, lt=INT64)]
 Count = Annotated[int, annotated_types.Interval(ge=0, lt=INT64)]
@@ -314,8 +326,7 @@ def load_yaml(path, error: type[Exception] = BadInput) -> Any:
             return super().compose_node(parent, index)
 
     try:
-        with open(path, encoding="utf-8") as file:
-            return yaml.load(file, Loader=Loader)  # noqa: S506 (a SafeLoader)
+        return yaml.load(read_text(path, error), Loader=Loader)  # noqa: S506 (a SafeLoader)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise error(f"{path}: no such file") from None
     except UnicodeDecodeError:
@@ -324,3 +335,51 @@ def load_yaml(path, error: type[Exception] = BadInput) -> Any:
         raise error(
             f"{path}: not YAML ({str(failure).splitlines()[0] if str(failure) else 'too deep'})"
         ) from None
+
+
+def parse_count(
+    value: Any, what: str, low: int = 1, high: int = MAX_COUNT, *, error: type[Exception] = BadInput
+) -> int:
+    """A count of things kvbench makes one by one (texts, samples, requests): `parse_int` in [low, high],
+    `MAX_COUNT` at most unless told, so that 99999999999999999999 texts is refused now, saying the most
+    it takes, instead of running until killed."""
+    return parse_int(value, what, low, high, error=error)
+
+
+KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def open_plain(path, error: type[Exception] = BadInput):
+    """The file at `path` open for reading, in binary; `error` naming it when it is not a plain file (a FIFO,
+    a device, a socket), before a byte is read. It is opened without blocking (a FIFO's open waits for a
+    writer otherwise) and checked on the open file (fstat), so nothing can be swapped in between. A missing
+    file, a folder or a file that cannot be opened raise the OSError open() raises (FileNotFoundError,
+    IsADirectoryError, PermissionError, ...), for the caller's own message."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode):
+            raise error(f"{path} is not a plain file ({KINDS.get(stat.S_IFMT(mode), 'of an unknown kind')})")
+        os.set_blocking(fd, True)
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path, error: type[Exception] = BadInput) -> bytes:
+    """The bytes of the plain file at `path` (`open_plain`)."""
+    with open_plain(path, error) as file:
+        return file.read()
+
+
+def read_text(path, error: type[Exception] = BadInput, encoding: str = "utf-8") -> str:
+    """The text of the plain file at `path` (`open_plain`); UnicodeDecodeError when it is not `encoding`."""
+    return read_bytes(path, error).decode(encoding)

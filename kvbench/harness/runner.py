@@ -216,6 +216,8 @@ def prepare_plan(
         models.check_device(device)
     if model != models.EMBEDDED:  # a folder or hub id is checked now; the embedded one converts later, once
         models.resolve(model)
+    else:
+        models.check_embedded_cache()  # a cache that cannot take its copy: refused now, not after torch
     if task_plan.tokenizer not in (None, models.EMBEDDED):
         models.resolve_tokenizer(task_plan.tokenizer)
     limit = models.context_limit(model)

@@ -35,8 +35,10 @@ from kvbench.core.validation import (
     check_json,
     jsonl_lines,
     parse_int,
+    read_text,
 )
 from kvbench.harness.planning import configs_for_sweep, split
+from kvbench.store.results import check_folder_writable
 
 COSTS_FILE = "costs.jsonl"
 DEFAULT_PRESSES = "knorm,snapkv,tova,streaming_llm,kvp,qevict,memdecay,quant"
@@ -93,6 +95,7 @@ def plan_speed(presses, lengths, out, memory=None, ratios=None, new_tokens=32, r
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file, not a folder")
+    check_folder_writable(out, "--out folder")  # a loop of links, a read-only folder: now, not after timing
     new_tokens, repeats = parse_int(new_tokens, "--new-tokens", low=1), parse_int(repeats, "--repeats", low=1)
     return SpeedPlan(configs, length_values, new_tokens, repeats, out, load_costs(out))
 
@@ -105,7 +108,7 @@ def load_costs(out: Path) -> dict:
         return {}
     done = {}
     try:
-        lines = jsonl_lines(path.read_text(encoding="utf-8"))
+        lines = jsonl_lines(read_text(path, DataFileError))  # a FIFO is refused, not waited on
     except (OSError, UnicodeDecodeError) as error:
         raise DataFileError(f"{path} is unreadable ({error})") from None
     for number, line in enumerate(lines, 1):

@@ -28,6 +28,7 @@ it. A writer holds a lock on `claims/<writer>.lock` while it lives, so the claim
 recognised as stale (its lock is free) and dropped. Run records are written whole (tmp + rename).
 """
 
+import errno
 import gzip
 import hashlib
 import json
@@ -58,7 +59,10 @@ from kvbench.core.validation import (
     check_fields,
     check_json,
     jsonl_lines,
+    open_plain,
     parse_json,
+    read_bytes,
+    read_text,
     whole_lines_size,
 )
 
@@ -241,14 +245,16 @@ class Row:
 
 def check_folder_writable(folder: Path, what: str) -> None:
     """Raise BadInput if `folder` (`what`, e.g. "--out folder") cannot be created or written, without
-    creating anything: a name too long, a file or a dangling link on the way, a folder that refuses a file
-    (read-only, /proc)."""
+    creating anything: a name too long, a file, a dangling link or a loop of links on the way, a folder that
+    refuses a file (read-only, /proc)."""
     folder = Path(folder)
     probe = folder
     try:
         while not probe.exists():
             if probe.is_symlink():
-                raise BadInput(f"{what} {str(folder)!r} is not writable: {str(probe)!r} is a dangling link")
+                raise BadInput(
+                    f"{what} {str(folder)!r} is not writable: {str(probe)!r} is {broken_link(probe)}"
+                )
             probe = probe.parent
     except OSError as error:  # a name longer than the file system takes
         raise BadInput(f"{what} {str(folder)!r} is not writable: {error.strerror}") from None
@@ -258,6 +264,16 @@ def check_folder_writable(folder: Path, what: str) -> None:
         tempfile.TemporaryFile(dir=probe).close()
     except OSError:
         raise BadInput(f"{what} {str(folder)!r} is not writable") from None
+
+
+def broken_link(path: Path) -> str:
+    """What is wrong with a symbolic link that leads to nothing: 'a dangling link' or 'a loop of links'."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a loop of links"
+    return "a dangling link"
 
 
 STORE_FILES = (ROWS_FILE, LOCK_FILE, ROWS_GZ)  # what the store opens as plain files
@@ -273,7 +289,7 @@ def check_writable(folder: Path) -> None:
     folder = Path(folder)
     for name in (*STORE_FILES, *STORE_FOLDERS):
         path = folder / name
-        wrong = "a dangling link" if path.is_symlink() and not path.exists() else None
+        wrong = broken_link(path) if path.is_symlink() and not path.exists() else None
         if path.exists() and name in STORE_FILES and not path.is_file():
             wrong = "not a plain file"
         if path.exists() and name in STORE_FOLDERS and not path.is_dir():
@@ -358,7 +374,7 @@ class ResultsStore:
         """Read the whole lines written since the last read (by this writer or another)."""
         if not self.rows_path.exists():
             return
-        with open(self.rows_path, "rb") as file:
+        with open_plain(self.rows_path, DataFileError) as file:
             file.seek(self.offset)
             data = file.read()
         end = whole_lines_size(data)
@@ -440,7 +456,7 @@ class ResultsStore:
                 owner_lock.acquire(blocking=False)
             except Timeout:  # the writer lives; claims it cannot have written (not lists of keys) are none
                 with suppress_os_error(), suppress(TypeError):
-                    taken.update(tuple(key) for key in parse_json(path.read_text()))
+                    taken.update(tuple(key) for key in parse_json(read_text(path, ValueError)))
                 continue
             except OSError:  # a lock that cannot be taken (a folder in its place): no writer to wait for
                 continue
@@ -573,9 +589,9 @@ def file_bytes(path: Path) -> bytes:
     """The bytes of a rows file, decompressed if its name ends in .gz. A compressed file is read whole: a
     torn or foreign one is refused (DataFileError), not half read."""
     if path.suffix != ".gz":
-        return path.read_bytes()
+        return read_bytes(path, DataFileError)
     try:
-        return gzip.decompress(path.read_bytes())
+        return gzip.decompress(read_bytes(path, DataFileError))
     except (OSError, EOFError) as error:
         raise DataFileError(f"{path} is not a readable gzip file of rows ({error})") from None
 
@@ -707,12 +723,13 @@ def load_runs(paths) -> list[dict]:
     for file in results_files(paths):
         for run in sorted((file.parent / RUNS_DIR).glob("*.json")):
             try:
-                record = parse_json(run.read_text())
+                record = parse_json(read_text(run, ValueError))  # a FIFO is skipped, never waited on
                 if not isinstance(record, dict):
                     raise ValueError("not a JSON object")
                 check_json(RunRecord, json.dumps(record), "", error=ValueError)
             except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                reason = reason.removeprefix(f"{run} is ")  # open_plain's "<path> is not a plain file"
                 warnings.warn(f"{run}: skipped a corrupt run record: {reason}", KvbenchWarning, stacklevel=2)
                 continue
             records.append(record)

@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 
 from kvbench.core.errors import BadInput, DataFileError
-from kvbench.core.validation import jsonl_lines, parse_int, parse_json
+from kvbench.core.validation import jsonl_lines, parse_count, parse_int, parse_json, read_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +68,11 @@ def make_trace(
     about `chunk_chars` characters, `k` per request, drawn with Zipf(`zipf`) popularity."""
     from kvbench.tasks import agent
 
-    requests = parse_int(requests, "requests", 1)
-    docs, k = parse_int(docs, "docs", 1), parse_int(k, "k", 1)
+    requests = parse_count(requests, "requests")  # counts of what is made one by one: bounded, so that a
+    docs, k = parse_count(docs, "docs"), parse_int(k, "k", 1)  # digit too many fails now, not in an hour
     if k > docs:
         raise BadInput(f"k must be at most docs ({docs}), got {k}")
-    sessions, agents = parse_int(sessions, "sessions", 0), parse_int(agents, "agents", 1)
+    sessions, agents = parse_count(sessions, "sessions", 0), parse_count(agents, "agents")
     rng = random.Random(seed)
     sentences = agent.snippet_sentences()
     chunks: dict[str, str] = {}
@@ -135,7 +135,7 @@ def read_trace(path: Path) -> Trace:
     """A trace file, every line checked; DataFileError (one line: file, line, what) if it is malformed, empty,
     or a request names a chunk the file does not define."""
     try:
-        text = Path(path).read_text()
+        text = read_text(path, DataFileError)  # a FIFO is refused, not waited on
     except (OSError, UnicodeDecodeError) as error:
         raise DataFileError(f"{path}: cannot read the trace ({error.__class__.__name__})") from None
     chunks: dict[str, str] = {}

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from kvbench.bridge import models
 from kvbench.core import resources
-from kvbench.core.errors import TrainingFileError
-from kvbench.core.validation import STRICT, Count, Positive, check_json, parse_json
+from kvbench.core.errors import DataFileError, TrainingFileError, WriteError
+from kvbench.core.validation import STRICT, Count, Positive, check_json, parse_json, read_text
 
 MANIFEST_FILE = "manifest.json"
 CARD_FILE = "card.json"
@@ -79,15 +79,35 @@ def train_command_hint(method: str, name: str, press_arg: str) -> str:
 
 def save_learned_state(directory: Path, weights_file: str, module, card: dict, metadata: dict | None = None):
     """The one checkpoint format of the learned presses: `weights_file` (safetensors of the module's state)
-    then card.json, each written atomically, weights first, so a card never names weights that are not
-    there."""
-    from safetensors.torch import save_file
+    and card.json. Both are written whole into a folder beside `directory` first, then that folder becomes
+    `directory` (or, where it exists, its files are moved in, weights first, so a card never names weights
+    that are not there). A write that fails (a full disk, a file size limit) leaves `directory` as it was,
+    no empty folder and no half a file, and is one line (WriteError)."""
+    import shutil
+
+    from safetensors.torch import save
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()}
-    write_atomically(directory / weights_file, lambda path: save_file(state, path, metadata=metadata))
-    write_json(directory / CARD_FILE, card)
+    data = save(state, metadata=metadata)  # bytes: written by Python, a failed write is an OSError
+    tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed earlier save's
+        tmp.mkdir()
+        (tmp / weights_file).write_bytes(data)
+        (tmp / CARD_FILE).write_text(json.dumps(card, indent=1) + "\n")
+        if not directory.exists():
+            tmp.rename(directory)
+        else:
+            for name in (weights_file, CARD_FILE):
+                os.replace(tmp / name, directory / name)
+            tmp.rmdir()
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(
+            f"cannot write {weights_file} and {CARD_FILE} to {directory}: {error.strerror or error}"
+        ) from None
 
 
 def write_atomically(path: Path, write) -> None:
@@ -148,6 +168,20 @@ class Manifest:
     shards: list[Shard]
     method: str = "kvp"  # stores from before the field existed are KVP's
     mixture: str | None = None
+
+
+def existing_manifest(directory: Path) -> dict | None:
+    """The manifest an earlier datagen run left in `directory` (None if there is none); a corrupt one is an
+    error. Here, without torch, so that `datagen` refuses one before it imports what it generates with."""
+    path = Path(directory) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        text = read_text(path, ValueError)
+        check_json(Manifest, text, "", ValueError)  # its schema: what a resumed run appends to
+    except ValueError as error:  # UnicodeDecodeError is one
+        raise DataFileError(f"{path}: not a datagen manifest ({str(error).splitlines()[0]})") from None
+    return parse_json(text)
 
 
 def manifest_method(manifest: dict) -> str:
