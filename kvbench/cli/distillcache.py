@@ -12,8 +12,7 @@ from kvbench.cli.learned import data_option, datagen, device_option, model_optio
 from kvbench.cli.types import Number
 from kvbench.core.errors import BadInput
 from kvbench.core.validation import parse_float
-from kvbench.learned.distillcache.policy import ARCHS, INITS
-from kvbench.learned.distillcache.train import CREDITS, TrainConfig
+from kvbench.learned.distillcache.config import ARCHS, CREDITS, INITS, TrainConfig  # no torch: see config
 
 DEFAULTS = TrainConfig()
 
@@ -112,14 +111,15 @@ def train(
     import sys
 
     from kvbench.bridge.models import check_device, load_model, resolve
-    from kvbench.learned.distillcache.train import DistillData
-    from kvbench.learned.distillcache.train import train as train_policy
+    from kvbench.learned.distillcache.config import DistillData
     from kvbench.store.results import check_folder_writable
 
     DistillData(list(data))  # refuse a bad data store, an --out or a device that would fail after training
     check_folder_writable(out, "--out folder")
     check_device(device)
     resolve(model)
+    from kvbench.learned.distillcache.train import train as train_policy  # torch: after the checks
+
     config = TrainConfig(
         steps=steps,
         samples=samples,
@@ -140,7 +140,7 @@ def train(
 def report(policy):
     """Validation KL of the policy in POLICY vs knorm, snapkv and random, per ratio (lower is better)."""
     from kvbench.learned.common import read_card
-    from kvbench.learned.distillcache.checkpoint import METHOD, train_command_hint
+    from kvbench.learned.distillcache.config import METHOD, train_command_hint
 
     card = read_card(policy, METHOD, train_command_hint("MODEL"))
     table = card["validation"]["kl"]

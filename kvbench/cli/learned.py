@@ -132,7 +132,7 @@ def datagen(
     Resumable: rerun the same command to continue a stopped run.
     """
     from kvbench.bridge.models import check_device, context_limit, load_model, load_tokenizer, resolve
-    from kvbench.learned.common.datagen import DatagenConfig, existing_manifest, generate_data, plan_shards
+    from kvbench.learned.common import existing_manifest
     from kvbench.store.results import check_writable
     from kvbench.tasks.mixture import Part
 
@@ -163,6 +163,8 @@ def datagen(
         raise click.BadParameter(
             f"{longest} exceeds the {limit}-token context of model {model!r}", param_hint="--length"
         )
+    from kvbench.learned.common.datagen import DatagenConfig, generate_data, plan_shards  # torch: now
+
     config = DatagenConfig(parts, seed, gen_tokens, val_fraction, reconstruction)
     planned = plan_shards(config, load_tokenizer(model))  # every task makes its samples before the model
     llm, tokenizer = load_model(model, device=device)

@@ -35,17 +35,38 @@ def with_kvbench_tasks(argv: list[str]) -> list[str]:
     return [*argv, "--include_path", str(lm_eval_tasks_dir())]
 
 
+def given_options(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
+    """--model, and every --model_args and --metadata value, as lm-eval's command line would read them
+    (`-M`, `-a`, `--option=value`, several values after one option); the rest of `argv` is lm-eval's."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--model", "-M")
+    parser.add_argument("--model_args", "-a", nargs="+", action="extend", default=[])
+    parser.add_argument("--metadata", nargs="+", action="extend", default=[])
+    parser.add_argument("--config", "-C")
+    known, _ = parser.parse_known_args(argv)
+    if known.config is not None:  # a config file may name the model's arguments: lm-eval reads it
+        return None, [], []
+    return known.model, known.model_args, known.metadata
+
+
 def main() -> None:
     """lm-eval's command line; kvbench's own errors (a bad `--model_args` value: an unknown press, a ratio
-    out of range, a missing model, a bad press argument) are one line and their exit code, as in `kvbench`."""
-    from lm_eval.__main__ import cli_evaluate
-
-    import kvbench.harness.lmeval  # noqa: F401 (registers the model type `kvbench`)
+    out of range, a missing model, a bad press argument) are one line and their exit code, as in `kvbench`.
+    What can be checked on the command line alone is, before lm-eval, torch and kvpress are imported."""
     from kvbench.bridge.models import first_line
     from kvbench.core.errors import KvbenchError
+    from kvbench.harness.lmeval_checks import check_model_args
 
-    sys.argv = [sys.argv[0], *with_kvbench_tasks(sys.argv[1:])]
     try:
+        if not HELP & set(sys.argv[1:]):
+            check_model_args(*given_options(sys.argv[1:]))
+        from lm_eval.__main__ import cli_evaluate
+
+        import kvbench.harness.lmeval  # noqa: F401 (registers the model type `kvbench`)
+
+        sys.argv = [sys.argv[0], *with_kvbench_tasks(sys.argv[1:])]
         cli_evaluate()
     except KvbenchError as error:
         print(f"Error: {first_line(error)}", file=sys.stderr)
@@ -103,12 +124,31 @@ def lm_eval_command(
     \b
     Example: kvbench lm-eval --press snapkv --ratio 0.5 --tasks niah_single_1,ruler_vt --length 1024
     """
-    from kvbench.bridge.models import check_device, context_limit, first_line, resolve
+    from kvbench.bridge.models import check_device, context_limit, first_line, resolve, usable_cache_dir
     from kvbench.core.config import Config
     from kvbench.core.errors import BadInput, TaskUnavailable
+    from kvbench.harness.lmeval_checks import check_length
+    from kvbench.harness.planning import check_configs, parse_ratio
+    from kvbench.presses import check_press_runnable, parse_press_args
+    from kvbench.store.results import ResultsStore, check_writable
+
+    started = datetime.now(timezone.utc).isoformat()
+    ratio = parse_ratio(ratio)
+    names = [name.strip() for name in task_names.split(",") if name.strip()]
+    if not names:
+        raise BadInput("--tasks must name at least one task")
+    # Cheap checks first, so that a typo fails in a second, not after torch and lm-eval import (15-20 s) or
+    # the model loads; the press's own checks (check_configs) need the engine, so they come after them.
+    config = Config(press, ratio, tuple(sorted(parse_press_args(press_args).items())))
+    check_press_runnable(press)
+    check_writable(out)
+    check_device(device)
+    resolve(model)
+    check_length(length, names, context_limit(model), model)
+    usable_cache_dir()  # lm-eval's request cache and the tokenizer its tasks read go there
+    check_configs([config], length)
     from kvbench.harness.lmeval import (
         KVBenchLM,
-        check_length,
         check_tasks,
         evaluate,
         needs_hub,
@@ -118,22 +158,7 @@ def lm_eval_command(
         task_manager,
         task_metadata,
     )
-    from kvbench.harness.planning import check_configs, parse_ratio
-    from kvbench.presses import parse_press_args
-    from kvbench.store.results import ResultsStore, check_writable
 
-    started = datetime.now(timezone.utc).isoformat()
-    ratio = parse_ratio(ratio)
-    names = [name.strip() for name in task_names.split(",") if name.strip()]
-    if not names:
-        raise BadInput("--tasks must name at least one task")
-    # Cheap checks first, so that a typo fails in a second, not after the model loads.
-    config = Config(press, ratio, tuple(sorted(parse_press_args(press_args).items())))
-    check_configs([config], length)
-    check_writable(out)
-    check_device(device)
-    resolve(model)
-    check_length(length, names, context_limit(model), model)
     try:
         manager = task_manager(include_paths, task_metadata(model, limit=limit, length=length))
         check_tasks(manager, names)

@@ -51,7 +51,6 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
     from kvbench import tasks
     from kvbench.bridge.models import check_device, load_model, resolve
     from kvbench.harness.planning import DEFAULT_LENGTH, plan_tasks
-    from kvbench.learned.memdecay.calibration import measure, write_calibration
     from kvbench.store.results import check_folder_writable
 
     suite = suite or (None if task_list else DEFAULT_SUITE)
@@ -61,6 +60,8 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
     check_folder_writable(out, "--out folder")  # what can fail after the measurement fails before it
     check_device(device)
     resolve(model)
+    from kvbench.learned.memdecay.calibration import measure, write_calibration  # torch: after the checks
+
     llm, tokenizer = load_model(model, device=device)
     chosen = [
         sample
@@ -105,13 +106,14 @@ def lifetimes(out, model, device, suite, length, samples, new_tokens, seed, resa
     from kvbench import tasks
     from kvbench.bridge.models import check_device, load_model, resolve
     from kvbench.harness.planning import plan_tasks
-    from kvbench.learned.memdecay.lifetimes import measure_samples, write_results
     from kvbench.store.results import check_folder_writable
 
     plan = plan_tasks(suite, (), length, samples)
     check_folder_writable(out, "--out folder")
     check_device(device)
     resolve(model)
+    from kvbench.learned.memdecay.lifetimes import measure_samples, write_results  # torch: after the checks
+
     llm, tokenizer = load_model(model, device=device)
     chosen = [
         sample

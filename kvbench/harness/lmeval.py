@@ -346,21 +346,6 @@ def check_tasks(manager, names: list[str]) -> None:
             raise UnknownTask(f"unknown lm-eval task {name!r} (see `lm_eval ls tasks`, or tasks/lm_eval)")
 
 
-def check_length(length: int | None, names: list[str], limit: int | None, model: str) -> None:
-    """Refuse a --length below what a RULER task needs or beyond the model's context, before any work."""
-    if length is None:
-        return
-    for name in names:  # our RULER tasks (tasks/lm_eval); lm-eval's own size their samples themselves
-        task = name.removeprefix("kvbench_")
-        if not name.startswith("kvbench_"):
-            continue
-        minimum = min(ruler.min_length(t) for t in ([task] if task in ruler.TASKS else ruler.TASKS))
-        if length < minimum:
-            raise BadInput(f"--length {length} is below the minimum of task {name!r} ({minimum})")
-    if limit is not None and length > limit:
-        raise BadInput(f"--length {length} exceeds the {limit}-token context of model {model!r}")
-
-
 HUB_MODULES = ("huggingface_hub", "datasets", "requests", "urllib3", "httpx", "fsspec", "aiohttp")
 
 

@@ -54,8 +54,7 @@ from kvbench.bridge import models
 from kvbench.core import provenance
 from kvbench.core.config import Config, budget_label
 from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning
-from kvbench.core.validation import jsonl_lines, parse_json
-from kvbench.engine import budget_entries, check_compresses_live
+from kvbench.core.validation import MAX_COUNT, jsonl_lines, parse_json, read_text
 from kvbench.harness.planning import (
     budget_configs,
     check_learned_state,
@@ -158,7 +157,9 @@ def perplexity_configs(
 def check_presses(configs: list[Config]) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, cannot compress a growing
     cache, or scores with the queries of a window longer than a chunk (`engine.check_query_window`); the
-    presses, built (None for `none`)."""
+    presses, built (None for `none`). The engine (torch, kvpress: 15-20 s to import) comes in here."""
+    from kvbench.engine import check_compresses_live
+
     for config in configs:
         check_press_runnable(config.press)
         check_compresses_live(config)
@@ -199,7 +200,7 @@ def local_texts(data_dir: Path) -> Iterator[tuple[str, str]]:
     its name), a .jsonl line one {"text": ...} object (id: name:line)."""
     for path in local_files(data_dir):
         try:
-            content = path.read_text(encoding="utf-8")
+            content = read_text(path, DataFileError)
         except (OSError, UnicodeDecodeError) as error:
             raise DataFileError(f"{path}: cannot read it as UTF-8 text ({error})") from None
         if path.suffix == ".txt":
@@ -323,12 +324,15 @@ def prepare_plan(
     device: str = "cpu",
     dtype: str = "float32",
 ):
-    """(plan, model): every value checked before the model loads (numbers, sources and files, presses, the
-    device, the length against the model's context), then the texts made with the model's tokenizer, then
-    the model loaded and the configs keyed by their presses' learned state."""
+    """(plan, model): every value checked before the model loads (numbers, sources and files, the results
+    folder, the device, the length against the model's context, then the presses, whose checks import
+    torch), then the texts made with the model's tokenizer, then the model loaded and the configs keyed by
+    their presses' learned state."""
     for name, value, least in (("--texts", texts, 1), ("--length", length, 2), ("--span", span, 1)):
         if not isinstance(value, int) or value < least:
             raise BadInput(f"{name} must be a whole number of at least {least}, got {value}")
+    if texts > MAX_COUNT:  # texts are made one by one: 10**20 of them would run until killed
+        raise BadInput(f"--texts must be at most {MAX_COUNT}, got {texts}")
     if batch_configs < 1:
         raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
     if dtype not in models.DTYPES:
@@ -338,14 +342,14 @@ def prepare_plan(
             raise BadInput(f"budget {config.budget} is above the texts' --length {length}: nothing to evict")
     data_dir = Path(data_dir) if data_dir is not None else None
     names = check_sources(sources, data_dir)
-    presses = check_presses(configs)
     check_writable(Path(out))
     models.check_device(device)
     models.resolve(model)
-    check_learned_state(presses, model)
     limit = models.context_limit(model)
     if limit is not None and length > limit:
         raise BadInput(f"--length {length} exceeds the {limit}-token context of model {model!r}")
+    presses = check_presses(configs)
+    check_learned_state(presses, model)
     tokenizer = models.load_tokenizer(model)
     made = [text for name in names for text in generated_texts(tokenizer, name, texts, length, seed)]
     if data_dir is not None:
@@ -449,6 +453,8 @@ def target_entries(config: Config, fed: int, length: int) -> int:
     """The entries per head a config's cache is compressed back to once `fed` tokens of a text of `length`
     were read: a ratio's share of what was read, a memory's or a budget's of the whole text (at most what
     was read)."""
+    from kvbench.engine import budget_entries
+
     if config.memory is None and config.budget is None:
         return budget_entries(config, fed)
     return min(budget_entries(config, length), fed)
@@ -468,7 +474,7 @@ def evaluate_text(
     import torch.nn.functional as F
 
     from kvbench.bridge.adapter import clock, decoding_press, empty_batch, seed_press
-    from kvbench.engine import Run, attention_rows, kv_counts, prepare_press
+    from kvbench.engine import Run, attention_rows, budget_entries, kv_counts, prepare_press
     from kvbench.engine.decoder import BatchedDecoder
     from kvbench.presses import config_press, needs_eager
     from kvbench.tasks.prompt import Prompt

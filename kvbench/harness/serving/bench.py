@@ -64,7 +64,6 @@ def check_budgets(text: str, block: int, bytes_per_token: int | None) -> list[in
 def check_compression(press: str, ratio, press_args: dict):
     """The press that compresses the stored entries (None for `none`), checked without torch: a known press
     of the registry that evicts (not a codec), a ratio in [0, 1)."""
-    from kvbench.harness.serving.replay import Compression
     from kvbench.presses import PRESSES, check_press_runnable
 
     if press == "none":
@@ -80,6 +79,8 @@ def check_compression(press: str, ratio, press_args: dict):
     if ratio is None:
         raise BadInput(f"--press {press} needs --ratio (the fraction of each entry's KV entries removed)")
     ratio = parse_float(ratio, "--ratio", 0, 1, high_open=True)
+    from kvbench.harness.serving.replay import Compression  # torch's import: after every check
+
     return Compression(press, ratio, tuple(sorted(press_args.items())))
 
 
@@ -114,11 +115,16 @@ def check_press_window(compression, shortest_entry: int) -> None:
 
 
 def check_out(out: Path) -> Path:
+    """`out`, refused if it holds a run already or cannot be written (a file, a dangling link or a loop of
+    links on the way, a read-only folder): found out before the replay, not after it."""
+    from kvbench.store.results import check_folder_writable
+
     out = Path(out)
     if (out / "summary.json").exists():
         raise BadInput(f"{out} already holds a prefix-cache run (summary.json); choose another --out")
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file, not a folder")
+    check_folder_writable(out, "--out folder")
     return out
 
 
@@ -148,9 +154,9 @@ def run(
     block = parse_int(block, "--block", 1)
     tol = parse_float(transition_tol, "--transition-tol", 0)
     answer_tokens = parse_int(answer_tokens, "--answer-tokens", 0)
-    compression = check_compression(press, ratio, press_args or {})
     budget_bytes = check_budgets(budgets, block, config_bytes_per_token(model))
     trace = traces.read_trace(Path(trace_path)) if trace_path else traces.make_trace(**(trace_options or {}))
+    compression = check_compression(press, ratio, press_args or {})  # a press imports torch: checked last
 
     from datetime import datetime, timezone
 

@@ -40,12 +40,11 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from kvbench.bridge.adapter import attention_hooks, attention_implementation, language_model
-from kvbench.core.errors import BadInput, DataFileError
-from kvbench.core.validation import check_json, parse_json
+from kvbench.core.errors import BadInput
 from kvbench.learned.common import (
     MANIFEST_FILE,
     SHARED,
-    Manifest,
+    existing_manifest,
     folder_name,
     manifest_method,
     model_shape,
@@ -212,19 +211,6 @@ def reconstruction_score(model, cache: DynamicCache, repeat_ids: list[int]) -> t
             input_ids=torch.tensor([repeat_ids], device=model.device), past_key_values=cache, logits_to_keep=1
         )
     return torch.stack(scores)
-
-
-def existing_manifest(directory: Path) -> dict | None:
-    """The manifest an earlier run left in `directory` (None if there is none); a corrupt one is an error."""
-    path = Path(directory) / MANIFEST_FILE
-    if not path.is_file():
-        return None
-    try:
-        text = path.read_text()
-        check_json(Manifest, text, "", ValueError)  # its schema: what a resumed run appends to
-    except ValueError as error:  # UnicodeDecodeError is one
-        raise DataFileError(f"{path}: not a datagen manifest ({str(error).splitlines()[0]})") from None
-    return parse_json(text)
 
 
 def check_seed_changes_samples(task: str, length: int, seed: int, tokenizer) -> None:

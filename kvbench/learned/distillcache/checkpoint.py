@@ -16,20 +16,15 @@ from kvbench.learned.common import (
     save_learned_state,
     shipped_state_dir,
 )
-from kvbench.learned.common import train_command_hint as training_hint
+from kvbench.learned.distillcache.config import METHOD, train_command_hint
 from kvbench.learned.distillcache.policy import FEATURES, WINDOW, DistillCachePolicy
 
-METHOD = "distillcache"
 WEIGHTS_FILE = "policy.safetensors"
 
 
 def default_weights_dir(name: str) -> Path:
     """Where the shipped policy of model `name` lives: presses/distillcache/<name>/ (core.resources)."""
     return shipped_state_dir(METHOD, name)
-
-
-def train_command_hint(name: str) -> str:
-    return training_hint(METHOD, name, "weights")
 
 
 def save_policy(directory: Path, policy: DistillCachePolicy, card: dict) -> None:

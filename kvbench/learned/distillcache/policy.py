@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
+from kvbench.learned.distillcache.config import ARCHS
+
 FEATURES = (
     "log_window_attention_mean",
     "log_window_attention_max",
@@ -91,8 +93,6 @@ def token_features(
     )
 
 
-ARCHS = ("shared", "per-head")
-INITS = ("uniform", "knorm")
 KEY_NORM = FEATURES.index("log_key_norm")
 
 

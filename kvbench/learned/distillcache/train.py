@@ -18,7 +18,7 @@ reward that follows it (per_step.py), and validates under that decode-time repla
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from kvbench.core.provenance import git_commit
-from kvbench.learned.common import TrainingData, TrainingFileError, model_shape
+from kvbench.learned.common import TrainingFileError, model_shape
 from kvbench.learned.common.ranking import sample_rankings
-from kvbench.learned.distillcache.checkpoint import METHOD, save_policy
+from kvbench.learned.distillcache.checkpoint import save_policy
+from kvbench.learned.distillcache.config import CREDITS, TENSORS, DistillData, TrainConfig  # noqa: F401
 from kvbench.learned.distillcache.per_step import decision_log_prob, decode_rollout, per_step_loss
 from kvbench.learned.distillcache.policy import (
     WINDOW,
@@ -39,45 +40,6 @@ from kvbench.learned.distillcache.policy import (
 )
 
 REFERENCES = ("knorm", "snapkv", "random")
-CREDITS = ("sequence", "per-step")
-TENSORS = (
-    "keys",
-    "values",
-    "features",
-    "question_ids",
-    "continuation_ids",
-    "log_probs",
-)  # what a shard gives
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 100
-    samples: int = 4  # K keep-sets per ratio and step
-    ratios: list[float] = field(default_factory=lambda: [0.5, 0.75, 0.9])
-    ratios_per_step: int = 2
-    lr: float = 1e-2
-    weight_decay: float = 0.01
-    entropy_bonus: float = 0.01
-    ema: float = 0.9
-    eval_every: int = 25
-    eval_ratios: list[float] = field(default_factory=lambda: [0.5, 0.75, 0.9])
-    hidden: int = 32
-    arch: str = "shared"  # or "per-head" (kvbench.learned.distillcache.policy)
-    init: str = "uniform"  # or "knorm": start from knorm's ranking (DistillCachePolicy.start_as_knorm)
-    credit: str = "sequence"  # or "per-step": decode-time decisions, each with its reward-to-go (per_step.py)
-    interval: int = 8  # per-step: decoding steps between compressions, in training and validation
-    seed: int = 0
-
-
-class DistillData(TrainingData):
-    """DistillCache's view of one or more data stores (kvbench.learned.common.TrainingData): shared stores
-    (learned.common.datagen) or ones made by DistillCache's own datagen before them (RULER prompts only)."""
-
-    method, label = METHOD, "DistillCache"
-
-    def load(self, shard: dict, names=TENSORS) -> dict[str, torch.Tensor]:
-        return self.read_tensors(shard, names)
 
 
 def feature_statistics(data: DistillData) -> tuple[torch.Tensor, torch.Tensor]:
