@@ -475,6 +475,10 @@ CASES = [
     ),
     (["kvp", "report", "{tmp}/badcard"], 2, "badcard/card.json: not a KVP agents card"),
     (["kvp", "report", "{tmp}/listcard"], 2, "listcard/card.json: not a KVP agents card"),
+    (["kvp", "report", "{tmp}/extracard"], 2, "card.json: not a KVP agents card (field 'model.vocab'"),
+    (["kvp", "report", "{tmp}/headscard"], 2, "headscard/card.json: not a KVP agents card (field 'heads'"),
+    (["kvp", "report", "{tmp}/valcard"], 2, "valcard/card.json: not a KVP agents card (a validation list"),
+    (["kvp", "report", "{tmp}/deepcard"], 2, "deepcard/card.json: not a KVP agents card"),
     (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/empty"], 2, "no kvp data at {tmp}/empty"),
     (["kvp", "report", "{tmp}/compact", "--data", "{tmp}/nope"], 2, "no kvp data at {tmp}/nope"),
     (["kvp", "nope"], 2, "No such command 'nope'"),
@@ -630,6 +634,13 @@ def make_files(tmp: Path) -> None:
         ("garbage", json.dumps({"model": shape, "heads": [0]})),
         ("badcard", "{oops"),
         ("listcard", "[1, 2]"),
+        ("extracard", json.dumps({"model": {**shape, "vocab": 9}, "heads": [0]})),
+        ("headscard", json.dumps({"model": shape, "heads": "0"})),
+        ("valcard", json.dumps({"model": shape, "heads": [0], "validation": {"agent": [1.0, 2.0]}})),
+        (
+            "deepcard",
+            json.dumps({"model": shape, "heads": [0]})[:-1] + ', "agent": ' + "[" * 5000 + "]" * 5000 + "}",
+        ),
     ):
         (tmp / name).mkdir()
         (tmp / name / "card.json").write_text(card)

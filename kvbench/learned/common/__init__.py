@@ -28,7 +28,8 @@ SHARED = "shared"  # the method of datagen.py's stores: every learned press trai
 class ModelShape:
     """What a data store or checkpoint must match: the model and the shape of its KV cache."""
 
-    __pydantic_config__ = STRICT  # also the schema of the `model` field of manifests and cards
+    # Also the schema of the `model` field of manifests and cards; a key more would fail ModelShape(**model).
+    __pydantic_config__ = {**STRICT, "extra": "forbid"}
 
     name: str
     num_layers: Positive

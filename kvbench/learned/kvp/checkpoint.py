@@ -5,13 +5,14 @@ the architecture (`agent.arch`: compact or apple; cards from before there were t
 feature and training config, a summary of the data and the validation reward per head.
 """
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kvbench.core.errors import KVPAgentsError
-from kvbench.core.validation import parse_json
+from kvbench.core.validation import STRICT, Count, check_json, parse_json, read_bytes
 from kvbench.learned.common import (  # noqa: F401 (ModelShape and model_shape are part of this module's API)
     CARD_FILE,
     ModelShape,
@@ -44,17 +45,33 @@ def save_agents(directory: Path, agents: StackedAgents, card: dict) -> None:
     save_learned_state(directory, WEIGHTS_FILE, agents, card, metadata={"arch": agents.arch})
 
 
+@dataclass
+class Card:
+    """The schema of the fields of a KVP card that kvbench reads: the model it was made for, the heads of
+    the stack (flat indices, layer-major) and the validation reward per head of each ranker. Other fields
+    (training, data, agent, ...) are records and pass as they are."""
+
+    __pydantic_config__ = STRICT
+
+    model: ModelShape
+    heads: list[Count]
+    validation: dict[str, list[float]] = field(default_factory=dict)
+
+
 def load_card(directory: Path) -> dict:
+    """A KVP card checked against `Card`; a missing, corrupt or misshapen one is a one-line KVPAgentsError."""
     path = Path(directory) / CARD_FILE
     if not path.is_file():
         raise KVPAgentsError(f"no KVP agents at {directory} (missing {CARD_FILE})")
     try:
-        card = parse_json(path.read_text())
-        if not isinstance(card, dict) or not {"model", "heads"} <= card.keys():
-            raise ValueError("it lacks model and heads")
-        ModelShape(**card["model"])
-    except (ValueError, TypeError, UnicodeDecodeError) as error:
+        text = read_bytes(path, ValueError)
+        check_json(Card, text, "", ValueError)
+        card = parse_json(text)
+    except ValueError as error:  # UnicodeDecodeError is one
         raise KVPAgentsError(f"{path}: not a KVP agents card ({str(error).splitlines()[0]})") from None
+    validation = card.get("validation", {})
+    if any(len(rewards) != len(card["heads"]) for rewards in validation.values()):
+        raise KVPAgentsError(f"{path}: not a KVP agents card (a validation list is not one reward per head)")
     return card
 
 
