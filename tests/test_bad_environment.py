@@ -335,3 +335,27 @@ def test_learned_state_under_a_file_size_limit_leaves_no_folder_and_keeps_the_ol
     assert done.returncode == 1, done.stderr
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     assert [path.name for path in tmp_path.iterdir()] == ["agents"]
+
+
+def test_the_other_readers_refuse_a_fifo_too(tmp_path):
+    """Conformance records, kvpress's metrics.json and predictions.csv, MemDecay's calibration."""
+    from kvbench.harness.conformance import CONFORMANCE_DIR, read_records
+    from kvbench.harness.interop import read_predictions
+    from kvbench.learned.memdecay.press import MemDecayError, load_calibration
+
+    (tmp_path / CONFORMANCE_DIR).mkdir()
+    os.mkfifo(tmp_path / CONFORMANCE_DIR / "x.json")
+    with released(tmp_path / CONFORMANCE_DIR / "x.json"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_records(tmp_path) == []
+    assert any("not a plain file (a FIFO)" in str(warning.message) for warning in caught)
+    os.mkfifo(tmp_path / "predictions.csv")
+    with released(tmp_path / "predictions.csv"), pytest.raises(DataFileError, match="not a plain file"):
+        read_predictions(tmp_path / "predictions.csv", ("predicted_answer",))
+    (tmp_path / "calibration").mkdir()
+    os.mkfifo(tmp_path / "calibration" / "calibration.json")
+    with (
+        released(tmp_path / "calibration" / "calibration.json"),
+        pytest.raises(MemDecayError, match="no MemDecay calibration"),
+    ):
+        load_calibration(tmp_path / "calibration", "m")

@@ -905,14 +905,13 @@ def read_records(folder) -> list[ConformanceRecord]:
     from pathlib import Path
 
     from kvbench.core.errors import DataFileError, KvbenchWarning
-    from kvbench.core.validation import check_json
+    from kvbench.core.validation import check_json, read_bytes
 
     records = []
     for path in sorted((Path(folder) / CONFORMANCE_DIR).glob("*.json")):
         try:
-            if not path.is_file():
-                raise DataFileError(f"{path}: not a file")
-            records.append(check_json(ConformanceRecord, path.read_bytes(), str(path), DataFileError))
-        except DataFileError as error:
+            text = read_bytes(path, DataFileError)
+            records.append(check_json(ConformanceRecord, text, str(path), DataFileError))
+        except (DataFileError, OSError) as error:
             warnings.warn(f"skipped a conformance record: {error}", KvbenchWarning, stacklevel=2)
     return records

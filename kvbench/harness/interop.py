@@ -119,7 +119,7 @@ from typing import Any
 
 from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning
-from kvbench.core.validation import check_fields, check_json, load_yaml
+from kvbench.core.validation import check_fields, check_json, load_yaml, open_plain, read_text
 from kvbench.store.results import ROWS_FILE, Row, check_folder_writable, config_id, load_rows, results_files
 from kvbench.tasks import infinitebench, longbench, longbench_v2, loogle, needle, ruler, score_sample
 from kvbench.tasks.base import Sample
@@ -990,7 +990,7 @@ def read_config(path: Path) -> KvpressConfig:
 def read_metrics(path: Path, dataset: Dataset) -> Any:
     """metrics.json at `path` in the shape of `dataset`'s scorer; DataFileError in one line otherwise."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, DataFileError)
     except FileNotFoundError:
         raise DataFileError(
             f"{path}: no such file (a kvpress folder holds {PREDICTIONS}, {METRICS}, {CONFIG})"
@@ -1006,7 +1006,7 @@ def read_metrics(path: Path, dataset: Dataset) -> Any:
 def read_predictions(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
     """The lines of predictions.csv at `path` as dicts; DataFileError naming the file and a missing column."""
     try:
-        with open(path, encoding="utf-8", newline="") as file:
+        with io.TextIOWrapper(open_plain(path, DataFileError), encoding="utf-8", newline="") as file:
             reader = csv.DictReader(file)
             for name in required:
                 if name not in (reader.fieldnames or []):

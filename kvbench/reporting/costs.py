@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.core.errors import BadInput
-from kvbench.core.validation import parse_json
+from kvbench.core.validation import parse_json, read_text
 from kvbench.harness.speed import Cost, load_costs
 from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, file_stem, fmt_interval
 from kvbench.reporting.boards import Leaderboard
@@ -45,7 +45,7 @@ def read_costs(folder: Path) -> Costs:
     models = set()
     for record in sorted((folder / "runs").glob("speed-*.json")):
         try:
-            models.add(parse_json(record.read_text())["config"].get("model"))
+            models.add(parse_json(read_text(record, ValueError))["config"].get("model"))
         except (OSError, ValueError, KeyError, AttributeError, TypeError):
             continue  # a damaged record says nothing of the model; the costs themselves were checked
     models.discard(None)

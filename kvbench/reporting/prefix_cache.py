@@ -11,7 +11,7 @@ A policy keeps its colour everywhere; its compressed runs are dashed (lines) or 
 
 from pathlib import Path
 
-from kvbench.core.validation import jsonl_lines, parse_json
+from kvbench.core.validation import jsonl_lines, parse_json, read_text
 from kvbench.harness.serving.bench import MIB, table
 from kvbench.reporting.plots import MARKERS, PALETTE, new_figure, save, wrapped_title
 
@@ -138,9 +138,9 @@ def render(folder: Path | str) -> list[Path]:
     """summary.md (table and plots) and the plots of a prefix-cache folder, from its summary.json and
     requests.jsonl; the plots' paths."""
     folder = Path(folder)
-    record = parse_json((folder / "summary.json").read_text())
+    record = parse_json(read_text(folder / "summary.json"))
     summaries = record["summary"]["policies"]
-    rows = [parse_json(line) for line in jsonl_lines((folder / "requests.jsonl").read_text()) if line.strip()]
+    rows = [parse_json(line) for line in jsonl_lines(read_text(folder / "requests.jsonl")) if line.strip()]
     policies = list(dict.fromkeys(s["policy"] for s in summaries))
     figures = {
         "ttft.png": ttft_figure(rows, policies),

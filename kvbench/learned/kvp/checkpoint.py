@@ -65,8 +65,8 @@ def load_card(directory: Path) -> dict:
         raise KVPAgentsError(f"no KVP agents at {directory} (missing {CARD_FILE})")
     try:
         text = read_bytes(path, ValueError)
+        card = parse_json(text)  # first: JSON nested too deep is refused as such
         check_json(Card, text, "", ValueError)
-        card = parse_json(text)
     except ValueError as error:  # UnicodeDecodeError is one
         raise KVPAgentsError(f"{path}: not a KVP agents card ({str(error).splitlines()[0]})") from None
     validation = card.get("validation", {})

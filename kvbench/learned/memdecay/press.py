@@ -23,7 +23,7 @@ from torch import nn
 from kvbench.bridge import models
 from kvbench.core import resources
 from kvbench.core.errors import MemDecayError
-from kvbench.core.validation import STRICT, Count, check_json, parse_json
+from kvbench.core.validation import STRICT, Count, check_json, parse_json, read_text
 from kvbench.presses.queries import (
     SCORED_QUERIES,
     Scored,
@@ -83,7 +83,7 @@ def load_calibration(directory: Path, model_name: str) -> tuple[dict, str]:
         )
     remake = f"make it again with: {calibrate_command(model_name)}"
     try:
-        text = path.read_text()
+        text = read_text(path, MemDecayError)
     except (OSError, UnicodeDecodeError) as error:
         raise MemDecayError(f"{path} is unreadable ({error}); {remake}") from None
     try:
