@@ -1,0 +1,112 @@
+"""Every `kvbench` command written in docs/usage.md and README.md parses as written: its subcommand
+exists, its options exist and their values are of their types (click parses them, no work is done). The
+cheap ones also run (`RUNS`). The others are not run here, and why: sweeps, training and GPU runs take
+minutes to hours (the studies run them; tests/test_extending_doc.py runs the tutorial's end to end on the
+embedded model); their arguments name the user's own files (`mine.jsonl`, `my_press.py`, `PG19_TEST`) where
+a file must exist only when the command runs, not when it parses. `lm-eval-kvbench` lines are lm-eval's own
+command line and are checked by tests/test_lmeval.py's runs of it."""
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from kvbench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "docs" / "usage.md", ROOT / "README.md"]
+RUNS = {("presses",), ("tasks",)}  # run for real: seconds each
+
+
+def doc_commands(path: Path) -> list[str]:
+    """The `kvbench ...` command lines of the code blocks of `path`, continuation lines joined, comments
+    and the `uv run [--extra X | --group X]` prefix dropped."""
+    commands, block = [], None
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            block = [] if block is None else None
+            continue
+        if block is None:
+            continue
+        block.append(line)
+        text = " ".join(part.rstrip("\\").strip() for part in block)
+        if line.rstrip().endswith("\\"):
+            continue
+        block.clear()
+        if not re.match(r"(uv run .*)?kvbench ", text):
+            continue  # Python, YAML, output
+        words = shlex.split(text, comments=True)
+        while words[:2] == ["uv", "run"] or words[:1] in (["--extra"], ["--group"]):
+            words = words[2:]
+        if words[:1] == ["kvbench"]:
+            commands.append(shlex.join(words))
+    return commands
+
+
+COMMANDS = [(path.name, command) for path in DOCS for command in doc_commands(path)]
+
+
+def test_the_docs_hold_the_commands_this_test_reads():
+    assert len(COMMANDS) >= 40
+    assert any("lm-eval" in command for _, command in COMMANDS)
+
+
+def parse(words: list[str]) -> tuple[str, ...]:
+    """Parse `kvbench WORDS` down to its leaf command without running it; the command path."""
+    command, path = main, []
+    context = command.make_context("kvbench", list(words), resilient_parsing=False)
+    while isinstance(command, click.Group):
+        name, command, rest = command.resolve_command(context, context.protected_args + context.args)
+        path.append(name)
+        context = command.make_context(name, rest, parent=context)
+    return tuple(path)
+
+
+def braces(word: str) -> list[str]:
+    """The shell's brace expansion of one word: `a-{b,c}` -> [`a-b`, `a-c`] (one level, as the docs use)."""
+    found = re.search(r"\{([^{}]*,[^{}]*)\}", word)
+    if found is None:
+        return [word]
+    return [word[: found.start()] + part + word[found.end() :] for part in found.group(1).split(",")]
+
+
+MISSING = re.compile(r"Path '([^']+)' does not exist")
+
+
+@pytest.mark.parametrize("doc, command", COMMANDS, ids=[f"{doc}:{command[:60]}" for doc, command in COMMANDS])
+def test_a_documented_command_parses_as_written(doc, command, tmp_path, monkeypatch):
+    """In an empty folder holding the committed results folders; a path the command names as the user's
+    own (`results/mine`) is made empty there, since it must exist to parse."""
+    (tmp_path / "results").mkdir()
+    for folder in (ROOT / "results").iterdir():
+        (tmp_path / "results" / folder.name).symlink_to(folder)
+    monkeypatch.chdir(tmp_path)
+    words = [expanded for word in shlex.split(command)[1:] for expanded in braces(word)]
+    for _ in range(5):
+        try:
+            path = parse(words)
+            break
+        except click.exceptions.UsageError as error:
+            missing = MISSING.search(error.format_message())
+            if missing is None or (tmp_path / missing.group(1)).exists():
+                pytest.fail(f"{doc}: `{command}` does not parse: {error.format_message()}")
+            made = tmp_path / missing.group(1)
+            made.parent.mkdir(parents=True, exist_ok=True)
+            made.touch() if made.suffix else made.mkdir()
+    if path in RUNS:
+        result = CliRunner().invoke(main, words)
+        assert result.exit_code == 0, result.output
+        assert result.output.count("\n") > 10  # a listing, not a message
+
+
+def test_a_broken_command_would_fail_the_parse():
+    with pytest.raises(click.exceptions.UsageError, match="No such option"):
+        parse(["run", "--press", "knorm", "--ratioo", "0.5"])
+    with pytest.raises(click.exceptions.UsageError):
+        parse(["run", "--press", "knorm", "--protocol", "sideways"])
+    with pytest.raises(click.exceptions.UsageError, match="No such command"):
+        parse(["sweeep"])
+    assert re.fullmatch(r"\('run',\)", str(parse(["run", "--press", "knorm", "--ratio", "0.5"])))
