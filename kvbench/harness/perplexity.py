@@ -43,11 +43,9 @@ import dataclasses
 import hashlib
 import json
 import random
-import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from kvbench.bridge import models
@@ -55,6 +53,7 @@ from kvbench.core import provenance
 from kvbench.core.config import Config, budget_label
 from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning
 from kvbench.core.validation import MAX_COUNT, jsonl_lines, parse_json, read_text
+from kvbench.harness.evaluation import run_evaluator
 from kvbench.harness.planning import (
     budget_configs,
     check_learned_state,
@@ -66,7 +65,7 @@ from kvbench.harness.planning import (
     split,
 )
 from kvbench.presses import build_press, check_press_runnable
-from kvbench.store.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id_of, load_rows
+from kvbench.store.results import ResultsStore, Row, check_writable, config_id_of
 
 PROTOCOL = "perplexity"
 SOURCES = ("prose", "code", "agent")
@@ -395,8 +394,8 @@ def perplexity(
         return run_plan(model, plan, store, progress)
 
 
-def text_rows(plan: PerplexityPlan, text: Text) -> list[Row]:
-    """The rows of one text before measuring, one per config."""
+def text_rows(plan: PerplexityPlan, text: Text, configs: Sequence[Config] | None = None) -> list[Row]:
+    """The rows of one text before measuring, one per config (default: the plan's)."""
     return [
         Row(
             config_id=config_id_of(plan.model, config),
@@ -415,38 +414,64 @@ def text_rows(plan: PerplexityPlan, text: Text) -> list[Row]:
             protocol_args=dict(config.protocol_args),
             content_hash=text.content_hash(),
         )
-        for config in plan.configs
+        for config in (plan.configs if configs is None else configs)
     ]
 
 
 def run_plan(model, plan: PerplexityPlan, store: ResultsStore, progress: bool = True):
     """Measure what `store` lacks, text by text, `batch_configs` configs at a time, appending each row once
-    measured; all rows of this plan. Rows another live writer of the folder has claimed are left to it."""
-    from tqdm.auto import tqdm
+    measured; all rows of this plan (`evaluation.run_evaluator`, with `PerplexityEvaluator`)."""
+    return run_evaluator(PerplexityEvaluator(model, plan), store, progress)
 
-    started = datetime.now(timezone.utc).isoformat()
-    record_path = store.write_run(run_record(plan, None, started))
-    rows_of = [text_rows(plan, text) for text in plan.texts]
-    step = plan.batch_configs
-    missing = [sum(not store.is_done(row, plan.force) for row in rows) for rows in rows_of]
-    total = sum(-(-count // step) for count in missing) * plan.length  # tokens to read, batch by batch
-    with tqdm(total=total, desc="tokens", unit="tok", disable=not progress, file=sys.stderr) as bar:
-        for text, rows in zip(plan.texts, rows_of, strict=True):
-            claimed = {row.key for row in store.claim(rows, force=plan.force)}
-            todo = [
-                (config, row) for config, row in zip(plan.configs, rows, strict=True) if row.key in claimed
-            ]
-            for batch in (todo[start : start + step] for start in range(0, len(todo), step)):
-                configs = [config for config, _ in batch]
-                measured = evaluate_text(model, text, configs, plan.every, plan.span, bar.update)
-                for (_, row), result in zip(batch, measured, strict=True):
-                    store.append(dataclasses.replace(row, **result), force=plan.force)
-        store.release()
-    wanted = {row.sample_key for rows in rows_of for row in rows}
-    frame = load_rows([store.rows_path])
-    frame = frame[[key in wanted for key in zip(*(frame[name] for name in SAMPLE_FIELDS), strict=True)]]
-    store.write_run(run_record(plan, frame, started), path=record_path)
-    return frame.reset_index(drop=True)
+
+@dataclass(frozen=True)
+class TextUnit:
+    """One text under some of the plan's configs."""
+
+    text: Text
+    configs: tuple[Config, ...]
+
+
+@dataclass
+class PerplexityEvaluator:
+    """Live-cache perplexity (`evaluation.Evaluator`): a unit is one text read under some configs, each
+    config's cache compressed back to its budget every `every` tokens; a row holds its NLLs."""
+
+    model: object
+    plan: PerplexityPlan
+    all_at_once = False
+
+    @property
+    def force(self) -> bool:
+        return self.plan.force
+
+    def units(self) -> list[TextUnit]:
+        return [TextUnit(text, tuple(self.plan.configs)) for text in self.plan.texts]
+
+    def unit_rows(self, unit: TextUnit) -> list[Row]:
+        return text_rows(self.plan, unit.text, unit.configs)
+
+    def claimed_part(self, unit: TextUnit, claimed: set[tuple]) -> TextUnit | None:
+        rows = self.unit_rows(unit)
+        configs = tuple(c for c, row in zip(unit.configs, rows, strict=True) if row.key in claimed)
+        return TextUnit(unit.text, configs) if configs else None
+
+    def evaluate(self, units: list[TextUnit]) -> Iterator[list[Row]]:
+        """Each unit's rows, its configs measured `batch_configs` at a time."""
+        step = self.plan.batch_configs
+        for unit in units:
+            rows = []
+            for start in range(0, len(unit.configs), step):
+                configs = list(unit.configs[start : start + step])
+                measured = evaluate_text(self.model, unit.text, configs, self.plan.every, self.plan.span)
+                rows += [
+                    dataclasses.replace(row, **result)
+                    for row, result in zip(text_rows(self.plan, unit.text, configs), measured, strict=True)
+                ]
+            yield rows
+
+    def run_record(self, frame, started: str) -> dict:
+        return run_record(self.plan, frame, started)
 
 
 def target_entries(config: Config, fed: int, length: int) -> int:

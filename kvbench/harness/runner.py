@@ -2,7 +2,8 @@
 
 `run` and `sweep` are the Python API (`kvbench.run`, `kvbench.sweep`): they plan exactly as the command line
 does (kvbench.harness.planning), load the model, key learned presses by their state (`prepare_plan`), and
-score what the results folder lacks (`run_plan`). Work is cut into units (`Unit`: one sample under up to
+score what the results folder lacks (`run_plan`: `QAEvaluator` under kvbench.harness.evaluation's runner,
+which live-cache perplexity shares). Work is cut into units (`Unit`: one sample under up to
 `batch_configs` configs, which share one prefill); `evaluate_unit` computes a unit's rows without touching
 any store, so that a scheduler can spread units over workers and write their rows from one place
 (`ResultsStore.claim`, then `append`): `run_plan` does so with an `Executor` (kvbench.harness.ray_sweep's
@@ -12,22 +13,18 @@ computes units on Ray actors).
 from __future__ import annotations
 
 import functools
-import sys
-import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
-
-from tqdm.auto import tqdm
 
 from kvbench.bridge import models
 from kvbench.core import provenance
 from kvbench.core.config import DEFAULT_PROTOCOL, Config, protocol_by_option, protocol_of
 from kvbench.core.errors import BadInput, KvbenchWarning, ModelNotFound
 from kvbench.core.validation import parse_int
+from kvbench.harness.evaluation import run_evaluator
 from kvbench.harness.planning import (
     check_configs,
     check_learned_state,
@@ -38,7 +35,7 @@ from kvbench.harness.planning import (
     task_lengths,
 )
 from kvbench.presses import PRESSES, press_state_from_files, user_presses
-from kvbench.store.results import SAMPLE_FIELDS, ResultsStore, Row, check_writable, config_id_of, load_rows
+from kvbench.store.results import ResultsStore, Row, check_writable, config_id_of
 from kvbench.tasks import (
     Sample,
     check_combinable,
@@ -54,8 +51,6 @@ from kvbench.tasks import (
 
 if TYPE_CHECKING:  # pandas is imported where frames are made: its import takes a second or two
     import pandas as pd
-
-CLAIM_POLL_S = 1.0  # how often a writer looks again at units another writer is computing
 
 
 @dataclass
@@ -488,82 +483,56 @@ def run_plan(
     progress: bool = True,
     executor: Executor | None = None,
 ) -> pd.DataFrame:
-    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan.
+    """Evaluate what `store` lacks, appending each row once scored; return all rows of this plan
+    (`evaluation.run_evaluator`, with `QAEvaluator`).
 
     The units are computed here one at a time, or by `executor`, which is handed every unit this writer
-    can claim at once (a claim replaces the writer's previous one); either way this process alone claims
-    and writes their rows. Units whose rows another live writer of the folder has claimed are left to it
-    and waited for (polled every CLAIM_POLL_S); should that writer die, its claims lapse and this one
-    computes them.
-
-    `tokenizer` is the model's; the samples are sized with the plan's own tokenizer when it names one
-    (`sizing_tokenizer`). Without a model (every row held: `held_plan`), `tokenizer` is what sizes them."""
+    can claim at once; either way this process alone claims and writes their rows."""
     if model is not None and models.model_name(model) != plan.model:  # None: every row is held
         raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
-    started = datetime.now(timezone.utc).isoformat()
-    sizer = tokenizer if model is None or plan.tokenizer is None else sizing_tokenizer(plan.tokenizer)
-    units = plan_units(plan, plan_samples(plan, sizer))
-    rows_of = [unit_rows(plan, unit) for unit in units]
-    # Written first, so that a killed run still says what it asked for; rewritten with scores at the end.
-    record_path = store.write_run(run_record(plan, None, started))
+    return run_evaluator(QAEvaluator(model, tokenizer, plan, executor), store, progress)
 
-    def compute_here(work: list[Unit], plan: Plan) -> Iterator[list[Row]]:
-        return (evaluate_unit(model, tokenizer, unit, plan) for unit in work)
 
-    compute = executor or compute_here
-    step = len(units) if executor is not None else 1
-    counted: set[tuple] = set()  # keys of the rows the bar counts as done
-    total = sum(len(rows) for rows in rows_of)
-    with tqdm(total=total, desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
+@dataclass
+class QAEvaluator:
+    """Questions answered on a compressed cache and scored by each task's metric (`evaluation.Evaluator`):
+    a unit is one sample under some configs, sharing one prefill."""
 
-        def count_done(rows: Iterable[Row]) -> None:
-            done = {row.key for row in rows if store.is_done(row, plan.force)} - counted
-            counted.update(done)
-            bar.update(len(done))
+    model: object
+    tokenizer: object
+    plan: Plan
+    executor: Executor | None = None
 
-        pending = list(range(len(units)))
-        while pending:
-            waiting = []
-            for start in range(0, len(pending), step):
-                batch = pending[start : start + step]
-                claimed = {
-                    row.key
-                    for row in store.claim(
-                        [row for index in batch for row in rows_of[index]], force=plan.force
-                    )
-                }
-                work = []
-                for index in batch:
-                    # A config's rows (one per question) are computed together: any of them claimed.
-                    configs = tuple(
-                        config
-                        for config in units[index].configs
-                        if any(
-                            row.key in claimed
-                            for row in unit_rows(plan, Unit(units[index].sample, (config,)))
-                        )
-                    )
-                    if configs:
-                        work.append(Unit(units[index].sample, configs))
-                for scored in compute(work, plan) if work else ():
-                    for row in scored:
-                        if row.key in claimed:  # a question another run wrote already is not written twice
-                            store.append(row, force=plan.force)
-                    count_done(scored)
-                    bar.set_postfix_str(scored[0].task)
-                for index in batch:
-                    count_done(rows_of[index])
-                    if any(row.key not in counted for row in rows_of[index]):  # claimed by another writer
-                        waiting.append(index)
-            store.release()
-            if waiting:
-                time.sleep(CLAIM_POLL_S)
-            pending = waiting
-    wanted = {row.sample_key for rows in rows_of for row in rows}
-    frame = load_rows([store.rows_path])
-    frame = frame[[key in wanted for key in zip(*(frame[name] for name in SAMPLE_FIELDS), strict=True)]]
-    store.write_run(run_record(plan, frame, started), path=record_path)
-    return frame.reset_index(drop=True)
+    @property
+    def force(self) -> bool:
+        return self.plan.force
+
+    @property
+    def all_at_once(self) -> bool:
+        return self.executor is not None
+
+    def units(self) -> list[Unit]:
+        return plan_units(self.plan, plan_samples(self.plan, self.tokenizer))
+
+    def unit_rows(self, unit: Unit) -> list[Row]:
+        return unit_rows(self.plan, unit)
+
+    def claimed_part(self, unit: Unit, claimed: set[tuple]) -> Unit | None:
+        """A config's rows (one per question) are computed together: any of them claimed."""
+        configs = tuple(
+            config
+            for config in unit.configs
+            if any(row.key in claimed for row in unit_rows(self.plan, Unit(unit.sample, (config,))))
+        )
+        return Unit(unit.sample, configs) if configs else None
+
+    def evaluate(self, units: list[Unit]) -> Iterable[list[Row]]:
+        if self.executor is not None:
+            return self.executor(units, self.plan)
+        return (evaluate_unit(self.model, self.tokenizer, unit, self.plan) for unit in units)
+
+    def run_record(self, frame: pd.DataFrame | None, started: str) -> dict:
+        return run_record(self.plan, frame, started)
 
 
 # What a config may be given beside its ratio (Row's memory and budget), in the summary's column order.
