@@ -181,7 +181,7 @@ def perplexity_cli(model_dir, weights, out):
 
 
 def test_bad_checkpoints_are_one_line_exit_2(tiny_llama_dir, tmp_path):
-    shape = write_checkpoint(tmp_path / "other", tiny_llama_dir, name="some-other-model")
+    shape = write_checkpoint(tmp_path / "other", tiny_llama_dir, name="some-other-model", identity="0" * 16)
     write_checkpoint(tmp_path / "shape", tiny_llama_dir, head_dim=shape.head_dim * 2)
     write_checkpoint(tmp_path / "weights", tiny_llama_dir)
     (tmp_path / "weights" / WEIGHTS_FILE).write_bytes(b"not safetensors")

@@ -73,11 +73,25 @@ def test_a_recent_fraction_outside_0_1_is_refused(fraction):
 
 def test_press_refuses_agents_of_another_model(tmp_path, tiny_model):
     model = tiny_model()
-    for change in ({"name": "another-model"}, {"num_layers": 3}, {"num_kv_heads": 1}, {"head_dim": 32}):
+    other = {"identity": "0" * 16}  # another model's weights
+    old = {"identity": None, "name": "another-model"}  # a card from before identities, of another name
+    for change in (other, old, {"num_layers": 3}, {"num_kv_heads": 1}, {"head_dim": 32}):
         random_agents(model, tmp_path, **change)
         press = KVPPress(compression_ratio=0.5, agents=str(tmp_path))
         with pytest.raises(KVPAgentsError, match="were made for"):
             press.post_init_from_model(model)
+
+
+def test_agents_serve_the_same_model_under_another_name(tmp_path, tiny_model):
+    """A copy of a model's folder is that model: matched by its weights' identity, not by its name."""
+    model = tiny_model()
+    random_agents(model, tmp_path, name="/elsewhere/a-copy-of-it")
+    KVPPress(compression_ratio=0.5, agents=str(tmp_path)).post_init_from_model(model)
+    changed = tiny_model()
+    with torch.no_grad():
+        next(changed.parameters()).add_(1.0)  # the same shape, other weights
+    with pytest.raises(KVPAgentsError, match="were made for"):
+        KVPPress(compression_ratio=0.5, agents=str(tmp_path)).post_init_from_model(changed)
 
 
 def test_press_refuses_agents_covering_part_of_the_heads(tmp_path, tiny_model):

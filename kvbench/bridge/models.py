@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import socket
+import weakref
 from pathlib import Path
 
 from kvbench.bridge import embedded
@@ -358,6 +359,38 @@ def load_model(
 def model_name(model) -> str:
     """The name the user gave for this model (embedded alias, hub id or folder)."""
     return getattr(model.config, "kvbench_name", None) or model.config.name_or_path
+
+
+IDENTITY_SAMPLES = 1024  # values of each weight tensor that enter a model's identity
+
+
+IDENTITIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its identity, once
+
+
+def model_identity(model) -> str:
+    """What the model is, whatever its folder or name: a sha256 over each weight tensor's name, shape and
+    `IDENTITY_SAMPLES` values evenly spaced through it, rounded to bfloat16 (so a float32 and a bfloat16
+    load of one checkpoint agree). Learned state records it and is matched by it (`learned.common`).
+    Computed once per model object (a press asks at every prefill): kvbench never changes a model's
+    weights."""
+    if model not in IDENTITIES:
+        IDENTITIES[model] = weights_digest(model)
+    return IDENTITIES[model]
+
+
+def weights_digest(model) -> str:
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // IDENTITY_SAMPLES)
+        values = flat[::step][:IDENTITY_SAMPLES].to("cpu", torch.float32).to(torch.bfloat16)
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(values.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def model_shape(model) -> dict:

@@ -35,15 +35,40 @@ class ModelShape:
     num_layers: Positive
     num_kv_heads: Positive
     head_dim: Positive
+    identity: str | None = None  # models.model_identity; None in state made before it was recorded
 
     @property
     def num_heads(self) -> int:
         return self.num_layers * self.num_kv_heads
 
+    def fits(self, other: "ModelShape") -> bool:
+        """Whether state made for this model serves `other`: the same KV-cache shape, and the same model,
+        by identity where both record one (a copy of a model's folder is that model), else by name."""
+        same = (self.num_layers, self.num_kv_heads, self.head_dim) == (
+            other.num_layers,
+            other.num_kv_heads,
+            other.head_dim,
+        )
+        if self.identity is not None and other.identity is not None:
+            return same and self.identity == other.identity
+        return same and self.name == other.name
+
+    def describe(self) -> str:
+        """e.g. `smollm2-135m (30 layers x 3 KV heads x 64, weights 1f2e...)`, for messages."""
+        weights = f", weights {self.identity}" if self.identity else ""
+        shape = f"{self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim}"
+        return f"{self.name} ({shape}{weights})"
+
 
 def model_shape(model) -> ModelShape:
     shape = models.model_shape(model)
-    return ModelShape(models.model_name(model), shape["layers"], shape["kv_heads"], shape["head_dim"])
+    return ModelShape(
+        models.model_name(model),
+        shape["layers"],
+        shape["kv_heads"],
+        shape["head_dim"],
+        models.model_identity(model),
+    )
 
 
 def folder_name(name: str) -> str:
@@ -241,7 +266,7 @@ class TrainingData:
         self.directories = [Path(directory) for directory in directories]
         self.manifests = [read_manifest(directory, self.method) for directory in self.directories]
         models = [manifest["model"] for manifest in self.manifests]
-        if any(model != models[0] for model in models):
+        if any(not ModelShape(**model).fits(ModelShape(**models[0])) for model in models):
             names = ", ".join(f"{d} ({m.get('name')})" for d, m in zip(self.directories, models, strict=True))
             raise TrainingFileError(f"{self.label} data folders made for different models: {names}")
         self.shape = ModelShape(**models[0])
@@ -335,9 +360,10 @@ def check_made_for(
     card: dict, name: str, directory: Path, what: str, hint: str, error=TrainingFileError
 ) -> None:
     """Refuse weights (`what`) made for another model, by name: what can be checked before the model loads
-    (`check_fits` checks the KV-cache shape once it has)."""
+    (`check_fits` checks the KV-cache shape once it has). Weights that record the model's identity are
+    matched by it once the model has loaded, whatever its name (a copy of its folder)."""
     made_for = card["model"]["name"]
-    if made_for != name:
+    if made_for != name and card["model"].get("identity") is None:
         raise error(
             f"{what} at {directory} were made for {made_for}, not for {name}; "
             f"make weights for this model with: {hint}"
@@ -347,9 +373,9 @@ def check_made_for(
 def check_fits(card: dict, shape: ModelShape, directory: Path, what: str, hint: str) -> None:
     """Refuse weights (`what`, e.g. "KVP agents") made for another model (name or KV-cache shape)."""
     made_for = ModelShape(**card["model"])
-    if made_for != shape:
+    if not made_for.fits(shape):
         raise TrainingFileError(
-            f"{what} at {directory} were made for {made_for}, not for {shape}; "
+            f"{what} at {directory} were made for {made_for.describe()}, not for {shape.describe()}; "
             f"make weights for this model with: {hint}"
         )
 

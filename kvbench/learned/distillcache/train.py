@@ -212,7 +212,7 @@ def train(
     started = time.perf_counter()
     data = DistillData(data_dir)
     shape = model_shape(model)
-    if shape != data.shape:
+    if not data.shape.fits(shape):
         raise TrainingFileError(
             f"DistillCache data at {data.where} was made for {data.shape}, not for {shape}; "
             f"make data for this model with: {data.hint(shape.name, 'DIR')}"

@@ -194,7 +194,7 @@ def validation_cost_on(
     the agents were trained on); and how many prompts that was."""
     data = KVPData(data_dirs, utility or card_utility(card))
     made_for = ModelShape(**card["model"])
-    if data.shape != made_for:
+    if not made_for.fits(data.shape):
         raise TrainingFileError(f"the agents were made for {made_for}, the data for {data.shape}")
     val = [data.load(shard, card["heads"]) for shard in data.val]
     rewards = {"agents": validation_reward(agents, val), **reference_rewards(val)}
