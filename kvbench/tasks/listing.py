@@ -154,45 +154,41 @@ def recite_sample(task: str, sample_id: str, seed: str, sentences: int, tokenize
 RECITE_SLACK = 16
 
 
-def make_recite_samples(task: str, length: int, samples: int, seed: int, tokenizer) -> list[Sample]:
-    """`samples` logs whose input (as the engine builds it) + the answer's tokens fill `length` at most."""
-    if length < RECITE_MIN_LENGTH:
-        raise BadInput(f"{task} needs a length of at least {RECITE_MIN_LENGTH} tokens, got {length}")
-    result, sentences = [], None
+def fitted_samples(task: str, length: int, samples: int, seed: int, tokenizer, build, low: int, high: int):
+    """`samples` samples `build(sample_id, seed_text, n)`, each with the largest n in [low, high] whose input
+    (as the engine builds it) + its max_new_tokens fill `length` tokens at most; deterministic in (task,
+    length, seed, tokenizer). BadInput when even `low` does not fit."""
+    result, n = [], None
     for i in range(samples):
         seed_text, sample_id = f"{task}/{seed}/{i}", f"{seed}-{i}"
 
-        def tokens_at(n: int, seed_text=seed_text, sample_id=sample_id) -> int:
-            sample = recite_sample(task, sample_id, seed_text, n, tokenizer)
+        def tokens_at(k: int, seed_text=seed_text, sample_id=sample_id) -> int:
+            sample = build(sample_id, seed_text, k)
             prompt = tokenize_sample(tokenizer, sample)
             return prompt.context_ids.shape[1] + prompt.question_ids.shape[1] + sample.max_new_tokens
 
-        sentences = ruler.largest_fitting(tokens_at, length, 2, length, sentences)
-        result.append(recite_sample(task, sample_id, seed_text, sentences, tokenizer))
+        if tokens_at(low) > length:
+            raise BadInput(f"{task} does not fit in {length} tokens with this tokenizer: use a larger length")
+        n = ruler.largest_fitting(tokens_at, length, low, high, n)
+        result.append(build(sample_id, seed_text, n))
     return result
 
 
 def make_samples(task: str, length: int, samples: int, seed: int, tokenizer, data_dir=None) -> list[Sample]:
-    """`samples` samples whose input (as the engine builds it) + MAX_NEW_TOKENS fill `length` tokens at most,
-    the noise grown around the records (the log's length, for `recite_log`); deterministic in (task,
-    length, seed, tokenizer)."""
+    """`samples` samples of `task` filling `length` tokens at most with their answer (`fitted_samples`):
+    list_crates grows its noise around the records, recite_log its log."""
     if task not in TASKS:
         raise UnknownTask(f"unknown task {task!r}: choose one of {', '.join(TASKS)}")
+    if length < min_length(task):
+        raise BadInput(f"{task} needs a length of at least {min_length(task)} tokens, got {length}")
     if task == "recite_log":
-        return make_recite_samples(task, length, samples, seed, tokenizer)
-    if length < MIN_LENGTH:
-        raise BadInput(f"{task} needs a length of at least {MIN_LENGTH} tokens, got {length}")
-    result, fillers = [], None
-    for i in range(samples):
-        seed_text, sample_id = f"{task}/{seed}/{i}", f"{seed}-{i}"
 
-        def tokens_at(n: int, seed_text=seed_text, sample_id=sample_id) -> int:
-            prompt = tokenize_sample(tokenizer, sample_at(task, sample_id, seed_text, n))
-            return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
+        def log(sample_id: str, seed_text: str, n: int) -> Sample:
+            return recite_sample(task, sample_id, seed_text, n, tokenizer)
 
-        budget = length - MAX_NEW_TOKENS
-        if tokens_at(0) > budget:
-            raise BadInput(f"{task} does not fit in {length} tokens with this tokenizer: use a larger length")
-        fillers = ruler.largest_fitting(tokens_at, budget, 0, 10 * length, fillers)
-        result.append(sample_at(task, sample_id, seed_text, fillers))
-    return result
+        return fitted_samples(task, length, samples, seed, tokenizer, log, 2, length)
+
+    def records(sample_id: str, seed_text: str, n: int) -> Sample:
+        return sample_at(task, sample_id, seed_text, n)
+
+    return fitted_samples(task, length, samples, seed, tokenizer, records, 0, 10 * length)
