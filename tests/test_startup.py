@@ -31,6 +31,10 @@ MISSPELT = [
     # numbers and paths are checked before torch too
     (["run", "--press", "knorm", "--ratio", "1.5"], "ratio must be in [0, 1), got 1.5"),
     (["run", "--press", "knorm", "--ratio", "0.5", "--out", "/proc/kvbench"], "is not writable"),
+    # the learned presses' trainers check their options before torch too
+    (["kvp", "train", "--data", "x", "--arch", "compactt"], "'compactt' is not one of 'compact', 'apple'"),
+    (["kvp", "train", "--data", "x", "--budget-weights", "harmonc"], "'harmonc' is not one of 'uniform'"),
+    (["gate", "train", "--keep", "2"], "must be in (0, 1), got 2"),
 ]
 
 # Each case in one process of its own, as a user's command runs; all in one subprocess so that the test
@@ -175,3 +179,10 @@ def test_a_rerun_with_every_row_held_loads_no_model_nor_torch(tmp_path, tiny_lla
     # A row missing (another sample) takes the full path and computes just that row.
     more = kvbench.run("knorm", 0.5, **{**setup, "samples": 3})
     assert len(more) == 3 and (out / "rows.jsonl").read_bytes().startswith(rows)
+
+
+def test_the_trainers_offer_the_architectures_and_weights_that_exist():
+    from kvbench.learned.kvp import agent, config, reward
+
+    assert tuple(agent.ARCHS) == config.ARCH_NAMES
+    assert set(reward.TOP_SHARE) <= set(config.BUDGET_WEIGHTS)

@@ -6,7 +6,7 @@ import click
 
 from kvbench.cli.learned import device_option, model_option, out_option
 from kvbench.cli.types import Number
-from kvbench.learned.gate.train import TrainConfig
+from kvbench.learned.gate.config import TrainConfig
 
 DEFAULTS = TrainConfig()
 

@@ -6,9 +6,7 @@ import click
 
 from kvbench.cli.learned import data_option, datagen, out_option
 from kvbench.cli.types import Number
-from kvbench.learned.kvp.agent import ARCHS
-from kvbench.learned.kvp.reward import BUDGET_WEIGHTS
-from kvbench.learned.kvp.train import UTILITIES, TrainConfig
+from kvbench.learned.kvp.config import ARCH_NAMES, BUDGET_WEIGHTS, UTILITIES, TrainConfig
 
 DEFAULTS = TrainConfig()
 
@@ -65,7 +63,7 @@ kvp.add_command(datagen)
 @click.option("--lr", default=DEFAULTS.lr, show_default=True, type=Number(0, low_open=True))
 @click.option(
     "--arch",
-    type=click.Choice(list(ARCHS)),
+    type=click.Choice(ARCH_NAMES),
     default=DEFAULTS.arch,
     show_default=True,
     help="compact: width-64 MLP with length-free position features; apple: Apple's agent (LayerNorm, "

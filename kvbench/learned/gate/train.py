@@ -28,29 +28,15 @@ so the soft forward over the context, which needs the ids, cannot be run from it
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
 
+from kvbench.learned.gate.config import TrainConfig  # noqa: F401 (this module's API)
 from kvbench.learned.gate.gates import GateSet, soft_gates
 
 TRAIN_SEED, VAL_SEED = 10_000, 20_000  # evaluation texts use seeds 0..999
-
-
-@dataclass
-class TrainConfig:
-    keep: float = 0.5  # target keep fraction (mean gate)
-    sparsity: float = 10.0
-    steps: int = 200
-    texts: int = 32
-    val_texts: int = 4
-    length: int = 512
-    source: str = "code"
-    lr: float = 0.02
-    eval_every: int = 25
-    seed: int = 0
-    binarise: float = 0.0  # weight of the softness term (see the module docstring)
 
 
 class GateTap:

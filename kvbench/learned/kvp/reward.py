@@ -16,9 +16,7 @@ tenth), and their order there, is all the reward sees.
 
 import torch
 
-# Budget weights that count only the budgets keeping at most this share of the prompt.
-TOP_SHARE = {"quarter": 0.25, "tenth": 0.1}
-BUDGET_WEIGHTS = ("uniform", "harmonic", *TOP_SHARE)
+from kvbench.learned.kvp.config import BUDGET_WEIGHTS, TOP_SHARE  # noqa: F401 (this module's API)
 
 
 def rank_weights(length: int, budget_weights: str, dtype, device) -> torch.Tensor:

@@ -15,7 +15,7 @@ EMA weights by validation reward (heads are independent, so the per-head best is
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ from kvbench.learned.common import TrainingData, TrainingFileError
 from kvbench.learned.common.ranking import plackett_luce_log_prob, sample_rankings
 from kvbench.learned.kvp.agent import StackedAgents, build_agents
 from kvbench.learned.kvp.checkpoint import ModelShape, card_utility, save_agents
+from kvbench.learned.kvp.config import UTILITIES, UTILITY_TENSORS, TrainConfig  # noqa: F401 (this module's API)
 from kvbench.learned.kvp.reward import (
     normalised_cost,
     random_normalised_cost,
@@ -33,37 +34,6 @@ from kvbench.learned.kvp.reward import (
 )
 
 REFERENCES = ("oracle", "random", "knorm", "recency")
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 1000
-    prompts: int = 2  # training prompts per step
-    tokens: int = 256  # tokens drawn from each prompt per step (at most its length)
-    rankings: int = 16  # K Plackett-Luce samples per prompt and head
-    lr: float = 3e-3
-    min_lr_fraction: float = 0.1  # cosine decays to lr * min_lr_fraction
-    warmup: int = 100
-    weight_decay: float = 0.01
-    ema: float = 0.99
-    eval_every: int = 100
-    arch: str = "compact"  # a name in kvbench.learned.kvp.agent.ARCHS
-    budget_weights: str = "uniform"  # a name in reward.BUDGET_WEIGHTS (the training reward only)
-    utility: str = "future"  # a name in UTILITIES: the target of the reward and of validation
-    hidden: int | None = None  # the scorer's width; None: the architecture's default (compact 64, apple 256)
-    seed: int = 0
-
-
-# What the ranking cost counts as a token's utility, and the stored tensors it is made of: the attention the
-# question and the answer pay to it (the paper's future attention), KVZip's reconstruction score
-# (question-agnostic; needs datagen's --reconstruction), or both, each scaled to sum 1 over the prompt's
-# tokens, averaged.
-UTILITY_TENSORS = {
-    "future": ("utility",),
-    "reconstruction": ("reconstruction",),
-    "mixed": ("utility", "reconstruction"),
-}
-UTILITIES = tuple(UTILITY_TENSORS)
 
 
 class KVPData(TrainingData):
