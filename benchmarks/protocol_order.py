@@ -12,11 +12,13 @@ against the second (paired, same samples).
 
 import argparse
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
+from kvbench.core.errors import KvbenchError
 from kvbench.reporting.stats import sign_flip_p
 from kvbench.store.results import load_rows
 
@@ -39,7 +41,7 @@ def shown_apart(first: pd.Series, second: pd.Series) -> tuple[float, float]:
 def order_table(table: pd.DataFrame, ratio: float, protocols: list[str]) -> tuple[list[str], list[str]]:
     """Lines: the means per press under each protocol, the pairs shown apart, the swaps, Kendall's tau."""
     lines, swaps = [], []
-    presses = sorted(set(table.loc[ratio].index.get_level_values("press")) - {"none"})
+    presses = sorted(set.intersection(*(set(table.loc[(ratio, p)].index) for p in protocols)) - {"none"})
     means = {p: table.loc[(ratio, p)].mean(axis=1).reindex(presses) for p in protocols}
     lines.append(
         f"ratio {ratio}: "
@@ -72,7 +74,9 @@ def protocol_cost(table: pd.DataFrame, protocols: list[str]) -> list[str]:
     """Per press and ratio: the first protocol's score minus the second's on the same samples."""
     lines = []
     for ratio in sorted(set(table.index.get_level_values("ratio"))):
-        for press in sorted(set(table.loc[ratio].index.get_level_values("press")) - {"none"}):
+        for press in sorted(
+            set.intersection(*(set(table.loc[(ratio, p)].index) for p in protocols)) - {"none"}
+        ):
             mean, p = shown_apart(
                 table.loc[(ratio, protocols[0], press)], table.loc[(ratio, protocols[1], press)]
             )
@@ -90,7 +94,19 @@ def main() -> None:
     parser.add_argument("--protocols", default="decode-time,query-agnostic")
     args = parser.parse_args()
     protocols = args.protocols.split(",")
-    rows = load_rows(args.results)
+    if len(protocols) != 2 or len(set(protocols)) != 2:
+        parser.error(
+            f"--protocols takes two protocols, e.g. decode-time,query-agnostic, got {args.protocols!r}"
+        )
+    if not Path(args.results).is_dir():
+        parser.error(f"{args.results} is not a results folder")
+    try:
+        rows = load_rows(args.results)
+    except KvbenchError as error:
+        parser.error(str(error))
+    missing = [protocol for protocol in protocols if protocol not in set(rows.get("protocol", ()))]
+    if missing:
+        parser.error(f"{args.results} holds no rows of {', '.join(missing)}")
     rows = rows[rows["protocol"].isin(protocols)]
     none = rows[rows["press"] == "none"].groupby("protocol")["score"].agg(["mean", "count"])
     print("uncompressed:", ", ".join(f"{p} {r['mean']:.1f} (n={r['count']})" for p, r in none.iterrows()))

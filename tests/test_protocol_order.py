@@ -48,3 +48,23 @@ def test_the_cost_of_a_protocol_is_paired_on_the_same_samples():
     )
     (line,) = order.protocol_cost(table, ["dt", "qa"])
     assert "dt - qa = -2.0 (p = 0.031)" in line
+
+
+def test_a_press_under_one_protocol_only_is_left_out(tmp_path):
+    order = script()
+    up, down = [60, 61, 62, 63, 64, 65], [50] * 6
+    rows_ = rows({("dt", "a"): up, ("dt", "b"): down, ("qa", "a"): down, ("qa", "b"): up, ("dt", "c"): up})
+    lines, swaps = order.order_table(order.scores_by_sample(rows_), 0.5, ["dt", "qa"])
+    assert swaps == ["ratio 0.5: a / b"] and not any(" c " in line for line in lines[1:])
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    for args, said in (
+        ([str(tmp_path / "nope")], "is not a results folder"),
+        ([str(tmp_path), "--protocols", "decode-time"], "takes two protocols"),
+    ):
+        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
