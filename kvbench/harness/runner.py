@@ -487,7 +487,8 @@ def run_plan(
     (`evaluation.run_evaluator`, with `QAEvaluator`).
 
     The units are computed here one at a time, or by `executor`, which is handed every unit this writer
-    can claim at once; either way this process alone claims and writes their rows."""
+    can claim at once; either way this process alone claims and writes their rows. `tokenizer` is the
+    model's (or, without a model, what sized the held rows' samples)."""
     if model is not None and models.model_name(model) != plan.model:  # None: every row is held
         raise ValueError(f"the plan is for model {plan.model!r}, not {models.model_name(model)!r}")
     return run_evaluator(QAEvaluator(model, tokenizer, plan, executor), store, progress)
@@ -512,7 +513,12 @@ class QAEvaluator:
         return self.executor is not None
 
     def units(self) -> list[Unit]:
-        return plan_units(self.plan, plan_samples(self.plan, self.tokenizer))
+        """Sized with the plan's own tokenizer when it names one (`sizing_tokenizer`); without a model
+        (every row held: `held_plan`), `tokenizer` is what sizes them."""
+        sizer = self.tokenizer
+        if self.model is not None and self.plan.tokenizer is not None:
+            sizer = sizing_tokenizer(self.plan.tokenizer)
+        return plan_units(self.plan, plan_samples(self.plan, sizer))
 
     def unit_rows(self, unit: Unit) -> list[Row]:
         return unit_rows(self.plan, unit)
