@@ -44,7 +44,7 @@ import hashlib
 import json
 import random
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -491,10 +491,9 @@ def evaluate_text(
     configs: list[Config],
     every: int,
     span: int,
-    fed: Callable[[int], object] | None = None,
 ) -> list[dict]:
     """Read `text` under every config as one batch; one dict of Row fields per config, in order: nll, meta
-    (span, span_nll), the kept entries and bytes at the end, prefill_s. `fed(n)` hears of each chunk."""
+    (span, span_nll), the kept entries and bytes at the end, prefill_s."""
     import torch
     import torch.nn.functional as F
 
@@ -547,8 +546,6 @@ def evaluate_text(
                     reduction="none",
                 )
                 nll[:, position : position + len(targets)] = losses.view(len(runs), -1)
-                if fed is not None:
-                    fed(chunk.shape[1])
         seconds = (clock(model) - start) / len(runs)
         kept = decoder.real_entries().sum(0) * model.config.get_text_config().num_key_value_heads
     spans = torch.arange(length - 1, device=model.device) // span  # span k: the tokens kS+1 .. (k+1)S
