@@ -32,11 +32,11 @@ RUN = ["run", "--press", "knorm", "--ratio", "0.5", "--task", "niah_single_1", "
 OUT = ["--out", "{tmp}/out"]
 CASES = [
     # counts bounded, said in the message
-    ("kvbench", [*PPL, "--texts", "0", *OUT], {}, "--texts must be a whole number of at least 1, got 0"),
-    ("kvbench", [*PPL, "--texts", "9" * 20, *OUT], {}, f"--texts must be at most {MAX_COUNT}, got 9999"),
-    ("kvbench", ["prefix-cache", *OUT, "--requests", "9" * 20], {}, f"requests must be at most {MAX_COUNT}"),
-    ("kvbench", ["prefix-cache", *OUT, "--requests", "0"], {}, "requests must be at least 1, got 0"),
-    ("kvbench", ["prefix-cache", *OUT, "--docs", "9" * 20], {}, f"docs must be at most {MAX_COUNT}"),
+    ("kvbench", [*PPL, "--texts", "0", *OUT], {}, "--texts': must be at least 1, got 0"),
+    ("kvbench", [*PPL, "--texts", "9" * 20, *OUT], {}, f"--texts': must be at most {MAX_COUNT}, got 9999"),
+    ("kvbench", ["prefix-cache", *OUT, "--requests", "9" * 20], {}, f"': must be at most {MAX_COUNT}"),
+    ("kvbench", ["prefix-cache", *OUT, "--requests", "0"], {}, "--requests': must be at least 1, got 0"),
+    ("kvbench", ["prefix-cache", *OUT, "--docs", "9" * 20], {}, f"--docs': must be at most {MAX_COUNT}"),
     # FIFOs where a file is read: refused, never waited on
     (
         "kvbench",

@@ -426,6 +426,24 @@ def test_numbers_are_parsed_from_text_and_numbers_alike():
         parse_ratio("0.99999999999")
 
 
+# Python's int() and float() read these; a user typing them did not mean that number.
+NOT_WRITTEN_AS_NUMBERS = ["1_000", "1_0.5", "١٢", "٣.٥", "１２", "1e1_0", "0x10", "12 34"]
+
+
+@pytest.mark.parametrize("text", NOT_WRITTEN_AS_NUMBERS)
+def test_numbers_are_read_as_ascii_digits_only(text):
+    with pytest.raises(BadInput, match="must be a"):
+        parse_float(text, "x")
+    with pytest.raises(BadInput, match="must be a whole number"):
+        parse_int(text, "n")
+    assert parse_int(" 12 ", "n") == 12 and parse_float(" .5 ", "x") == 0.5  # spaces around are dropped
+
+
+def test_a_count_with_underscores_is_one_line_exit_2(tmp_path):
+    error = one_line_exit_2(["run", "--press", "knorm", "--ratio", "0.5", "--seed", "1_000"], tmp_path)
+    assert "--seed': must be a whole number, got '1_000'" in error, error
+
+
 # ---- values typed from text (--press-arg KEY=VALUE): one rule, YAML 1.2's core schema in decimal ----
 
 TYPED = [

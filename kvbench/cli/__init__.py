@@ -14,9 +14,10 @@ from pathlib import Path
 import click
 
 from kvbench.bridge.models import EMBEDDED, first_line
-from kvbench.cli.types import Number
+from kvbench.cli.types import Number, Whole
 from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, protocol_by_option
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
+from kvbench.core.validation import MAX_COUNT
 
 # Commands whose modules are heavy to import (plots, lm-eval, training) load only when called; their one-line
 # help is here so that `kvbench --help` lists them without importing torch.
@@ -182,13 +183,17 @@ def task_options(command):
         ),
         click.option(
             "--length",
-            type=int,
+            type=Whole(),
             default=None,
             help="Context length in tokens (default: the suite's; LongBench: the model's own limit as THUDM"
             "'s pred.py sets it, 7500 for an 8k model; RULER without a suite: 1024).",
         ),
-        click.option("--samples", type=int, default=None, help="Samples per task (default: the suite's)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated samples."),
+        click.option(
+            "--samples", type=Whole(), default=None, help="Samples per task (default: the suite's)."
+        ),
+        click.option(
+            "--seed", type=Whole(), default=0, show_default=True, help="Seed of the generated samples."
+        ),
         click.option(
             "--data-dir",
             type=click.Path(path_type=Path),
@@ -213,7 +218,7 @@ def task_options(command):
         click.option("--force", is_flag=True, help="Recompute rows that are already in --out."),
         click.option(
             "--batch-configs",
-            type=click.IntRange(min=1),
+            type=Whole(1),
             default=16,
             show_default=True,
             help="Configs decoded together per sample (bounds memory).",
@@ -236,7 +241,7 @@ def protocol_options(command):
             help=" ".join(f"{name}: {protocol.description}." for name, protocol in PROTOCOLS.items()),
         ),
         *(
-            click.option(f"--{option}", type=int, default=None, help=protocol.option_help)
+            click.option(f"--{option}", type=Whole(), default=None, help=protocol.option_help)
             for option, protocol in protocol_by_option().items()
         ),
     ]
@@ -260,13 +265,11 @@ def ray_options(command):
         ),
         click.option(
             "--ray-workers",
-            type=click.IntRange(min=1),
+            type=Whole(1),
             default=None,
             help="Ray workers [as many as the cluster's CPUs (or GPUs) hold].",
         ),
-        click.option(
-            "--ray-cpus", type=click.IntRange(min=1), default=None, help="CPU threads per worker [1]."
-        ),
+        click.option("--ray-cpus", type=Whole(1), default=None, help="CPU threads per worker [1]."),
         click.option("--ray-gpus", type=Number(0), default=None, help="GPUs per worker [0]."),
     ]
     for option in reversed(options):
@@ -500,14 +503,20 @@ def list_tasks(include_path):
     show_default=True,
     help="Comma-separated store budgets in MiB (16-bit KV bytes).",
 )
-@click.option("--requests", default=60, show_default=True, help="Requests of a made trace.")
-@click.option("--seed", default=0, show_default=True, help="Seed of a made trace.")
-@click.option("--docs", default=12, show_default=True, help="Document chunks of a made trace.")
-@click.option("--k", "k", default=3, show_default=True, help="Chunks per RAG request.")
+@click.option(
+    "--requests", type=Whole(1, MAX_COUNT), default=60, show_default=True, help="Requests of a made trace."
+)
+@click.option("--seed", type=Whole(), default=0, show_default=True, help="Seed of a made trace.")
+@click.option(
+    "--docs", type=Whole(1, MAX_COUNT), default=12, show_default=True, help="Document chunks of a made trace."
+)
+@click.option("--k", "k", type=Whole(1), default=3, show_default=True, help="Chunks per RAG request.")
 @click.option(
     "--zipf", default=1.1, show_default=True, type=Number(0), help="Zipf exponent of chunk popularity."
 )
-@click.option("--sessions", default=4, show_default=True, help="Multi-turn agent sessions.")
+@click.option(
+    "--sessions", type=Whole(0, MAX_COUNT), default=4, show_default=True, help="Multi-turn agent sessions."
+)
 @click.option(
     "--session-share",
     default=0.4,
@@ -515,10 +524,16 @@ def list_tasks(include_path):
     type=Number(0, 1),
     help="Fraction of requests that are session turns.",
 )
-@click.option("--chunk-chars", default=200, show_default=True, help="Characters per chunk, about.")
+@click.option(
+    "--chunk-chars", type=Whole(1), default=200, show_default=True, help="Characters per chunk, about."
+)
 @click.option("--no-interleave", is_flag=True, help="Sessions after the RAG requests, not interleaved.")
 @click.option(
-    "--block", default=16, show_default=True, help="Tokens per block of the exact-prefix radix tree."
+    "--block",
+    type=Whole(1),
+    default=16,
+    show_default=True,
+    help="Tokens per block of the exact-prefix radix tree.",
 )
 @click.option(
     "--transition-tol",
@@ -528,7 +543,11 @@ def list_tasks(include_path):
     help="Pegasus transitions keep KV entries that change by more than this.",
 )
 @click.option(
-    "--answer-tokens", default=4, show_default=True, help="Greedy tokens after the first, to compare answers."
+    "--answer-tokens",
+    type=Whole(0),
+    default=4,
+    show_default=True,
+    help="Greedy tokens after the first, to compare answers.",
 )
 @click.option(
     "--press",

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from kvbench.cli.learned import data_option, datagen, device_option, model_option, out_option
-from kvbench.cli.types import Number
+from kvbench.cli.types import Number, Whole
 from kvbench.core.errors import BadInput
 from kvbench.core.validation import parse_float
 from kvbench.learned.distillcache.config import ARCHS, CREDITS, INITS, TrainConfig  # no torch: see config
@@ -48,12 +48,12 @@ distillcache.add_command(datagen)
 @out_option("Policy folder.")
 @model_option("The model the data was made with.")
 @device_option
-@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))
+@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=Whole(1))
 @click.option(
     "--samples",
     default=DEFAULTS.samples,
     show_default=True,
-    type=click.IntRange(min=2),
+    type=Whole(2),
     help="Keep-sets per ratio and step (K).",
 )
 @click.option(
@@ -63,14 +63,10 @@ distillcache.add_command(datagen)
     callback=ratio_list,
     help="Compression ratios drawn from.",
 )
-@click.option(
-    "--ratios-per-step", default=DEFAULTS.ratios_per_step, show_default=True, type=click.IntRange(min=1)
-)
+@click.option("--ratios-per-step", default=DEFAULTS.ratios_per_step, show_default=True, type=Whole(1))
 @click.option("--lr", default=DEFAULTS.lr, show_default=True, type=Number(0, low_open=True))
 @click.option("--entropy-bonus", default=DEFAULTS.entropy_bonus, show_default=True, type=Number(0))
-@click.option(
-    "--hidden", default=DEFAULTS.hidden, show_default=True, type=click.IntRange(min=1), help="MLP width."
-)
+@click.option("--hidden", default=DEFAULTS.hidden, show_default=True, type=Whole(1), help="MLP width.")
 @click.option(
     "--arch",
     default=DEFAULTS.arch,
@@ -98,11 +94,11 @@ distillcache.add_command(datagen)
     "--interval",
     default=DEFAULTS.interval,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=Whole(1),
     help="per-step: decoding steps between compressions (run the press with the same "
     "--protocol decode-time --interval).",
 )
-@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
+@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=Whole(1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(
     data, out, model, device, steps, samples, ratios, ratios_per_step, lr, entropy_bonus, hidden, **rest

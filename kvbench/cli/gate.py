@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from kvbench.cli.learned import device_option, model_option, out_option
-from kvbench.cli.types import Number
+from kvbench.cli.types import Number, Whole
 from kvbench.learned.gate.config import TrainConfig
 
 DEFAULTS = TrainConfig()
@@ -29,10 +29,10 @@ def gate():
     "--keep", default=DEFAULTS.keep, show_default=True, type=Number(0, 1, low_open=True, high_open=True)
 )
 @click.option("--sparsity", default=DEFAULTS.sparsity, show_default=True, type=Number(0))
-@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))
-@click.option("--texts", default=DEFAULTS.texts, show_default=True, type=click.IntRange(min=1))
-@click.option("--val-texts", default=DEFAULTS.val_texts, show_default=True, type=click.IntRange(min=1))
-@click.option("--length", default=DEFAULTS.length, show_default=True, type=click.IntRange(min=8))
+@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=Whole(1))
+@click.option("--texts", default=DEFAULTS.texts, show_default=True, type=Whole(1))
+@click.option("--val-texts", default=DEFAULTS.val_texts, show_default=True, type=Whole(1))
+@click.option("--length", default=DEFAULTS.length, show_default=True, type=Whole(8))
 @click.option(
     "--source", default=DEFAULTS.source, show_default=True, type=click.Choice(["prose", "code", "agent"])
 )
@@ -45,7 +45,7 @@ def gate():
     help="Weight of the softness term 4 g (1 - g), driving gates to 0 or 1 so that the soft forward is "
     "what hard eviction does (0: the shipped gates' loss).",
 )
-@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
+@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=Whole(1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(out, model, device, **options):
     """Train the gates on generated texts with the model frozen; save the best step (lowest validation KL

@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from kvbench.cli.learned import data_option, datagen, out_option
-from kvbench.cli.types import Number
+from kvbench.cli.types import Number, Whole
 from kvbench.learned.kvp.config import ARCH_NAMES, BUDGET_WEIGHTS, UTILITIES, TrainConfig
 
 DEFAULTS = TrainConfig()
@@ -42,22 +42,20 @@ kvp.add_command(datagen)
 @out_option("Agents folder.")
 @click.option("--layers", callback=int_list, help="Comma-separated layers to train (default: all).")
 @click.option("--heads", callback=int_list, help="Comma-separated KV heads of each layer (default: all).")
-@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--prompts", default=DEFAULTS.prompts, show_default=True, type=click.IntRange(min=1), help="Per step."
-)
+@click.option("--steps", default=DEFAULTS.steps, show_default=True, type=Whole(1))
+@click.option("--prompts", default=DEFAULTS.prompts, show_default=True, type=Whole(1), help="Per step.")
 @click.option(
     "--tokens",
     default=DEFAULTS.tokens,
     show_default=True,
-    type=click.IntRange(min=2),
+    type=Whole(2),
     help="Drawn per prompt.",
 )
 @click.option(
     "--rankings",
     default=DEFAULTS.rankings,
     show_default=True,
-    type=click.IntRange(min=2),
+    type=Whole(2),
     help="K per prompt.",
 )
 @click.option("--lr", default=DEFAULTS.lr, show_default=True, type=Number(0, low_open=True))
@@ -71,7 +69,7 @@ kvp.add_command(datagen)
 )
 @click.option(
     "--hidden",
-    type=click.IntRange(min=1),
+    type=Whole(1),
     help="Scorer width [default: the arch's, compact 64, apple 256].",
 )
 @click.option(
@@ -92,7 +90,7 @@ kvp.add_command(datagen)
     "pay to it, the paper's), reconstruction (KVZip's score: attention while the model repeats the context; "
     "data made with `datagen --reconstruction`), or mixed (both, each summing to 1 over the prompt).",
 )
-@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=click.IntRange(min=1))
+@click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=Whole(1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(
     data,

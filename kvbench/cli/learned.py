@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from kvbench.bridge.models import EMBEDDED
-from kvbench.cli.types import Number
+from kvbench.cli.types import Number, Whole
 from kvbench.tasks.mixture import MIXTURES, RULER_TRAINING_TASKS
 
 DEFAULT_LENGTH, DEFAULT_SAMPLES = 1024, 12  # with RULER_TRAINING_TASKS: the "ruler" mixture
@@ -92,20 +92,20 @@ def mixture_name(ctx, param, value: str | None) -> str | None:
     callback=task_list,
     help="Comma-separated tasks of any family, all at --length [default: RULER's 11 seeded tasks].",
 )
-@click.option("--length", type=click.IntRange(min=1), help=f"Prompt tokens [default: {DEFAULT_LENGTH}].")
-@click.option("--samples", type=click.IntRange(min=1), help=f"Prompts per task [default: {DEFAULT_SAMPLES}].")
+@click.option("--length", type=Whole(1), help=f"Prompt tokens [default: {DEFAULT_LENGTH}].")
+@click.option("--samples", type=Whole(1), help=f"Prompts per task [default: {DEFAULT_SAMPLES}].")
 @click.option(
     "--seed",
     default=10_000,
     show_default=True,
-    type=click.IntRange(min=EVALUATION_SEEDS),
+    type=Whole(EVALUATION_SEEDS),
     help="Sample seed; evaluation uses 0..999, so training data starts at 1000.",
 )
 @click.option(
     "--gen-tokens",
     default=32,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=Whole(1),
     help="Greedy continuation: its attention defines KVP's utility, its next-token distributions "
     "DistillCache's reward (capped by the task's answer length).",
 )

@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from kvbench.bridge.models import EMBEDDED
+from kvbench.cli.types import Whole
 
 HELP = {"-h", "--help"}
 
@@ -80,12 +81,8 @@ def main() -> None:
     "--press-arg", "press_args", multiple=True, metavar="KEY=VALUE", help="Press parameter (repeatable)."
 )
 @click.option("--tasks", "task_names", required=True, help="Comma-separated lm-eval tasks or groups.")
-@click.option(
-    "--limit", type=click.IntRange(min=1), default=None, help="Evaluate only the first N docs per task."
-)
-@click.option(
-    "--length", type=click.IntRange(min=1), default=None, help="Context length of RULER tasks (tokens)."
-)
+@click.option("--limit", type=Whole(1), default=None, help="Evaluate only the first N docs per task.")
+@click.option("--length", type=Whole(1), default=None, help="Context length of RULER tasks (tokens).")
 @click.option(
     "--include-path",
     "include_paths",

@@ -3,7 +3,7 @@
 import click
 
 from kvbench.cli.learned import device_option, model_option, out_option
-from kvbench.cli.types import Number
+from kvbench.cli.types import Number, Whole
 
 CALIBRATION_SEED = 10_000  # evaluation draws its samples with seeds 0..999: calibration never sees them
 DEFAULT_SUITE = "agent-trace"  # chat turns with every region: system, user, assistant, tool, scratchpad
@@ -30,14 +30,14 @@ def memdecay():
 @click.option(
     "--task", "task_list", multiple=True, help="Task name (repeatable); overrides the suite's tasks."
 )
-@click.option("--length", type=int, default=None, help="Context length in tokens (default: the suite's).")
+@click.option("--length", type=Whole(), default=None, help="Context length in tokens (default: the suite's).")
 @click.option(
     "--samples",
-    type=click.IntRange(min=1),
+    type=Whole(1),
     default=None,
     help="Samples per task (default: the suite's).",
 )
-@click.option("--seed", default=CALIBRATION_SEED, show_default=True, type=click.IntRange(min=1000))
+@click.option("--seed", default=CALIBRATION_SEED, show_default=True, type=Whole(1000))
 @click.option(
     "--threshold",
     default=1.0,
@@ -92,11 +92,11 @@ def calibrate(out, model, device, suite, task_list, length, samples, seed, thres
 @model_option()
 @device_option
 @click.option("--suite", default=DEFAULT_SUITE, show_default=True, help="Suite whose tasks have chat turns.")
-@click.option("--length", type=int, default=None, help="Context length in tokens (default: the suite's).")
-@click.option("--samples", type=click.IntRange(min=2), default=4, show_default=True, help="Samples per task.")
-@click.option("--new-tokens", type=click.IntRange(min=0), default=128, show_default=True)
-@click.option("--seed", default=CALIBRATION_SEED, show_default=True, type=click.IntRange(min=1000))
-@click.option("--resamples", default=400, show_default=True, type=click.IntRange(min=10))
+@click.option("--length", type=Whole(), default=None, help="Context length in tokens (default: the suite's).")
+@click.option("--samples", type=Whole(2), default=4, show_default=True, help="Samples per task.")
+@click.option("--new-tokens", type=Whole(0), default=128, show_default=True)
+@click.option("--seed", default=CALIBRATION_SEED, show_default=True, type=Whole(1000))
+@click.option("--resamples", default=400, show_default=True, type=Whole(10))
 def lifetimes(out, model, device, suite, length, samples, new_tokens, seed, resamples):
     """Attention lifetimes per region over long decoding, fitted three ways (the shipped early-drop fit,
     the whole curve, the area under it) with bootstrap intervals over samples (kvbench.learned.memdecay.

@@ -5,6 +5,8 @@ from pathlib import Path
 import click
 
 from kvbench.cli import model_options
+from kvbench.cli.types import Whole
+from kvbench.core.validation import MAX_COUNT
 from kvbench.harness.perplexity import (
     DEFAULT_EVERY,
     DEFAULT_LENGTH,
@@ -36,7 +38,7 @@ from kvbench.harness.perplexity import perplexity as measure
 )
 @click.option(
     "--every",
-    type=int,
+    type=Whole(),
     default=DEFAULT_EVERY,
     show_default=True,
     help="Tokens fed between compressions (1: token by token, StreamingLLM's scheme, the slowest).",
@@ -53,12 +55,14 @@ from kvbench.harness.perplexity import perplexity as measure
     default=None,
     help='Folder of local texts: .txt files, a text each, and .jsonl files, a {"text": ...} a line.',
 )
-@click.option("--texts", type=int, default=DEFAULT_TEXTS, show_default=True, help="Texts per source.")
-@click.option("--length", type=int, default=DEFAULT_LENGTH, show_default=True, help="Tokens per text.")
 @click.option(
-    "--span", type=int, default=DEFAULT_SPAN, show_default=True, help="Tokens per span of recorded NLLs."
+    "--texts", type=Whole(1, MAX_COUNT), default=DEFAULT_TEXTS, show_default=True, help="Texts per source."
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated texts.")
+@click.option("--length", type=Whole(), default=DEFAULT_LENGTH, show_default=True, help="Tokens per text.")
+@click.option(
+    "--span", type=Whole(), default=DEFAULT_SPAN, show_default=True, help="Tokens per span of recorded NLLs."
+)
+@click.option("--seed", type=Whole(), default=0, show_default=True, help="Seed of the generated texts.")
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
@@ -69,7 +73,7 @@ from kvbench.harness.perplexity import perplexity as measure
 @click.option("--force", is_flag=True, help="Recompute rows that are already in --out.")
 @click.option(
     "--batch-configs",
-    type=click.IntRange(min=1),
+    type=Whole(1),
     default=16,
     show_default=True,
     help="Configs read together per text (bounds memory).",

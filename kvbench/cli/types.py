@@ -3,7 +3,7 @@
 import click
 
 from kvbench.core.errors import BadInput
-from kvbench.core.validation import interval_text, parse_float
+from kvbench.core.validation import interval_text, parse_float, parse_int
 
 
 class Number(click.ParamType):
@@ -23,3 +23,23 @@ class Number(click.ParamType):
     def get_metavar(self, param, ctx=None) -> str:
         text = interval_text(**self.bounds)
         return f"FLOAT {text.removeprefix('in ')}" if text else "FLOAT"
+
+
+class Whole(click.ParamType):
+    """A click option's integer, through `parse_int`: ASCII digits only (`1_000`, `12.0` and other scripts'
+    digits, which Python's int() reads, are usage errors), within [low, high]."""
+
+    name = "integer"
+
+    def __init__(self, low: int | None = None, high: int | None = None):
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_int(value, "the value", self.low, self.high)
+        except BadInput as error:
+            self.fail(str(error).removeprefix("the value "), param, ctx)
+
+    def get_metavar(self, param, ctx=None) -> str:
+        text = interval_text(self.low, self.high, False, False)
+        return f"INTEGER {text.removeprefix('in ')}" if text else "INTEGER"

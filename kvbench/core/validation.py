@@ -111,14 +111,25 @@ def nesting(value: Any) -> int:
 
 
 def interval_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
-    """'in [0, 1)', '> 0', '>= 1', or '' for no bounds."""
+    """'in [0, 1)', '> 0', '>= 1', or '' for no bounds (integers written out: 1000000, not 1e+06)."""
+
+    def written(bound: float) -> str:
+        return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
     if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"in {'(' if low_open else '['}{written(low)}, {written(high)}{')' if high_open else ']'}"
     if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
+        return f"{'>' if low_open else '>='} {written(low)}"
     if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
+        return f"{'<' if high_open else '<='} {written(high)}"
     return ""
+
+
+# How a number is written, in ASCII: what parse_int and parse_float read (Python's int() and float() also
+# take `1_000` and other scripts' digits, which a user did not mean as a number).
+INTEGER = re.compile(r"[-+]?[0-9]+")
+DECIMAL = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+NOT_FINITE = re.compile(r"[-+]?\.?(inf|infinity|nan)", re.IGNORECASE)
 
 
 def parse_float(
@@ -136,6 +147,10 @@ def parse_float(
     bounds = interval_text(low, high, low_open, high_open)
     within = f" {bounds}" if bounds else ""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise error(f"{what} must be a number{within}, got {value!r}")
+    if isinstance(value, str) and not (
+        DECIMAL.fullmatch(value.strip()) or NOT_FINITE.fullmatch(value.strip())
+    ):
         raise error(f"{what} must be a number{within}, got {value!r}")
     try:
         number = float(value)
@@ -163,7 +178,7 @@ def parse_int(
     bounds = interval_text(low, high, False, False)
     within = f" {bounds}" if bounds else ""
     text = value.strip() if isinstance(value, str) else None
-    if isinstance(value, bool) or not (isinstance(value, numbers.Integral) or text is not None):
+    if isinstance(value, bool) or not (isinstance(value, numbers.Integral) or INTEGER.fullmatch(text or "")):
         raise error(f"{what} must be a whole number{within}, got {value!r}")
     try:
         number = int(text) if text is not None else int(value)
@@ -176,9 +191,6 @@ def parse_int(
     return number
 
 
-INTEGER = re.compile(r"[-+]?[0-9]+")
-DECIMAL = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-NOT_FINITE = re.compile(r"[-+]?\.?(inf|infinity|nan)", re.IGNORECASE)
 TRUE, FALSE, NULL = ("true", "True", "TRUE"), ("false", "False", "FALSE"), ("null", "Null", "NULL", "~", "")
 
 
