@@ -9,6 +9,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 from click.testing import CliRunner
+from rouge_reference import distinct_words, sentences, union_lcs
 
 from kvbench.cli import main
 from kvbench.core.errors import DataFileError
@@ -193,41 +194,13 @@ def test_kvbench_tasks_lists_the_four_tasks_with_their_source():
 # ---- the metrics against references written from the authors' definitions ----
 
 
-def ref_sentences(text: str) -> list[str]:
-    """The `rouge` package's sentences: the text split on ".", empty pieces dropped, spaces collapsed."""
-    return [" ".join(piece.split()) for piece in text.split(".") if piece]
-
-
-def ref_lcs_words(x: list[str], y: list[str]) -> set[str]:
-    """The words of the LCS of x and y as the package traces it back (up when the cell above is larger)."""
-    table = [[0] * (len(y) + 1) for _ in range(len(x) + 1)]
-    for i in range(1, len(x) + 1):
-        for j in range(1, len(y) + 1):
-            same = x[i - 1] == y[j - 1]
-            table[i][j] = table[i - 1][j - 1] + 1 if same else max(table[i - 1][j], table[i][j - 1])
-    words, i, j = set(), len(x), len(y)
-    while i and j:
-        if x[i - 1] == y[j - 1]:
-            words.add(x[i - 1])
-            i, j = i - 1, j - 1
-        elif table[i - 1][j] > table[i][j - 1]:
-            i -= 1
-        else:
-            j -= 1
-    return words
-
-
 def ref_rouge_l_recall(prediction: str, reference: str) -> float:
     """get_rouge_score's "r" of rouge-l: the distinct words of the union LCS over the reference's distinct
     words (summary level); 0 where the package raises (no sentence on a side)."""
-    hypothesis, expected = ref_sentences(prediction or "None"), ref_sentences(reference)
+    hypothesis, expected = sentences(prediction or "None"), sentences(reference)
     if not hypothesis or not expected:
         return 0.0
-    union = set()
-    for sentence in expected:
-        for candidate in hypothesis:
-            union |= ref_lcs_words(sentence.split(" "), candidate.split(" "))
-    return 100.0 * len(union) / len({word for sentence in expected for word in sentence.split(" ")})
+    return 100.0 * len(union_lcs(expected, hypothesis)) / len(distinct_words(expected))
 
 
 def ref_exact_match(prediction: str, reference: dict) -> float:

@@ -11,6 +11,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 from click.testing import CliRunner
+from rouge_reference import distinct_words, sentences, union_lcs
 
 from kvbench.cli import main
 from kvbench.core.errors import BadInput, DataFileError
@@ -230,39 +231,16 @@ def test_kvbench_tasks_lists_it_with_its_source():
 # the prediction, a sentence of the needle) the words of one longest common subsequence, recovered from the
 # end preferring to drop a prediction word only when that keeps a longer LCS; the union of those words over
 # all pairs, as a set, over the distinct words of each side is the precision and recall.
-def reference_sentences(text: str) -> list[str]:
-    return [" ".join(part.split()) for part in text.split(".") if part]
-
-
-def reference_lcs_words(x: list[str], y: list[str]) -> set[str]:
-    table = [[0] * (len(y) + 1) for _ in range(len(x) + 1)]
-    for i in range(1, len(x) + 1):
-        for j in range(1, len(y) + 1):
-            same = x[i - 1] == y[j - 1]
-            table[i][j] = table[i - 1][j - 1] + 1 if same else max(table[i - 1][j], table[i][j - 1])
-    words, i, j = set(), len(x), len(y)
-    while i > 0 and j > 0:
-        if x[i - 1] == y[j - 1]:
-            words.add(x[i - 1])
-            i, j = i - 1, j - 1
-        elif table[i - 1][j] > table[i][j - 1]:
-            i -= 1
-        else:
-            j -= 1
-    return words
-
-
 def reference_score(prediction: str, needle: str) -> float:
-    hypothesis, reference = reference_sentences(needle.strip()), reference_sentences(prediction.strip())
+    """kvpress's call: the needle as the hypothesis, the prediction as the reference; ROUGE-L's F."""
+    hypothesis, reference = sentences(needle.strip()), sentences(prediction.strip())
     if not hypothesis or not reference:
         return 0.0
-    union = set()
-    for sentence in reference:
-        for other in hypothesis:
-            union |= reference_lcs_words(sentence.split(" "), other.split(" "))
-    n = len({word for sentence in hypothesis for word in sentence.split(" ")})
-    m = len({word for sentence in reference for word in sentence.split(" ")})
-    precision, recall = len(union) / n, len(union) / m
+    union = union_lcs(reference, hypothesis)
+    precision, recall = (
+        len(union) / len(distinct_words(hypothesis)),
+        len(union) / len(distinct_words(reference)),
+    )
     return 100.0 * (2.0 * ((precision * recall) / (precision + recall + 1e-8)))
 
 
