@@ -24,7 +24,8 @@ from kvpress import DecodingPress, KVPressTextGenerationPipeline, PrefillDecodin
 from kvbench.bridge.adapter import keep_cache_order
 from kvbench.bridge.models import load_model
 from kvbench.core.config import Config
-from kvbench.engine import budget_entries, evaluate_sample
+from kvbench.engine import evaluate_sample
+from kvbench.engine.steps import budget_entries
 from kvbench.presses import config_press
 from kvbench.tasks import load_samples
 from kvbench.tasks.prompt import tokenize_sample

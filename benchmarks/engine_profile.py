@@ -30,10 +30,11 @@ from transformers import DynamicCache
 from kvbench.bridge.adapter import compress_for_each, language_model, pad_caches
 from kvbench.bridge.models import load_model
 from kvbench.core.config import Config
-from kvbench.engine import Run, longest_first, tokenize_sample
 from kvbench.engine.decoder import BatchedDecoder
+from kvbench.engine.steps import Run, longest_first
 from kvbench.presses import config_press, needs_eager
 from kvbench.tasks import load_samples
+from kvbench.tasks.prompt import tokenize_sample
 
 PRESSES = ("knorm", "snapkv", "tova", "h2o", "streaming_llm", "expected_attention", "random", "keydiff")
 RATIOS = (0.25, 0.5, 0.75, 0.9)

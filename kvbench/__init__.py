@@ -9,10 +9,11 @@ The Python API is what the `kvbench` command line calls, and scores the same row
 
 `run`, `sweep` (kvbench.harness.runner), `report` (kvbench.reporting), `load_results` (a DataFrame of the
 rows of results folders), the look-ups `list_presses`, `list_tasks`, `list_suites`, `load_samples`, the
-registrations of a user's own work `register_press`, `register_family`, `register_metric`,
-`register_data_task` (with `DataTask`), and the dataclasses `Row`, `Config`, `Plan`, `Unit`, `Sample`,
-`Suite`. `sweep` and `run` also take presses as objects or targets (docs/extending.md). Names load on
-first use, so that `import kvbench` (and `kvbench --help`) stays fast; errors are kvbench.core.errors' types.
+registrations of a user's own work `register_press`, `register_protocol` (with `Protocol`),
+`register_family`, `register_metric`, `register_data_task` (with `DataTask`), and the dataclasses `Row`,
+`Config`, `Plan`, `Unit`, `Sample`, `Suite`. `sweep` and `run` also take presses as objects or targets
+(docs/extending.md). Names load on first use, so that `import kvbench` (and `kvbench --help`) stays fast;
+errors are kvbench.core.errors' types.
 """
 
 import importlib
@@ -33,7 +34,7 @@ from kvbench.core.errors import (
 
 if TYPE_CHECKING:  # what the names below resolve to, for type checkers and editors
     from kvbench.bridge.models import load_model
-    from kvbench.core.config import Config
+    from kvbench.core.config import Config, Protocol, register_protocol
     from kvbench.core.registry import PluginError
     from kvbench.engine import evaluate_sample
     from kvbench.harness.runner import Plan, Unit, evaluate_unit, run, run_configs, sweep
@@ -66,6 +67,8 @@ LAZY = {
     "Row": "kvbench.store.results:Row",
     "ResultsStore": "kvbench.store.results:ResultsStore",
     "Config": "kvbench.core.config:Config",
+    "Protocol": "kvbench.core.config:Protocol",
+    "register_protocol": "kvbench.core.config:register_protocol",
     "list_presses": "kvbench.presses:list_presses",
     "build_press": "kvbench.presses:build_press",
     "PressSpec": "kvbench.presses:PressSpec",
@@ -111,6 +114,8 @@ __all__ = [  # the lazy names above, kvbench's errors, and the console script
     "evaluate_sample",
     "check_press",
     "register_press",
+    "register_protocol",
+    "Protocol",
     "register_family",
     "register_metric",
     "register_data_task",

@@ -9,11 +9,13 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Confi
 
 from kvbench import presses, tasks
 from kvbench.bridge.models import load_model, load_tokenizer
+from kvbench.core import config
 
 
 @pytest.fixture(autouse=True)
 def clean_registries():
-    """Each test registers its own presses, tasks, metrics and suites (users' own): none outlives it."""
+    """Each test registers its own presses, protocols, tasks, metrics and suites (users' own): none outlives
+    it."""
     saved = (
         dict(presses.PRESSES.entries),
         presses.PRESSES.points,
@@ -24,8 +26,11 @@ def clean_registries():
         dict(tasks.jsonl.DATA_TASKS),
         dict(tasks.jsonl.TASKS),
         dict(tasks.SUITE_PATHS),
+        dict(config.PROTOCOLS.entries),
+        config.PROTOCOLS.points,
     )
     yield
+    config.PROTOCOLS.entries, config.PROTOCOLS.points = saved[9], saved[10]
     presses.PRESSES.entries, presses.PRESSES.points = saved[0], saved[1]
     tasks.METRICS.entries, tasks.METRICS.points = saved[2], saved[3]
     tasks.TASK_FAMILIES.entries, tasks.TASK_FAMILIES.points = saved[4], saved[5]

@@ -13,7 +13,7 @@ from kvbench import engine
 from kvbench.bridge import adapter
 from kvbench.bridge.models import embedded_folder, load_model, load_tokenizer
 from kvbench.core.config import Config
-from kvbench.engine import decoder, evaluate_sample
+from kvbench.engine import decoder, evaluate_sample, steps
 from kvbench.engine.decoder import BatchedDecoder
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
@@ -537,7 +537,7 @@ def test_a_codec_compresses_while_decoding_as_alone_on_a_plain_cache(
     answers = []
     for config, result in zip(configs[:2], results, strict=False):
         press, cache = config_press(config), DynamicCache()
-        decoding = adapter.decoding_press(press, 8, engine.budget_entries(config, n))
+        decoding = adapter.decoding_press(press, 8, steps.budget_entries(config, n))
         with torch.no_grad():
             with press(model):
                 model.model(input_ids=prompt.context_ids.to(model.device), past_key_values=cache)
@@ -560,7 +560,7 @@ def streaming_reference(model, tokenizer, sample, config: Config) -> tuple[list[
     cache = DynamicCache()
     base = config_press(config)
     base.post_init_from_model(model)
-    press = adapter.decoding_press(base, 1, engine.budget_entries(config, n), buffer_size=1)
+    press = adapter.decoding_press(base, 1, steps.budget_entries(config, n), buffer_size=1)
     with torch.no_grad():
         with press(model):
             for start in range(0, n, chunk):

@@ -34,7 +34,14 @@ def doc_steps() -> list[tuple[str, str, str]]:
 def test_the_tutorial_lists_its_blocks():
     steps = doc_steps()
     files = [path for kind, path, _ in steps if kind == "file"]
-    assert files == ["my_press.py", "make_data.py", "api.py", "tasks/meetings.yaml", "tasks/my_suite.yaml"]
+    assert files == [
+        "my_press.py",
+        "make_data.py",
+        "api.py",
+        "tasks/meetings.yaml",
+        "tasks/my_suite.yaml",
+        "my_protocol.py",
+    ]
     assert sum(kind == "run" for kind, _, _ in steps) == 8
 
 

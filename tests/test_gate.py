@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from transformers import DynamicCache
 
 from kvbench.cli import main
-from kvbench.engine import kv_counts
+from kvbench.engine.steps import kv_counts
 from kvbench.learned.common import TrainingFileError, model_shape
 from kvbench.learned.gate.checkpoint import WEIGHTS_FILE, load_gates, save_gates
 from kvbench.learned.gate.gates import GateSet, soft_gates

@@ -17,7 +17,8 @@ import kvbench
 from kvbench.bridge import adapter
 from kvbench.bridge.models import embedded_folder, load_tokenizer
 from kvbench.core.config import Config
-from kvbench.engine import budget_entries, evaluate_sample, sized_config
+from kvbench.engine import evaluate_sample, sized_config
+from kvbench.engine.steps import budget_entries
 from kvbench.presses import config_press
 from kvbench.tasks import combine_samples, load_combined_samples
 from kvbench.tasks.prompt import tokenize_sample

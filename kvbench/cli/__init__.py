@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from kvbench.bridge.models import EMBEDDED, first_line
-from kvbench.cli.types import Number, Whole
-from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, protocol_by_option
+from kvbench.cli.types import Names, Number, Whole
+from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, protocol_by_option, usable_protocols
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
 from kvbench.core.validation import MAX_COUNT
 
@@ -230,15 +230,17 @@ def task_options(command):
 
 
 def protocol_options(command):
-    """--protocol, and each protocol's argument as an option of its own, from the protocols' table
-    (`config.PROTOCOLS`): a protocol added there gets its options here."""
+    """--protocol, and each protocol's argument as an option of its own, from the protocols' registry
+    (`config.PROTOCOLS`, plugins' included): a protocol registered there gets its options here. A plugin
+    that fails to load has none, and says why in one line where it is named."""
+    protocols = usable_protocols()
     options = [
         click.option(
             "--protocol",
-            type=click.Choice(list(PROTOCOLS)),
+            type=Names(PROTOCOLS),
             default=DEFAULT_PROTOCOL,
             show_default=True,
-            help=" ".join(f"{name}: {protocol.description}." for name, protocol in PROTOCOLS.items()),
+            help=" ".join(f"{name}: {protocol.description}." for name, protocol in protocols.items()),
         ),
         *(
             click.option(f"--{option}", type=Whole(), default=None, help=protocol.option_help)

@@ -43,3 +43,20 @@ class Whole(click.ParamType):
     def get_metavar(self, param, ctx=None) -> str:
         text = interval_text(self.low, self.high, False, False)
         return f"INTEGER {text.removeprefix('in ')}" if text else "INTEGER"
+
+
+class Names(click.Choice):
+    """One of a registry's names as it holds them when the command line is parsed (those of plugins
+    installed since the command was built included), listed without loading any."""
+
+    def __init__(self, registry):
+        self.registry = registry
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self.registry)
+
+    @choices.setter
+    def choices(self, _value) -> None:
+        """The names are the registry's: what click's constructor sets is ignored."""

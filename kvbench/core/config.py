@@ -1,93 +1,125 @@
 """One config of a run, and the protocol vocabulary every layer shares (planning, engine, results, report).
 
-The lowest layer of kvbench: it imports nothing of kvbench, so the results store and the report can name
-protocols without importing the engine. Building a config's press is `presses.config_press(config)`.
+In the lowest layer of kvbench, so the results store and the report can name protocols without importing
+the engine. Building a config's press is `presses.config_press(config)`.
 """
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from kvbench.core.errors import BadInput
+from kvbench.core.registry import PluginError, Registry
 
 DEFAULT_PROTOCOL = "query-agnostic"  # also what rows written before protocols were recorded mean
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """A protocol: what the engine prefills, compresses, asks and decodes, said by its flags, which every
-    layer asks instead of comparing names. `option` is its one argument (also its command-line option and
-    Python keyword), with its `default` and `option_help`; `description` is its sentence in --help."""
+    """A protocol: what the engine prefills, compresses, asks and decodes. `run` is the function that
+    answers a sample's configs under it (`engine.protocols`), or its `module:function` target, loaded
+    when the engine first runs it; the flags say what every other layer asks of it, instead of comparing
+    names. `option` is its one argument (also its command-line option and Python keyword), with its
+    `default` and `option_help`; `description` is its sentence in --help."""
 
     name: str
     description: str
+    run: str | Callable
     option: str | None = None
     default: int | None = None
     option_help: str = ""
     question_prefilled: bool = False  # the question is prefilled and compressed with the context
-    context_streamed: bool = False  # the context arrives `option` tokens at a time, compressed after each
-    compresses_decoding: bool = False  # the cache is compressed again every `option` decoding steps
+    compresses_again: bool = False  # the press compresses the cache again after the prefill, as it grows
     several_questions: bool = False  # a context carries `option` questions: one row per question
     answers_stay: bool = False  # each question and its answer stay in the cache, compressed after each turn
-
-    @property
-    def compresses_again(self) -> bool:
-        """Whether the cache is compressed again after the prefill (the press compresses a live cache)."""
-        return self.context_streamed or self.compresses_decoding or self.answers_stay
 
     @property
     def arguments(self) -> tuple[str, ...]:
         return (self.option,) if self.option else ()
 
 
-# In the order reports show their sections.
-PROTOCOLS: dict[str, Protocol] = {
-    protocol.name: protocol
-    for protocol in (
-        Protocol("query-agnostic", "compress the context once, then ask (kvpress's pipeline)"),
-        Protocol(
-            "query-aware",
-            "the question is prefilled and compressed with the context (kvpress's query_aware)",
-            question_prefilled=True,
-        ),
-        Protocol(
-            "decode-time",
-            "also compress every --interval decoding steps back to the budget",
-            "interval",
-            16,
-            "decode-time: decoding steps between compressions [16].",
-            compresses_decoding=True,
-        ),
-        Protocol(
-            "streaming",
-            "feed the context --chunk tokens at a time, compressing back under the budget after each, "
-            "then ask",
-            "chunk",
-            256,
-            "streaming: context tokens per chunk [256].",
-            context_streamed=True,
-        ),
-        Protocol(
-            "multi-question",
-            "compress once, answer --questions questions from that cache, each answer removed after "
-            "(kvpress's pipeline with a list of questions; SCBench's multi-request)",
-            "questions",
-            4,
-            "multi-question: questions per context [4] (from as many samples of the tasks, one context).",
-            several_questions=True,
-        ),
-        Protocol(
-            "multi-turn",
-            "--turns turns whose questions and answers stay in the cache, compressed back to the budget "
-            "after each (SCBench's multi-turn)",
-            "turns",
-            4,
-            "multi-turn: turns per context [4].",
-            several_questions=True,
-            answers_stay=True,
-        ),
-    )
-}
-# Every protocol rows may record, in the order reports show them (lm-eval's own tasks write query-aware;
-# `kvbench perplexity` writes perplexity).
-RECORDED_PROTOCOLS = (*PROTOCOLS, "perplexity")
+def protocol_from_plugin(name: str, loaded: object) -> Protocol:
+    """What a `kvbench.protocols` entry point loads: a Protocol of that name."""
+    if not isinstance(loaded, Protocol):
+        raise BadInput(f"loads {type(loaded).__name__}, not a kvbench Protocol")
+    if loaded.name != name:
+        raise BadInput(f"loads the protocol {loaded.name!r}, not {name!r}")
+    return loaded
+
+
+# Built-ins first, in the order reports show their sections; then protocols of installed packages.
+PROTOCOLS: Registry[Protocol] = Registry("protocols", protocol_from_plugin)
+ENGINE = "kvbench.engine.protocols"
+for protocol in (
+    Protocol(
+        "query-agnostic",
+        "compress the context once, then ask (kvpress's pipeline)",
+        f"{ENGINE}.query_agnostic:run",
+    ),
+    Protocol(
+        "query-aware",
+        "the question is prefilled and compressed with the context (kvpress's query_aware)",
+        f"{ENGINE}.query_agnostic:run",
+        question_prefilled=True,
+    ),
+    Protocol(
+        "decode-time",
+        "also compress every --interval decoding steps back to the budget",
+        f"{ENGINE}.decode_time:run",
+        "interval",
+        16,
+        "decode-time: decoding steps between compressions [16].",
+        compresses_again=True,
+    ),
+    Protocol(
+        "streaming",
+        "feed the context --chunk tokens at a time, compressing back under the budget after each, then ask",
+        f"{ENGINE}.streaming:run",
+        "chunk",
+        256,
+        "streaming: context tokens per chunk [256].",
+        compresses_again=True,
+    ),
+    Protocol(
+        "multi-question",
+        "compress once, answer --questions questions from that cache, each answer removed after "
+        "(kvpress's pipeline with a list of questions; SCBench's multi-request)",
+        f"{ENGINE}.multi_question:run",
+        "questions",
+        4,
+        "multi-question: questions per context [4] (from as many samples of the tasks, one context).",
+        several_questions=True,
+    ),
+    Protocol(
+        "multi-turn",
+        "--turns turns whose questions and answers stay in the cache, compressed back to the budget "
+        "after each (SCBench's multi-turn)",
+        f"{ENGINE}.multi_turn:run",
+        "turns",
+        4,
+        "multi-turn: turns per context [4].",
+        compresses_again=True,
+        several_questions=True,
+        answers_stay=True,
+    ),
+):
+    PROTOCOLS.register(protocol.name, protocol)
+
+
+def register_protocol(protocol: Protocol, *, replace: bool = False) -> Protocol:
+    """Add a protocol of your own (its run a function, or a `module:function` target that Ray workers can
+    import); BadInput if its name is taken (unless `replace`) or its option is another protocol's."""
+    taken = {option: p.name for option, p in protocol_by_option().items() if p.name != protocol.name}
+    if protocol.option in taken:
+        owner = taken[protocol.option]
+        raise BadInput(f"protocol {protocol.name!r}: --{protocol.option} is the option of protocol {owner!r}")
+    return PROTOCOLS.register(protocol.name, protocol, replace=replace)
+
+
+# kvbench's own protocols rows may record, in the order reports show them (lm-eval's own tasks write
+# query-aware; `kvbench perplexity` writes perplexity); a plugin's protocols follow.
+RECORDED_PROTOCOLS = (*PROTOCOLS.entries, "perplexity")
 
 
 def protocol_of(config: "Config") -> Protocol:
@@ -95,9 +127,19 @@ def protocol_of(config: "Config") -> Protocol:
     return PROTOCOLS[config.protocol]
 
 
+def usable_protocols() -> dict[str, Protocol]:
+    """The protocols that load, by name: a plugin that fails to is left out here, and fails in one line
+    where it is named (`PROTOCOLS[name]`)."""
+    usable = {}
+    for name in PROTOCOLS:
+        with contextlib.suppress(PluginError):
+            usable[name] = PROTOCOLS[name]
+    return usable
+
+
 def protocol_by_option() -> dict[str, Protocol]:
     """Each protocol argument's option name -> its protocol."""
-    return {protocol.option: protocol for protocol in PROTOCOLS.values() if protocol.option}
+    return {protocol.option: protocol for protocol in usable_protocols().values() if protocol.option}
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,7 @@ def prefill(subject: Subject, target: Target, press, ids, prompt=None) -> Compre
         compresses_prefill,
         language_model,
     )
-    from kvbench.engine import prepare_press
+    from kvbench.engine.steps import prepare_press
     from kvbench.tasks.prompt import Prompt
 
     model = subject.model
@@ -267,7 +267,7 @@ def same_cache(first: Compressed, second: Compressed) -> str:
 
 def short_window(press) -> int:
     """The largest `window_size` of the press or a press it wraps (0 if none)."""
-    from kvbench.engine import pressed_tree
+    from kvbench.engine.steps import pressed_tree
 
     return max([getattr(p, "window_size", 0) or 0 for p in pressed_tree(press)] + [0])
 
@@ -387,7 +387,7 @@ def short_contexts(subject: Subject, target: Target, press) -> str:
 
 def check_memory(subject: Subject, target: Target) -> str:
     from kvbench.bridge.adapter import masked_entries  # noqa: F401 (the engine's accounting below reads masks)
-    from kvbench.engine import BYTES_PER_VALUE, cache_entries, kv_counts
+    from kvbench.engine.steps import BYTES_PER_VALUE, cache_entries, kv_counts
     from kvbench.harness.speed import allocated_bytes
 
     press = target.press()
@@ -606,7 +606,8 @@ def protocol_args(protocol: str) -> tuple:
 
 def check_protocols(subject: Subject, target: Target) -> str:
     from kvbench.core.errors import BadInput
-    from kvbench.engine import budget_entries, check_protocol, evaluate_sample
+    from kvbench.engine import check_protocol, evaluate_sample
+    from kvbench.engine.steps import budget_entries
 
     layers, heads = subject.shape
     seen, refused = [], []

@@ -52,7 +52,7 @@ from kvbench.core import provenance
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.core.resources import lm_eval_tasks_dir
-from kvbench.engine import Run, cache_entries, kv_counts, run_alone, run_shared
+from kvbench.engine.steps import Run, answer_question, cache_entries, kv_counts, prefill_shared, run_alone
 from kvbench.harness.planning import check_configs, check_learned_state, parse_ratio
 from kvbench.presses import (
     config_press,
@@ -263,7 +263,8 @@ def generate(model, run: Run, max_new_tokens: int) -> dict:
     """Greedy tokens and measurements for the run's prompt under its press, along the engine's path."""
     with torch.no_grad():
         if is_shareable(run.press):
-            run_shared(model, [run], max_new_tokens)
+            prefill_shared(model, [run])
+            answer_question(model, [run], max_new_tokens)
         else:
             run_alone(model, run, max_new_tokens)
     return {**run.result, **run.answers[0]}

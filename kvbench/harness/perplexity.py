@@ -478,7 +478,7 @@ def target_entries(config: Config, fed: int, length: int) -> int:
     """The entries per head a config's cache is compressed back to once `fed` tokens of a text of `length`
     were read: a ratio's share of what was read, a memory's or a budget's of the whole text (at most what
     was read)."""
-    from kvbench.engine import budget_entries
+    from kvbench.engine.steps import budget_entries
 
     if config.memory is None and config.budget is None:
         return budget_entries(config, fed)
@@ -498,8 +498,8 @@ def evaluate_text(
     import torch.nn.functional as F
 
     from kvbench.bridge.adapter import clock, decoding_press, empty_batch, seed_press
-    from kvbench.engine import Run, attention_rows, budget_entries, kv_counts, prepare_press
     from kvbench.engine.decoder import BatchedDecoder
+    from kvbench.engine.steps import Run, attention_rows, budget_entries, kv_counts, prepare_press
     from kvbench.presses import config_press, needs_eager
     from kvbench.tasks.prompt import Prompt
 

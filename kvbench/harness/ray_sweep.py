@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvbench.bridge.models import first_line
+from kvbench.core.config import PROTOCOLS
 from kvbench.core.errors import BadInput, RayUnavailable
 from kvbench.harness.runner import Plan, Unit, evaluate_unit
 from kvbench.store.results import Row
@@ -56,6 +57,8 @@ class SweepWorker:
 
         register_user_presses(plan.user_presses)
         register_user_metrics(plan.user_metrics)
+        for protocol in plan.user_protocols.values():
+            PROTOCOLS.register(protocol.name, protocol, replace=True)
         self.plan = plan
         self.model, self.tokenizer = load_model(plan.model, device=plan.device, dtype=plan.dtype)
         # Rows are keyed by the learned state the main process planned with: this worker must load the same.

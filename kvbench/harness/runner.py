@@ -13,15 +13,24 @@ computes units on Ray actors).
 from __future__ import annotations
 
 import functools
+import typing
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kvbench.bridge import models
 from kvbench.core import provenance
-from kvbench.core.config import DEFAULT_PROTOCOL, Config, protocol_by_option, protocol_of
+from kvbench.core.config import (
+    DEFAULT_PROTOCOL,
+    PROTOCOLS,
+    RECORDED_PROTOCOLS,
+    Config,
+    Protocol,
+    protocol_by_option,
+    protocol_of,
+)
 from kvbench.core.errors import BadInput, KvbenchWarning, ModelNotFound
 from kvbench.core.validation import parse_int
 from kvbench.harness.evaluation import run_evaluator
@@ -76,6 +85,8 @@ class Plan:
     # and users' metrics (target -> target), which score on the workers.
     user_presses: dict[str, str] = field(default_factory=dict)
     user_metrics: dict[str, str] = field(default_factory=dict)
+    # Protocols the configs name that are not kvbench's own (plugins', registered): registered by workers.
+    user_protocols: dict[str, Protocol] = field(default_factory=dict)
     data_tasks: dict[str, dict] = field(default_factory=dict)  # the user's data tasks: `data_task_record`
 
     def task_length(self, task: str) -> int | None:
@@ -91,7 +102,7 @@ class Unit:
     configs: tuple[Config, ...]
 
 
-class Executor(Protocol):
+class Executor(typing.Protocol):
     """Computes units away from the process that plans and writes them (ray_sweep.RayExecutor)."""
 
     def start(self) -> int:
@@ -236,6 +247,9 @@ def prepare_plan(
         out=Path(out),
         user_presses=user_presses_of(configs),
         user_metrics=user_metrics(),
+        user_protocols={
+            c.protocol: PROTOCOLS[c.protocol] for c in configs if c.protocol not in RECORDED_PROTOCOLS
+        },
         data_tasks={name: data_task_record(name) for name in names if name in jsonl.DATA_TASKS},
         tokenizer=task_plan.tokenizer,
     )

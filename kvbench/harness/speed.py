@@ -160,7 +160,7 @@ def decode_rate(model, cache, last_hidden, context_tokens: int, steps: int) -> f
 def measure_cost(model, config: Config, press, input_ids, plan: SpeedPlan, device: str) -> Cost:
     """One config's Cost on one context, interleaved with the uncompressed prefill and decoding."""
     from kvbench.bridge.adapter import clear_head_masks, masked_entries
-    from kvbench.engine import cache_entries, kv_counts
+    from kvbench.engine.steps import cache_entries, kv_counts
 
     length = input_ids.shape[1]
     runs = []

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench.core.config import PROTOCOLS, RECORDED_PROTOCOLS
+from kvbench.core.config import RECORDED_PROTOCOLS, usable_protocols
 from kvbench.reporting.read import REFERENCE_PRESS, Run, config_label, protocol_label, with_report_columns
 from kvbench.reporting.stats import config_stats, paired_lead, paired_versus
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
@@ -105,12 +105,13 @@ def find_missing(
     """Configs x tasks holding fewer samples than the fullest config of that task or than a run requested."""
     expected_configs = set(counts.index) | set(requested)
     expected = counts.max(axis=0).to_dict()  # task -> most samples any config has
+    protocols = usable_protocols()  # a plugin's that no longer loads counts as one question per sample
     for run in runs:
         configs = run.config.get("configs")
         if isinstance(configs, list) and any(
             isinstance(c, dict)
-            and c.get("protocol") in PROTOCOLS
-            and PROTOCOLS[c["protocol"]].several_questions
+            and c.get("protocol") in protocols
+            and protocols[c["protocol"]].several_questions
             for c in configs
         ):
             continue  # its `samples` counts contexts, each asking several tasks: not samples per task

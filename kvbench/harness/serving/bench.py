@@ -103,7 +103,7 @@ def check_press_window(compression, shortest_entry: int) -> None:
     entry it would compress (SnapKV asserts it has more)."""
     from kvpress import SnapKVPress
 
-    from kvbench.engine import pressed_tree
+    from kvbench.engine.steps import pressed_tree
 
     windows = [p.window_size for p in pressed_tree(compression.build()) if isinstance(p, SnapKVPress)]
     if windows and max(windows) >= shortest_entry:
