@@ -4,6 +4,7 @@ the press on real prefills through kvpress's machinery, and one-line errors."""
 import contextlib
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -351,6 +352,28 @@ def test_calibration_of_a_tiny_model_feeds_the_press(tiny, tmp_path):
     press = build_press("memdecay", 0.5, calibration=str(tmp_path))
     press.post_init_from_model(model)
     assert press.threshold == 1.0 and press.state_digest
+
+
+def test_a_calibration_serves_a_copy_of_its_model_and_refuses_other_weights(tiny, tiny_model_dir, tmp_path):
+    """Matched by the model's weights, not its folder's name: a copy of the folder is the model it was made
+    for (also before the model loads: the name alone no longer refuses it); the same shape with other
+    weights is another model, whatever its name."""
+    model, tokenizer = tiny
+    stats = measure(model, tokenizer, [chat_sample(1)], threshold=1.0, log=lambda line: None)
+    write_calibration(tmp_path / "cal", model, stats, {"command": "kvbench memdecay calibrate ..."})
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    twin, _ = load_model(str(copy))
+    assert model_name(twin) != model_name(model)
+    press = build_press("memdecay", 0.5, calibration=str(tmp_path / "cal"))
+    press.check_for_model(model_name(twin))
+    press.post_init_from_model(twin)
+    assert press.threshold == 1.0
+    changed, _ = load_model(str(copy))
+    with torch.no_grad():
+        next(changed.parameters()).add_(0.5)
+    other = build_press("memdecay", 0.5, calibration=str(tmp_path / "cal"))
+    with pytest.raises(MemDecayError, match=r"was made for .* \(weights [0-9a-f]+\), not for .* \(weights"):
+        other.post_init_from_model(changed)
 
 
 def prefill(model, input_ids, press) -> DynamicCache:

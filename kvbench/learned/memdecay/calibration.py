@@ -164,7 +164,11 @@ def measure(model, tokenizer, samples, threshold: float = DEFAULT_THRESHOLD, log
 
 def write_calibration(directory: Path, model, stats: LifetimeStats, card: dict) -> dict:
     """calibration.json (what the press reads), card.json (how it was made) and the plot; atomic writes."""
-    calibration = {"model": models.model_name(model), **fit_calibration(stats)}
+    calibration = {
+        "model": models.model_name(model),
+        "identity": models.model_identity(model),
+        **fit_calibration(stats),
+    }
     # Never write what the press would refuse to read (a half-life of 0 from samples of one token).
     check_json(Calibration, json.dumps(calibration), "the measured calibration", MemDecayError)
     directory.mkdir(parents=True, exist_ok=True)

@@ -70,11 +70,14 @@ class Calibration:
     threshold: Annotated[float, annotated_types.Gt(0)]
     regions: dict[str, RegionFit]
     max_age: Count | None = None
+    identity: str | None = None  # models.model_identity; None in calibrations made before it was recorded
 
 
-def load_calibration(directory: Path, model_name: str) -> tuple[dict, str]:
+def load_calibration(directory: Path, model_name: str, identity: str | None = None) -> tuple[dict, str]:
     """The calibration in `directory` and the digest of its file; refuses a missing one, one that does not
-    fit `Calibration` or lacks a region, or another model's."""
+    fit `Calibration` or lacks a region, or another model's: by `identity` (the loaded model's
+    `models.model_identity`) where the calibration records one, so a copy of a model's folder is that
+    model; else by name. Before the model loads (`identity` None), one that records an identity passes."""
     path = Path(directory) / CALIBRATION_FILE
     if not path.is_file():
         raise MemDecayError(
@@ -93,13 +96,18 @@ def load_calibration(directory: Path, model_name: str) -> tuple[dict, str]:
             raise ValueError(f"no region {', '.join(missing)}")
     except ValueError as error:
         raise MemDecayError(f"{path} is corrupt ({error}); {remake}") from None
-    calibration = parse_json(text)
-    if calibration["model"] != model_name:
+    if checked.identity is None:
+        other = checked.model != model_name
+    else:
+        other = identity is not None and checked.identity != identity
+    if other:
+        made_for = checked.model + (f" (weights {checked.identity})" if checked.identity else "")
+        this = model_name + (f" (weights {identity})" if checked.identity and identity else "")
         raise MemDecayError(
-            f"the MemDecay calibration at {directory} was made for {calibration['model']}, not for "
-            f"{model_name}; make one with: {calibrate_command(model_name)}"
+            f"the MemDecay calibration at {directory} was made for {made_for}, not for {this}; make one "
+            f"with: {calibrate_command(model_name)}"
         )
-    return calibration, hashlib.sha256(text.encode()).hexdigest()[:12]
+    return parse_json(text), hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def parse_pin(pin: str) -> tuple[int, ...]:
@@ -262,7 +270,7 @@ class MemDecayPress(ScorerPress):
     def post_init_from_model(self, model: nn.Module) -> None:
         name = models.model_name(model)
         directory = Path(self.calibration) if self.calibration else default_calibration_dir(name)
-        calibration, self.state_digest = load_calibration(directory, name)
+        calibration, self.state_digest = load_calibration(directory, name, models.model_identity(model))
         self.set_calibration(calibration)
         self.layer_state = {}
 
