@@ -4,6 +4,7 @@ used."""
 
 import importlib.util
 import sys
+from types import SimpleNamespace
 
 import pytest
 from test_extending import install_plugin, invoke, rows_of, write_data
@@ -98,3 +99,40 @@ def test_a_protocol_takes_no_option_of_another(tmp_path):
         register_protocol(taken)
     with pytest.raises(BadInput, match="protocols 'streaming' is registered already"):
         register_protocol(Protocol("streaming", "x", "my_protocol:run"))
+
+
+def test_ray_workers_register_the_protocol_the_plan_carries(tmp_path, tiny_llama_dir, monkeypatch):
+    """Workers are other processes: they know kvbench's protocols only. Each fake worker here starts with
+    the user's protocol gone from the registry, as a fresh process would, and must answer as one process."""
+    from test_ray_sweep import FakeRay
+
+    from kvbench.harness.ray_sweep import RayExecutor
+
+    fake = FakeRay()
+    start_worker = fake.remote
+
+    def remote(**resources):
+        def actor_class(cls):
+            def fresh_process(*args):
+                PROTOCOLS.unregister("aware-decoding")
+                return start_worker(**resources)(cls).remote(*args)
+
+            return SimpleNamespace(remote=fresh_process)
+
+        return actor_class
+
+    monkeypatch.setattr(fake, "remote", remote)
+    monkeypatch.setattr("kvbench.harness.ray_sweep.import_ray", lambda: fake)
+    protocol = register_protocol(load_protocol(tmp_path))
+    setup = dict(data=[write_data(tmp_path)], model=tiny_llama_dir, length=256, progress=False, every=2)
+    one = kvbench.sweep(["knorm", "tova"], [0.5], protocol="aware-decoding", out=tmp_path / "one", **setup)
+    ray = kvbench.sweep(
+        ["knorm", "tova"],
+        [0.5],
+        protocol="aware-decoding",
+        out=tmp_path / "ray",
+        executor=RayExecutor(workers=2),
+        **setup,
+    )
+    assert len(fake.workers) == 2 and PROTOCOLS["aware-decoding"] is protocol
+    assert predictions(ray) == predictions(one) and len(one) == 9
