@@ -104,3 +104,37 @@ def test_screenshot_without_a_browser_is_one_line_before_any_work(tmp_path):
     assert outcome.exit_code == 2 and "--screenshot needs headless Chromium" in outcome.output
     assert len(outcome.output.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
     assert shutil.which("chromium", path=str(empty)) is None
+
+
+# Chromium as a script: one that fails, one that writes half a PNG and fails, one that writes no PNG.
+BROKEN_BROWSERS = {
+    "exits 1": ("echo 'gpu process crashed' >&2; exit 1", "exited 1"),
+    "half a png then exits 1": (
+        'for a in "$@"; do case "$a" in --screenshot=*) printf "\\x89PN" > "${a#--screenshot=}";; esac; '
+        "done; exit 1",
+        "exited 1",
+    ),
+    "exits 0 with no png": ("exit 0", "wrote no PNG screenshot"),
+}
+
+
+@pytest.mark.parametrize("browser", sorted(BROKEN_BROWSERS))
+def test_a_failing_browser_is_one_line_exit_1_and_the_screenshot_stays(tmp_path, browser):
+    script, message = BROKEN_BROWSERS[browser]
+    results = write_results(tmp_path / "results", rows_of({("knorm", 0.5): {"t1": [50]}}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "chromium").write_text(f"#!/bin/sh\n{script}\n")
+    (bin_dir / "chromium").chmod(0o755)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "screenshot.png").write_bytes(PNG_SIGNATURE + b"the committed one")
+    outcome = CliRunner().invoke(
+        main,
+        ["report", str(results), "--out", str(tmp_path / "r"), "--screenshot"],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+    )
+    assert outcome.exit_code == 1 and message in outcome.output, outcome.output
+    errors = [line for line in outcome.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "Traceback" not in outcome.output
+    assert (tmp_path / "r" / "screenshot.png").read_bytes() == PNG_SIGNATURE + b"the committed one"
+    assert sorted(path.name for path in (tmp_path / "r").iterdir() if path.name.startswith(".")) == []

@@ -2,10 +2,11 @@
 subcommand exists, its options exist and their values are of their types (click parses them, no work is
 done). The cheap ones also run (`RUNS`). The others are not run here, and why: sweeps, training and GPU runs
 take minutes to hours (the studies run them; tests/test_extending_doc.py runs the tutorial's end to end on
-the embedded model; tests/test_committed_reports.py runs README.md's report commands and compares what they
-write with the committed reports); their arguments name the user's own files (`mine.jsonl`, `my_press.py`, `PG19_TEST`)
-where a file must exist only when the command runs, not when it parses. `lm-eval-kvbench` lines are
-lm-eval's own command line and are checked by tests/test_lmeval.py's runs of it."""
+the embedded model; tests/test_committed_reports.py runs README.md's report commands and compares what
+they write with the committed reports); their arguments name the user's own files (`mine.jsonl`,
+`my_press.py`, `PG19_TEST`) where a file must exist only when the command runs, not when it parses.
+`lm-eval-kvbench` lines are lm-eval's own command line and are checked by tests/test_lmeval.py's runs of
+it."""
 
 import re
 import shlex
