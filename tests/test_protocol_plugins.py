@@ -3,6 +3,7 @@ group `kvbench.protocols`, run through the API and the CLI; and the one-line ref
 used."""
 
 import importlib.util
+import re
 import sys
 from types import SimpleNamespace
 
@@ -136,3 +137,64 @@ def test_ray_workers_register_the_protocol_the_plan_carries(tmp_path, tiny_llama
     )
     assert len(fake.workers) == 2 and PROTOCOLS["aware-decoding"] is protocol
     assert predictions(ray) == predictions(one) and len(one) == 9
+
+
+RUN = "kvbench.engine.protocols.query_agnostic:run"
+BAD_PROTOCOLS = {
+    "a name with a space": (("my proto", "d", RUN), "protocol name 'my proto'"),
+    "an empty name": (("", "d", RUN), "protocol name ''"),
+    "a run that is a number": (("five", "d", 5), "run must be a function or a 'module:function' target"),
+    "a run that is no target": (("p", "d", "query_agnostic.run"), "run must be a function or"),
+    "an option kvbench takes": (("p", "d", RUN, "out", 5), "option 'out' is one of kvbench's own options"),
+    "an option that is no keyword": (("p", "d", RUN, "every-2", 5), "option 'every-2' must be lower-case"),
+    "a negative default": (("p", "d", RUN, "every", -4), "needs a default, a whole number >= 1"),
+    "no default": (("p", "d", RUN, "every"), "needs a default"),
+    "a boolean default": (("p", "d", RUN, "every", True), "needs a default"),
+    "a default without an option": (("p", "d", RUN, None, 3), "a default (3) without an option"),
+    "a flag that is a text": (("p", "d", RUN, None, None, "", "yes"), "its flags are True or False"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PROTOCOLS))
+def test_a_protocol_that_cannot_be_one_is_refused_when_made(case):
+    fields, message = BAD_PROTOCOLS[case]
+    with pytest.raises(BadInput, match=re.escape(message)):
+        Protocol(*fields)
+
+
+def test_what_is_no_protocol_is_refused_in_one_line(tmp_path, monkeypatch):
+    with pytest.raises(BadInput, match="register_protocol takes a kvbench Protocol, not dict"):
+        register_protocol({"name": "x"})
+    with pytest.raises(BadInput, match="unknown protocol"):
+        kvbench.run("knorm", 0.5, protocol=["streaming"], out=tmp_path / "o")
+    register_protocol(Protocol("lost", "its run is gone", "no_such_module:run"))
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("kvbench.bridge.models.load_model", no_model)
+    with pytest.raises(BadInput, match="protocol 'lost' run 'no_such_module:run': cannot import"):
+        kvbench.run("knorm", 0.5, protocol="lost", samples=1, out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_no_protocol_option_can_shadow_an_option_of_run_or_sweep():
+    """RESERVED_OPTIONS holds every keyword of the API's run and sweep and every option of the commands
+    that take --protocol: a protocol's option named like one would take its value from it."""
+    import inspect
+
+    import click
+
+    from kvbench.cli import main
+    from kvbench.core.config import RESERVED_OPTIONS, protocol_by_option
+    from kvbench.harness import runner
+
+    taken = set()
+    for function in (runner.run, runner.sweep, runner.run_configs, runner.prepare_plan):
+        taken |= {
+            name for name, p in inspect.signature(function).parameters.items() if p.kind != p.VAR_KEYWORD
+        }
+    for name in ("run", "sweep"):
+        for param in main.get_command(click.Context(main), name).params:
+            taken |= {param.name, *(option.lstrip("-").replace("-", "_") for option in param.opts)}
+    assert taken - set(protocol_by_option()) <= RESERVED_OPTIONS

@@ -240,3 +240,19 @@ def test_contexts_rotate_the_tasks_and_each_turn_is_a_row_of_its_own_sample(
             name
         )
         assert (turns["kv_kept"] < turns["kv_total"]).all()
+
+
+@pytest.mark.parametrize(
+    ("chunk", "advice"),
+    [(1, "feeds 1 token: give a larger --chunk"), (8, "give --press-arg window_size=N with N below 8, or a")],
+)
+def test_a_window_longer_than_a_step_gets_advice_that_can_be_followed(tmp_path, chunk, advice):
+    """No `window_size` below 1 exists: a 1-token step leaves only a larger step to give."""
+    from click.testing import CliRunner
+
+    from kvbench.cli import main
+
+    args = ["run", "--press", "snapkv", "--ratio", "0.5", "--protocol", "streaming", "--chunk", str(chunk)]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and advice in result.output, result.output
+    assert "below 1" not in result.output and not (tmp_path / "o").exists()

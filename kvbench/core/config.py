@@ -5,14 +5,26 @@ the engine. Building a config's press is `presses.config_press(config)`.
 """
 
 import contextlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvbench.core.errors import BadInput
-from kvbench.core.registry import PluginError, Registry
+from kvbench.core.registry import PluginError, Registry, is_target
 
 DEFAULT_PROTOCOL = "query-agnostic"  # also what rows written before protocols were recorded mean
+
+
+PROTOCOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+OPTION_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")  # a command-line option and a Python keyword at once
+# What `kvbench run`/`sweep` and `kvbench.run`/`sweep` take already (options, as keywords too): no
+# protocol's option may take one of these names (tests/test_protocol_plugins.py keeps it complete).
+RESERVED_OPTIONS = frozenset(
+    "batch_configs budget config configs data data_dir device dtype executor force help include_path "
+    "length memory metric model out press press_arg press_args presses progress protocol ratio ratios "
+    "ray ray_address ray_cpus ray_gpus ray_workers samples seed setup suite task tasks tokenizer".split()
+)
 
 
 @dataclass(frozen=True)
@@ -21,7 +33,8 @@ class Protocol:
     answers a sample's configs under it (`engine.protocols`), or its `module:function` target, loaded
     when the engine first runs it; the flags say what every other layer asks of it, instead of comparing
     names. `option` is its one argument (also its command-line option and Python keyword), with its
-    `default` and `option_help`; `description` is its sentence in --help."""
+    `default` (a whole number >= 1) and `option_help`; `description` is its sentence in --help. BadInput
+    for a field that cannot be one of these."""
 
     name: str
     description: str
@@ -33,6 +46,31 @@ class Protocol:
     compresses_again: bool = False  # the press compresses the cache again after the prefill, as it grows
     several_questions: bool = False  # a context carries `option` questions: one row per question
     answers_stay: bool = False  # each question and its answer stay in the cache, compressed after each turn
+
+    def __post_init__(self):
+        where = f"protocol {self.name!r}"
+        if not isinstance(self.name, str) or not PROTOCOL_NAME.match(self.name):
+            raise BadInput(f"protocol name {self.name!r}: use letters, digits, _ and -")
+        if not isinstance(self.description, str) or not isinstance(self.option_help, str):
+            raise BadInput(f"{where}: description and option_help are texts")
+        if not callable(self.run) and not (isinstance(self.run, str) and is_target(self.run)):
+            raise BadInput(f"{where}: run must be a function or a 'module:function' target, got {self.run!r}")
+        if self.option is not None:
+            if not isinstance(self.option, str) or not OPTION_NAME.match(self.option):
+                raise BadInput(f"{where}: option {self.option!r} must be lower-case letters, digits and _")
+            if self.option in RESERVED_OPTIONS:
+                raise BadInput(f"{where}: option {self.option!r} is one of kvbench's own options")
+            if type(self.default) is not int or self.default < 1:
+                raise BadInput(f"{where}: option {self.option!r} needs a default, a whole number >= 1")
+        elif self.default is not None:
+            raise BadInput(f"{where}: a default ({self.default!r}) without an option")
+        flags = (self.question_prefilled, self.compresses_again, self.several_questions, self.answers_stay)
+        if not all(isinstance(flag, bool) for flag in flags):
+            raise BadInput(f"{where}: its flags are True or False")
+        if self.answers_stay and not (self.several_questions and self.compresses_again):
+            raise BadInput(f"{where}: answers_stay asks several_questions and compresses_again")
+        if self.several_questions and self.option is None:
+            raise BadInput(f"{where}: several_questions needs an option (the questions per context)")
 
     @property
     def arguments(self) -> tuple[str, ...]:
@@ -109,7 +147,10 @@ for protocol in (
 
 def register_protocol(protocol: Protocol, *, replace: bool = False) -> Protocol:
     """Add a protocol of your own (its run a function, or a `module:function` target that Ray workers can
-    import); BadInput if its name is taken (unless `replace`) or its option is another protocol's."""
+    import); BadInput if it is no Protocol, its name is taken (unless `replace`) or its option is another
+    protocol's."""
+    if not isinstance(protocol, Protocol):
+        raise BadInput(f"register_protocol takes a kvbench Protocol, not {type(protocol).__name__}")
     taken = {option: p.name for option, p in protocol_by_option().items() if p.name != protocol.name}
     if protocol.option in taken:
         owner = taken[protocol.option]

@@ -113,6 +113,7 @@ def check_protocol(config: Config) -> None:
     """Fail before any work if a protocol is unknown, lacks its arguments, or cannot run the press."""
     if config.protocol not in PROTOCOLS:
         raise BadInput(f"unknown protocol {config.protocol!r} (one of {', '.join(PROTOCOLS)})")
+    protocol_run(PROTOCOLS[config.protocol])  # a plugin's run that does not import fails here, in one line
     args = dict(config.protocol_args)
     if sorted(args) != sorted(PROTOCOLS[config.protocol].arguments):
         wanted = ", ".join(PROTOCOLS[config.protocol].arguments) or "no arguments"
@@ -166,13 +167,16 @@ def check_query_window(config: Config, press: BasePress) -> None:
         return
     turns = config.protocol in PROTOCOLS and protocol_of(config).answers_stay
     steps = {"turns": SHORTEST_TURN} if turns else dict(config.protocol_args)
+    if not steps:
+        return  # a protocol without an option: its step is its own, unknown here
     name = next(iter(steps))
     if max(windows) >= steps[name]:
+        fixes = [f"--press-arg window_size=N with N below {steps[name]}"] if steps[name] > 1 else []
+        fixes += [] if name == "turns" else [f"a larger --{name}"]
+        tokens = f"{'as few as ' if name == 'turns' else ''}{steps[name]} token{'s' * (steps[name] != 1)}"
         raise BadInput(
             f"press {config.press!r} scores with its last {max(windows)} queries, but a {config.protocol} "
-            f"step feeds {'as few as ' if name == 'turns' else ''}{steps[name]} tokens: give --press-arg "
-            f"window_size=N with N below {steps[name]}"
-            + ("" if name == "turns" else f", or a larger --{name}")
+            f"step feeds {tokens}: give " + ", or ".join(fixes)
         )
 
 

@@ -72,7 +72,7 @@ def parse_budget(value: int | str) -> int:
 def checked_protocol(protocol: str, **given: int | None) -> tuple[str, tuple]:
     """(protocol, protocol_args) after validation: each argument, given by its option name
     (`config.protocol_by_option`), belongs to its protocol, and takes the protocol's default if not given."""
-    if protocol not in PROTOCOLS:
+    if not isinstance(protocol, str) or protocol not in PROTOCOLS:
         raise BadInput(f"unknown protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
     given = {name: value for name, value in given.items() if value is not None}
     wanted = PROTOCOLS[protocol]
