@@ -24,6 +24,7 @@ from kvbench.bridge.adapter import (
     compress_for_each,
     compresses_decoding,
     compresses_prefill,
+    decoding_press,
     language_model,
     masked_entries,
     moves_positions,
@@ -76,6 +77,19 @@ def budget_entries(config: Config, context_length: int) -> int:
     codec = config.press in PRESSES and PRESSES[config.press].codec
     memory = config.memory if config.memory is not None else 1 - config.ratio
     return compute_n_kept(context_length, 1 - memory if codec else config.ratio)
+
+
+def stepwise_presses(model, runs: list[Run], prompt: Prompt, length: int) -> dict[int, BasePress]:
+    """By row, each run's press prepared for the model and wrapped as kvpress's DecodingPress that
+    compresses the cache back to the run's budget of `length` tokens after every step fed (its buffer: that
+    step's hidden states); the uncompressed runs have none."""
+    presses = {}
+    for row, run in enumerate(runs):
+        prepare_press(run.press, model, prompt)
+        if run.press is not None:
+            target = budget_entries(run.config, length)
+            presses[row] = decoding_press(run.press, interval=1, target_size=target, buffer_size=1)
+    return presses
 
 
 def prefill_shared(model, runs: list[Run]) -> None:

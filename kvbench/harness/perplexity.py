@@ -497,9 +497,9 @@ def evaluate_text(
     import torch
     import torch.nn.functional as F
 
-    from kvbench.bridge.adapter import clock, decoding_press, empty_batch, seed_press
+    from kvbench.bridge.adapter import clock, empty_batch, seed_press
     from kvbench.engine.decoder import BatchedDecoder
-    from kvbench.engine.steps import Run, attention_rows, budget_entries, kv_counts, prepare_press
+    from kvbench.engine.steps import Run, attention_rows, budget_entries, kv_counts, stepwise_presses
     from kvbench.presses import config_press, needs_eager
     from kvbench.tasks.prompt import Prompt
 
@@ -518,12 +518,7 @@ def evaluate_text(
         )
         for config in (configs[index] for index in order)
     ]
-    presses = {}
-    for row, run in enumerate(runs):
-        prepare_press(run.press, model, prompt)
-        if run.press is not None:
-            target = budget_entries(run.config, length)
-            presses[row] = decoding_press(run.press, interval=1, target_size=target, buffer_size=1)
+    presses = stepwise_presses(model, runs, prompt, length)
     with torch.no_grad():
         # One masked entry ahead of the text, so that DecodingPress takes the first chunk for a step too.
         cache = empty_batch(model, len(runs), length + 1, held=1)

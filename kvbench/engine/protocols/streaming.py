@@ -1,9 +1,9 @@
 """streaming: the context arrives `chunk` tokens at a time, each run's cache compressed back under its
 budget after each chunk, then the question is asked."""
 
-from kvbench.bridge.adapter import clock, decoding_press, empty_batch
+from kvbench.bridge.adapter import clock, empty_batch
 from kvbench.engine.decoder import BatchedDecoder
-from kvbench.engine.steps import Run, attention_rows, budget_entries, kv_counts, prepare_press
+from kvbench.engine.steps import Run, attention_rows, kv_counts, stepwise_presses
 from kvbench.tasks.base import Sample
 
 
@@ -23,12 +23,7 @@ def run_streaming(model, runs: list[Run], max_new_tokens: int) -> None:
     prompt = runs[0].prompt
     context_length = prompt.context_ids.shape[1]
     chunk = dict(runs[0].config.protocol_args)["chunk"]
-    presses = {}
-    for row, run in enumerate(runs):
-        prepare_press(run.press, model, prompt)
-        if run.press is not None:
-            target = budget_entries(run.config, context_length)
-            presses[row] = decoding_press(run.press, interval=1, target_size=target, buffer_size=1)
+    presses = stepwise_presses(model, runs, prompt, context_length)
     room = context_length + prompt.question_ids.shape[1] + max_new_tokens
     decoder = BatchedDecoder(
         model, empty_batch(model, len(runs), room), None, presses, attention_rows(runs, presses)
