@@ -56,6 +56,10 @@ def report(folder: Path, out: Path) -> tuple[int, list[str], list[str]]:
     return result.exit_code, [line for line in lines if line.startswith("Warning: ")], lines
 
 
+def headings(readme: Path) -> list[str]:
+    return [line for line in readme.read_text().splitlines() if line.startswith("#")]
+
+
 def tables(readme: Path) -> list[str]:
     return [line for line in readme.read_text().splitlines() if line.startswith("|")]
 
@@ -93,7 +97,10 @@ def perplexity_rows(nlls: list[float]) -> list[dict]:
         for index, nll in enumerate(nlls):
             row = make_row(press, ratio, "prose", index, None)
             row.update(
-                protocol="perplexity", nll=nll + ratio, meta={"span": 32, "span_nll": [nll, nll + 0.5]}
+                protocol="perplexity",
+                protocol_args={"every": 16},
+                nll=nll + ratio,
+                meta={"span": 32, "span_nll": [nll, nll + 0.5]},
             )
             rows.append(row)
     return rows
@@ -137,6 +144,78 @@ def test_a_row_whose_nested_fields_have_the_wrong_shape_is_one_warning_naming_th
     assert code == 0 and len(warned) == 1, warned
     assert "rows.jsonl:4: skipped a corrupt results row" in warned[0] and field in warned[0], warned
     assert (tmp_path / "report" / "README.md").is_file()
+
+
+PERPLEXITY = {"score": None, "nll": 2.0, "meta": {"span": 4, "span_nll": [1.0]}}  # what its rows hold
+PROTOCOL_ARGS = [  # (the 4th row's protocol and protocol_args, the field the line names, the section made)
+    ("multi-question", {"questions": "four"}, "protocol_args.questions", "(questions=four)"),
+    ("multi-question", {"questions": 0}, "protocol_args.questions", "(questions=0)"),
+    ("multi-question", {"questions": 4.0}, "protocol_args.questions", "(questions=4.0)"),
+    ("multi-question", {"questions": True}, "protocol_args.questions", "(questions=True)"),
+    ("multi-question", {"chunk": 64}, "protocol_args", "(chunk=64)"),
+    ("multi-question", {"questions": 4, "chunk": 64}, "protocol_args", "chunk=64"),
+    ("multi-question", {}, "protocol_args", "multi-question"),
+    (None, {"questions": 4}, "protocol_args", "(questions=4)"),  # a row without a protocol: query-agnostic
+    ("", {"questions": 4}, "protocol_args", "(questions=4)"),
+    ("query-aware", {"interval": 8}, "protocol_args", "(interval=8)"),
+    ("perplexity", {"chunk": 64}, "protocol_args", "chunk=64"),
+    ("perplexity", {"every": -1}, "protocol_args.every", "every=-1"),
+    ("my-plugin", {"window": "x"}, "protocol_args.window", "window=x"),  # a protocol kvbench does not know
+]
+
+
+@pytest.mark.parametrize(
+    "protocol, args, field, section",
+    PROTOCOL_ARGS,
+    ids=[f"{protocol}-{json.dumps(args)}" for protocol, args, _, _ in PROTOCOL_ARGS],
+)
+def test_a_row_whose_protocol_args_are_not_its_protocols_is_one_warning_naming_the_field(
+    protocol, args, field, section, tmp_path
+):
+    """A row's protocol_args are exactly its protocol's arguments, each a whole number >= 1; any other was
+    a leaderboard section of its own, e.g. "multi-question (questions=four)", and no word said."""
+    folder = good_results(tmp_path / "results")
+    perplexity = PERPLEXITY if protocol == "perplexity" else {}
+    edit_rows(folder, lambda rows: rows[3].update(perplexity, protocol=protocol, protocol_args=args))
+    code, warned, _ = report(folder, tmp_path / "report")
+    assert code == 0 and len(warned) == 1, warned
+    assert "rows.jsonl:4: skipped a corrupt results row" in warned[0], warned
+    assert f"field '{field}'" in warned[0], warned
+    assert not [line for line in headings(tmp_path / "report" / "README.md") if section in line]
+
+
+def test_the_rows_of_a_protocol_kvbench_does_not_know_keep_their_arguments(tmp_path):
+    """A plugin's protocol that is not installed: its argument names cannot be checked, its rows are
+    reported as they are."""
+    rows = [row | {"protocol": "my-plugin", "protocol_args": {"window": 3}} for row in rows_of(SCORES)]
+    code, warned, _ = report(good_results(tmp_path / "results", rows), tmp_path / "report")
+    assert (code, warned) == (0, [])
+    assert "## smollm2-135m, 2 tasks, length 1024, my-plugin (window=3)" in headings(
+        tmp_path / "report" / "README.md"
+    )
+
+
+BLANK_OPTIONS = [  # (the options, the one line)
+    (["--presses", ","], "--presses names no press"),  # was every press
+    (["--presses", ""], "--presses names no press"),
+    (["--presses", " , "], "--presses names no press"),
+    (["--versus", ""], "--versus names no press"),  # was no --versus
+    (["--costs", ""], "--costs names no folder"),
+    (["--out", ""], "--out names no folder"),  # was a report written over the current folder's README.md
+]
+
+
+@pytest.mark.parametrize(
+    "options, line", BLANK_OPTIONS, ids=[" ".join(map(repr, o)) for o, _ in BLANK_OPTIONS]
+)
+def test_an_option_that_names_nothing_is_one_line_and_writes_nothing(options, line, tmp_path, monkeypatch):
+    folder = good_results(tmp_path / "results")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    args = ["report", str(folder), "--out", str(tmp_path / "report"), *options]  # the last --out counts
+    result = CliRunner().invoke(main, args)
+    assert (result.exit_code, result.output.strip().splitlines()) == (2, [f"Error: {line}"]), result.output
+    assert not (tmp_path / "report").exists() and not any((tmp_path / "here").iterdir())
 
 
 RUN_SHAPES = [  # (what to do to the run record, the field the one line names)

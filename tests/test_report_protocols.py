@@ -134,7 +134,13 @@ def test_rows_without_a_score_stay_off_the_score_boards(tmp_path):
     nor count as zeros on any board; the report says how many it left out."""
     scored = rows_of({("none", 0.0): {"t1": [100, 80]}, ("knorm", 0.5): {"t1": [60, 40]}})
     unscored = [
-        row | {"score": None, "protocol": "decode-time", "config_id": row["config_id"] + "d"}
+        row
+        | {
+            "score": None,
+            "protocol": "decode-time",
+            "protocol_args": {"interval": 8},
+            "config_id": row["config_id"] + "d",
+        }
         for row in rows_of({("none", 0.0): {"t1": [0, 0]}, ("knorm", 0.5): {"t1": [0, 0]}})
     ]
     unscored_agnostic = make_row("tova", 0.5, "t1", 0, None)  # a row of the default protocol, no score
@@ -143,12 +149,12 @@ def test_rows_without_a_score_stay_off_the_score_boards(tmp_path):
     assert board.protocol == "query-agnostic" and board.ratio.average.to_dict() == {0.5: {"knorm": 50.0}}
     assert board.ratio.samples.at["knorm", 0.5] == 2
     readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "Rows without a score (4 under decode-time, 1 under query-agnostic" in readme
+    assert "Rows without a score (4 under decode-time (interval=8), 1 under query-agnostic" in readme
     assert "decode-time" not in readme.split("\n## ")[1].splitlines()[0] and readme.count("\n## ") == 1
 
     only = write_results(tmp_path / "only", unscored)
     readme = (render_report([only], tmp_path / "only-report") / "README.md").read_text()
-    assert "Rows without a score (4 under decode-time" in readme and "\n## " not in readme
+    assert "Rows without a score (4 under decode-time (interval=8))" in readme and "\n## " not in readme
 
 
 def test_rows_of_lm_eval_tasks_without_a_length_get_their_board(tmp_path):

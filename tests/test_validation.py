@@ -82,6 +82,7 @@ VALID_ROW = Row(
     press_state="abc",
     memory=0.5,
     budget=64,
+    protocol="streaming",
     protocol_args={"chunk": 4},
     content_hash="h",
     prediction="x",
@@ -108,6 +109,7 @@ VALID_ROW = Row(
     },
 ).to_dict()
 ROW_OPTIONAL = set(VALID_ROW) - set(REQUIRED_FIELDS)  # an absent or null field takes its default
+ROW_OPTIONAL -= {"protocol", "protocol_args"}  # but a protocol's arguments are exactly its own
 # Free text, and floats without an upper bound (lm-eval's metrics are not all on 0-100).
 ROW_UNBOUNDED = {name for name, value in VALID_ROW.items() if isinstance(value, str)}
 ROW_UNBOUNDED |= {"score", "prefill_s", "decode_s", "nll"}

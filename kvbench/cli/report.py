@@ -5,11 +5,11 @@ from pathlib import Path
 
 import click
 
-from kvbench.core.errors import KvbenchError, NoResults
+from kvbench.core.errors import BadInput, KvbenchError, NoResults
 from kvbench.reporting.browser import SCREENSHOT_SIZE, require_browser
 from kvbench.reporting.browser import screenshot as take_screenshot
 from kvbench.reporting.costs import read_costs
-from kvbench.reporting.read import split_press_labels
+from kvbench.reporting.read import press_list
 from kvbench.reporting.render import render_report
 from kvbench.store.results import check_folder_writable
 
@@ -18,7 +18,7 @@ from kvbench.store.results import check_folder_writable
 @click.argument("result_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False),
     required=True,
     help="Folder to write README.md, index.html and the PNG plots into, e.g. reports/my-sweep.",
 )
@@ -49,7 +49,7 @@ from kvbench.store.results import check_folder_writable
 @click.option(
     "--costs",
     "costs_dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     metavar="DIR",
     help="Set each press's score beside its cost as `kvbench speed --out DIR` measured it (prefill overhead, "
     "decoding speed, allocated bytes), at the same press and budget: a table and a plot per leaderboard.",
@@ -62,15 +62,19 @@ from kvbench.store.results import check_folder_writable
 )
 def report(
     result_dirs: tuple[Path, ...],
-    out: Path,
+    out: str,
     recursive: bool,
     versus: str | None,
     presses: str | None,
     every_state: bool,
-    costs_dir: Path | None,
+    costs_dir: str | None,
     screenshot: bool,
 ):
     """Leaderboards, per-task tables and plots from one or more results folders."""
+    out = Path(not_blank(out, "--out", "folder"))
+    costs_dir = Path(not_blank(costs_dir, "--costs", "folder")) if costs_dir is not None else None
+    versus = not_blank(versus, "--versus", "press")
+    chosen = press_list(presses) if presses is not None else None
     if screenshot:
         require_browser()  # before any work
     check_folder_writable(out, "--out folder")  # before any row is read
@@ -78,7 +82,6 @@ def report(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            chosen = split_press_labels(presses) if presses else None
             out_dir = render_report(list(result_dirs), out, recursive, versus, chosen, every_state, costs)
         except KvbenchError as error:  # said after what was skipped while reading, which may explain it
             out_dir = error
@@ -93,3 +96,11 @@ def report(
         click.echo(
             f"Screenshot written to {take_screenshot(out_dir / 'index.html', out_dir / 'screenshot.png')}"
         )
+
+
+def not_blank(value: str | None, option: str, what: str) -> str | None:
+    """`value` as given; BadInput when it is blank: `--out ''` is no folder (not the current one), `--versus
+    ''` no press (not none)."""
+    if value is not None and not value.strip():
+        raise BadInput(f"{option} names no {what}")
+    return value

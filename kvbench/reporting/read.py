@@ -246,6 +246,14 @@ def split_press_labels(text: str) -> list[str]:
     return [label.strip() for label in re.split(r",(?![^()]*\))", text) if label.strip()]
 
 
+def press_list(text: str) -> list[str]:
+    """The presses `--presses` names (`split_press_labels`); BadInput when it names none (`''`, `','`)."""
+    presses = split_press_labels(text)
+    if not presses:
+        raise BadInput("--presses names no press")
+    return presses
+
+
 def only_presses(collected: Collected, presses: list[str]) -> Collected:
     """`collected` with the rows of `presses` (as the leaderboard names them) and the reference only."""
     held = set(collected.rows["press"])

@@ -46,8 +46,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from kvbench.core.config import DEFAULT_PROTOCOL, Config
+from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, Config
 from kvbench.core.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
+from kvbench.core.registry import PluginError
 from kvbench.core.validation import (
     STRICT,
     Count,
@@ -164,6 +165,37 @@ def check_meta(values: dict) -> None:
             raise ValueError(f"field {missing[0]!r}: {kind} needs it (got none)")
 
 
+# The protocols rows record that no run protocol is (`config.PROTOCOLS`), and their arguments: `kvbench
+# perplexity` feeds a text `every` tokens at a time (kvbench.harness.perplexity).
+RECORDED_ARGUMENTS = {"perplexity": ("every",)}
+
+
+def protocol_arguments(name: str) -> tuple[str, ...] | None:
+    """The arguments a row of protocol `name` records; None for a protocol kvbench does not know (a plugin
+    not installed, or one that fails to load)."""
+    if name in RECORDED_ARGUMENTS:
+        return RECORDED_ARGUMENTS[name]
+    try:
+        return PROTOCOLS[name].arguments if name in PROTOCOLS else None
+    except PluginError:
+        return None
+
+
+def check_protocol_args(values: dict) -> None:
+    """ValueError naming the field when a row's `protocol_args` are not exactly its protocol's arguments
+    (`protocol_arguments`); `Row`'s annotation makes each a whole number >= 1, as every protocol takes. A
+    row without a protocol (or with "") is query-agnostic, as rows written before protocols were recorded
+    are. A protocol kvbench does not know keeps the argument names its rows record: they cannot be
+    checked, and the rows stay readable once its plugin is installed."""
+    name = values.get("protocol") or DEFAULT_PROTOCOL
+    wanted, given = protocol_arguments(name), sorted(values.get("protocol_args", {}))
+    if wanted is None or given == sorted(wanted):
+        return
+    which = f"protocol {name!r}" if values.get("protocol") else f"a row without a protocol ({name})"
+    takes = f"takes {', '.join(wanted)}" if wanted else "takes no arguments"
+    raise ValueError(f"field 'protocol_args': {which} {takes} (got {', '.join(given) or 'none'})")
+
+
 @dataclass
 class Row:
     """One scored (config, sample): a line of rows.jsonl, written by `kvbench run`/`sweep` and by the lm-eval
@@ -191,7 +223,7 @@ class Row:
     memory: Memory | None = None  # the memory budget asked for (fraction of the 16-bit full cache), if any
     budget: Positive | None = None  # the absolute budget asked for (KV entries kept per head and layer)
     protocol: str = DEFAULT_PROTOCOL
-    protocol_args: dict[str, Any] = field(default_factory=dict)
+    protocol_args: dict[str, Positive] = field(default_factory=dict)  # `check_protocol_args`
     content_hash: str | None = None  # Sample.content_hash; None in rows written before it existed
     # What came out.
     prediction: str | None = None
@@ -229,7 +261,8 @@ class Row:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Row":
         """A row from its JSON object; ValueError when it is not one: not an object, its identity missing,
-        a field of the wrong type or out of range (the class's annotations). A null field is an absent one."""
+        a field of the wrong type or out of range (the class's annotations), `meta` or `protocol_args` that
+        do not fit (`check_meta`, `check_protocol_args`). A null field is an absent one."""
         if not isinstance(data, dict):
             raise ValueError("not a results row (a JSON object)")
         missing = [name for name in REQUIRED_FIELDS if data.get(name) is None]
@@ -239,6 +272,7 @@ class Row:
         values = {name: value for name, value in data.items() if name in known and value is not None}
         values = check_fields(cls, values, "", error=ValueError)
         check_meta(values)
+        check_protocol_args(values)
         extra = {name: value for name, value in data.items() if name not in known}
         return cls(**{"length": None, "seed": 0, **values}, extra=extra)
 
