@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvpress import BasePress
+from kvpress import BasePress, DecodingPress
 from kvpress.utils import compute_n_kept
 
 from kvbench.bridge.adapter import (
@@ -79,7 +79,7 @@ def budget_entries(config: Config, context_length: int) -> int:
     return compute_n_kept(context_length, 1 - memory if codec else config.ratio)
 
 
-def stepwise_presses(model, runs: list[Run], prompt: Prompt, length: int) -> dict[int, BasePress]:
+def stepwise_presses(model, runs: list[Run], prompt: Prompt, length: int) -> dict[int, DecodingPress]:
     """By row, each run's press prepared for the model and wrapped as kvpress's DecodingPress that
     compresses the cache back to the run's budget of `length` tokens after every step fed (its buffer: that
     step's hidden states); the uncompressed runs have none."""
