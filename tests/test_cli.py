@@ -3,6 +3,7 @@
 import json
 import os
 
+import pytest
 from click.testing import CliRunner
 
 from kvbench import tasks
@@ -118,3 +119,32 @@ def test_a_codec_budget_it_cannot_reach_is_refused_by_run_and_skipped_by_sweep(t
     quant = rows[rows.press == "quant"].iloc[0]
     # A codec keeps every entry, in fewer bytes.
     assert quant.kv_kept == quant.kv_total and quant.kv_bytes <= 0.5 * quant.kv_bytes_full
+
+
+BLANK_OUT = [
+    ["run", "--press", "knorm", "--ratio", "0.5"],
+    ["sweep", "--presses", "knorm", "--ratios", "0.5"],
+    ["perplexity", "--presses", "knorm", "--ratios", "0.5"],
+    ["speed", "--presses", "knorm", "--ratios", "0.5"],
+    ["lm-eval", "--press", "knorm", "--ratio", "0.5", "--tasks", "kvbench_niah_single_1"],
+    ["prefix-cache", "--budgets", "2"],
+    ["check-press", "knorm", "--quick"],
+    ["kvp", "datagen"],
+    ["report", "results"],
+]
+
+
+@pytest.mark.parametrize(
+    "args", BLANK_OUT, ids=lambda args: args[0] + (f" {args[1]}" if args[0] == "kvp" else "")
+)
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_out_is_no_folder_not_the_current_one(tmp_path, monkeypatch, args, blank):
+    """`--out ''` once wrote a report over the current folder's README.md: every --out refuses a blank."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    result = CliRunner().invoke(main, [*args, "--out", blank])
+    assert result.exit_code == 2 and "names no folder" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert [path.name for path in tmp_path.iterdir()] == ["results"] and not any(
+        (tmp_path / "results").iterdir()
+    )

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from kvbench.bridge.models import EMBEDDED, first_line
-from kvbench.cli.types import Names, Number, Whole
+from kvbench.cli.types import Folder, Names, Number, Whole
 from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, protocol_by_option, usable_protocols
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
 from kvbench.core.validation import MAX_COUNT
@@ -210,7 +210,7 @@ def task_options(command):
         ),
         click.option(
             "--out",
-            type=click.Path(path_type=Path),
+            type=Folder(),
             default=Path("results"),
             show_default=True,
             help="Results folder (appended to; finished rows are never recomputed; processes may share it).",
@@ -483,9 +483,7 @@ def list_tasks(include_path):
 
 
 @main.command(name="prefix-cache")
-@click.option(
-    "--out", required=True, type=click.Path(path_type=Path), help="Folder for the trace, rows and summary."
-)
+@click.option("--out", required=True, type=Folder(), help="Folder for the trace, rows and summary.")
 @click.option(
     "--trace",
     "trace_path",

@@ -7,6 +7,7 @@ import click
 from tqdm.auto import tqdm
 
 from kvbench.bridge.models import EMBEDDED
+from kvbench.cli.types import Folder
 from kvbench.harness.conformance import board, check_press, checkable_presses, failed, table, write_record
 
 
@@ -19,7 +20,7 @@ from kvbench.harness.conformance import board, check_press, checkable_presses, f
 @click.option("--quick", is_flag=True, help="The tiny random-init models only (under a minute).")
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=Folder(),
     default=None,
     help="Results folder to leave the verdicts in (OUT/conformance/PRESS.json): `kvbench report` shows them "
     "beside the press's scores.",

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from kvbench.bridge.models import EMBEDDED
-from kvbench.cli.types import Number, Whole
+from kvbench.cli.types import Folder, Number, Whole
 from kvbench.tasks.mixture import MIXTURES, RULER_TRAINING_TASKS
 
 DEFAULT_LENGTH, DEFAULT_SAMPLES = 1024, 12  # with RULER_TRAINING_TASKS: the "ruler" mixture
@@ -15,7 +15,7 @@ EVALUATION_SEEDS = 1000  # evaluation draws its samples with seeds 0..999
 
 # The option block every learned press's commands share (datagen, train, calibrate).
 def out_option(what: str):
-    return click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help=what)
+    return click.option("--out", required=True, type=Folder(), help=what)
 
 
 def model_option(help: str = "Embedded alias, hub id or local folder."):

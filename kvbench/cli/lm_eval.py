@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 
 from kvbench.bridge.models import EMBEDDED
-from kvbench.cli.types import Whole
+from kvbench.cli.types import Folder, Whole
 
 HELP = {"-h", "--help"}
 
@@ -102,7 +102,7 @@ def main() -> None:
 )
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    type=Folder(),
     default=Path("results"),
     show_default=True,
     help="Results folder (appended to, as `kvbench run`).",

@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from kvbench.cli import model_options
-from kvbench.cli.types import Whole
+from kvbench.cli.types import Folder, Whole
 from kvbench.core.validation import MAX_COUNT
 from kvbench.harness.perplexity import (
     DEFAULT_EVERY,
@@ -65,7 +65,7 @@ from kvbench.harness.perplexity import perplexity as measure
 @click.option("--seed", type=Whole(), default=0, show_default=True, help="Seed of the generated texts.")
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    type=Folder(),
     default=Path("results"),
     show_default=True,
     help="Results folder (appended to; finished rows are never recomputed).",

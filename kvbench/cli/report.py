@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from kvbench.cli.types import Folder
 from kvbench.core.errors import BadInput, KvbenchError, NoResults
 from kvbench.reporting.browser import SCREENSHOT_SIZE, require_browser
 from kvbench.reporting.browser import screenshot as take_screenshot
@@ -18,7 +19,7 @@ from kvbench.store.results import check_folder_writable
 @click.argument("result_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--out",
-    type=click.Path(file_okay=False),
+    type=Folder(),
     required=True,
     help="Folder to write README.md, index.html and the PNG plots into, e.g. reports/my-sweep.",
 )
@@ -62,7 +63,7 @@ from kvbench.store.results import check_folder_writable
 )
 def report(
     result_dirs: tuple[Path, ...],
-    out: str,
+    out: Path,
     recursive: bool,
     versus: str | None,
     presses: str | None,
@@ -71,14 +72,15 @@ def report(
     screenshot: bool,
 ):
     """Leaderboards, per-task tables and plots from one or more results folders."""
-    out = Path(not_blank(out, "--out", "folder"))
-    costs_dir = Path(not_blank(costs_dir, "--costs", "folder")) if costs_dir is not None else None
+    costs_folder = Path(not_blank(costs_dir, "--costs", "folder")) if costs_dir is not None else None
     versus = not_blank(versus, "--versus", "press")
     chosen = press_list(presses) if presses is not None else None
     if screenshot:
         require_browser()  # before any work
     check_folder_writable(out, "--out folder")  # before any row is read
-    costs = read_costs(costs_dir) if costs_dir is not None else None  # checked before any row is read too
+    costs = (
+        read_costs(costs_folder) if costs_folder is not None else None
+    )  # checked before any row is read too
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

@@ -3,6 +3,7 @@
 import click
 
 from kvbench.cli import model_options
+from kvbench.cli.types import Folder
 from kvbench.harness.speed import DEFAULT_LENGTHS, DEFAULT_PRESSES, cost_table, plan_speed, run_speed
 
 
@@ -16,7 +17,13 @@ from kvbench.harness.speed import DEFAULT_LENGTHS, DEFAULT_PRESSES, cost_table, 
 @click.option(
     "--press-arg", "press_args", multiple=True, metavar="KEY=VALUE", help="Press parameter for every press."
 )
-@click.option("--out", default="results/speed", show_default=True, help="Folder of costs.jsonl (resumed).")
+@click.option(
+    "--out",
+    type=Folder(),
+    default="results/speed",
+    show_default=True,
+    help="Folder of costs.jsonl (resumed).",
+)
 @model_options
 def speed(presses, memory, ratios, lengths, new_tokens, repeats, press_args, out, model, device, dtype):
     """What each press costs run alone: prefill overhead, decode tokens/s, allocated vs accounted bytes.

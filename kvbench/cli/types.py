@@ -1,5 +1,7 @@
 """Click parameter types of kvbench's options."""
 
+from pathlib import Path
+
 import click
 
 from kvbench.core.errors import BadInput
@@ -60,3 +62,15 @@ class Names(click.Choice):
     @choices.setter
     def choices(self, _value) -> None:
         """The names are the registry's: what click's constructor sets is ignored."""
+
+
+class Folder(click.Path):
+    """A folder option, as a Path: blank (`--out ''`) is a usage error, not the current folder."""
+
+    def __init__(self, **checks):
+        super().__init__(file_okay=False, path_type=Path, **checks)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("names no folder", param, ctx)
+        return super().convert(value, param, ctx)
