@@ -312,17 +312,105 @@ def schema_of(dataclass_type):
 
 
 def describe(failure) -> str:
-    """pydantic's first error as 'field a.b: <what is wrong> (got <value>)', and how many more."""
-    first = failure.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    got = repr(first.get("input"))
+    """pydantic's report as one line: 'field a.b: <what is wrong> (got <value>)' for the first bad field,
+    'field a.b is null: ...' when it is null, and how many other fields are bad. A union (`str | list[str]`)
+    is one field: a value of none of its kinds 'should be a text or a list of texts'; a value of one of its
+    kinds that fails inside it (a list with a bad item) is told as that kind's error (`first_problem`)."""
+    errors = failure.errors()
+    loc, message, value, kind = first_problem(errors)
+    where = ".".join(str(part) for part in loc)
+    got = repr(value)
     got = got if len(got) <= 40 else got[:37] + "..."
-    more = failure.error_count() - 1
-    message = first["msg"][0].lower() + first["msg"][1:]
-    text = f"field {where!r}: {message}" if where else message
-    if first["type"] != "missing":  # a missing field's input is the object that lacks it
-        text += f" (got {got})"
+    if kind == "missing":  # a missing field's input is the object that lacks it
+        text = f"field {where!r}: {message}" if where else message
+    elif value is None and where:
+        text = f"field {where!r} is null: {message}"
+    else:
+        text = f"{f'field {where!r}: ' if where else ''}{message} (got {got})"
+    more = len({field_of(errors, error["loc"]) for error in errors} - {field_of(errors, errors[0]["loc"])})
     return text + (f"; {more} more bad field{'s' if more > 1 else ''}" if more else "")
+
+
+# How pydantic labels the branches of a union in an error's location: a type ('str', 'list[str]',
+# 'constrained-int', 'literal[...]') or a model's or dataclass's name.
+BRANCH_LABEL = re.compile(r"[A-Z]\w*|[a-z-]+\[.*\]|constrained-\w+|str|int|float|bool|bytes|none")
+NOUNS = {
+    "str": ("a text", "texts"),
+    "int": ("a whole number", "whole numbers"),
+    "float": ("a number", "numbers"),
+    "bool": ("a boolean", "booleans"),
+    "bytes": ("bytes", "bytes"),
+    "none": ("null", "nulls"),
+}
+
+
+def union_at(errors: list[dict], loc: tuple) -> int | None:
+    """Where in `loc` the first union branch's label is: a label (`BRANCH_LABEL`) beside which another error
+    has another label at the same place; None for a location without one."""
+    for k, part in enumerate(loc):
+        if isinstance(part, str) and BRANCH_LABEL.fullmatch(part):
+            siblings = {
+                other[k]
+                for other in (error["loc"] for error in errors)
+                if len(other) > k and other[:k] == loc[:k] and isinstance(other[k], str)
+            }
+            if len({label for label in siblings if BRANCH_LABEL.fullmatch(label)}) > 1:
+                return k
+    return None
+
+
+def field_of(errors: list[dict], loc: tuple) -> tuple:
+    """The field an error is of: its location up to its first union branch."""
+    k = union_at(errors, loc)
+    return loc if k is None else loc[:k]
+
+
+def first_problem(errors: list[dict]) -> tuple[tuple, str, Any, str]:
+    """(location, message, value, pydantic's error type) of the first error, union branches taken out of the
+    location. When the first error is a union's and every branch refused the value's kind at its top, the
+    message names the kinds the value should be; otherwise the problem is within the branches that took
+    its kind (a bad item, a number out of range), found the same way among their errors."""
+    first = errors[0]
+    k = union_at(errors, first["loc"])
+    if k is None:
+        message = first["msg"][0].lower() + first["msg"][1:]
+        return first["loc"], message, first.get("input"), first["type"]
+    root = first["loc"][:k]
+    branches = [error for error in errors if error["loc"][:k] == root and union_at(errors, error["loc"]) == k]
+    inside = [error for error in branches if len(error["loc"]) > k + 1 or not wrong_kind(error["type"])]
+    if inside:
+        return first_problem([{**error, "loc": error["loc"][:k] + error["loc"][k + 1 :]} for error in inside])
+    kinds = list(dict.fromkeys(noun(error["loc"][k]) for error in branches))
+    return root, f"should be {either(kinds)}", first.get("input"), first["type"]
+
+
+def either(words: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def wrong_kind(error_type: str) -> bool:
+    """Whether a pydantic error type says the value is of another kind (not a text, not a list, ...)."""
+    return error_type.endswith("_type") or error_type in ("literal_error", "none_required", "is_instance_of")
+
+
+def noun(label: str, plural: bool = False) -> str:
+    """A union branch's label in words: 'str' a text, 'list[str]' a list of texts, a model an object."""
+    wrapped = re.fullmatch(r"(?:function-\w+\[\w*\(\), |nullable\[)(.*)\]", label)  # the type inside
+    label = wrapped.group(1) if wrapped else label.removeprefix("constrained-")
+    base, _, inner = label.partition("[")
+    inner = inner.removesuffix("]")
+    if base in ("list", "tuple", "set", "frozenset"):
+        item = inner.removesuffix(", ...")  # a tuple of any length
+        simple = re.fullmatch(r"[\w-]+", item)  # else a union, a list of lists: "a list" says enough
+        return "lists" if plural else f"a list of {noun(item, plural=True)}" if simple else "a list"
+    if base == "dict" or label[:1].isupper():
+        return "objects" if plural else "an object"
+    if base == "literal":
+        return f"one of {inner}"
+    if label in NOUNS:
+        return NOUNS[label][plural]
+    return label
 
 
 def load_yaml(path, error: type[Exception] = BadInput) -> Any:

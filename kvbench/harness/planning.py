@@ -404,9 +404,10 @@ def plan_tasks(
     data = [str(data)] if isinstance(data, (str, Path)) else [str(path) for path in data]
     if metric is not None and not data:
         raise BadInput("--metric applies to --data files (a task YAML names its own metric)")
+    metric = tasks.resolve_metric(metric) if metric is not None else "qa_f1"  # `--metric ''` names none
     for folder in [include_path] if isinstance(include_path, (str, Path)) else include_path:
         tasks.include_path(folder)
-    task_list += [tasks.register_data_task(tasks.jsonl.data_task(path, metric or "qa_f1")) for path in data]
+    task_list += [tasks.register_data_task(tasks.jsonl.data_task(path, metric)) for path in data]
     suite_spec = None
     if suite or not task_list:
         name = suite or DEFAULT_SUITE

@@ -553,9 +553,10 @@ def parse_press_args(pairs: list[str]) -> dict:
     """['window_size=32', 'inner=tova', 'x=5e-1'] -> {'window_size': 32, 'inner': 'tova', 'x': 0.5}.
 
     Each value is typed by `validation.parse_value`'s one rule: decimal digits an int (`010` is 10), a
-    decimal number with a point or an exponent a float, true/false a bool, null (or nothing) None, `[...]`
-    and `{...}` a list and a dict, quoted text the text; anything else (`yes`, `0x10`, `1:30`, a path)
-    the text as given. Errors name the press argument: `press argument 'seed' must be at most ...`.
+    decimal number with a point or an exponent a float, true/false a bool, null None, `[...]` and `{...}`
+    a list and a dict, quoted text the text; anything else (`yes`, `0x10`, `1:30`, a path) the text as
+    given. An empty value (`window_size=`) is refused: a slip, not a None. Errors name the press argument:
+    `press argument 'seed' must be at most ...`.
 
     A list comes back as a tuple, so that a config holding it stays hashable; a dict is refused (no
     press of the registry takes one, and a config could not hold it), as is `memory`, the config's own
@@ -568,6 +569,8 @@ def parse_press_args(pairs: list[str]) -> dict:
             raise BadInput(f"press argument {pair!r} is not key=value")
         if key in args:
             raise BadInput(f"press argument {key!r} is given twice")
+        if not value.strip():
+            raise BadInput(f"press argument {key!r} has an empty value")
         if key.rpartition(".")[2] == "memory":
             raise BadInput(
                 f"press argument {key!r}: a memory budget is the config's own (--memory), "

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_mean
-from kvbench.core.registry import PluginError, Registry, is_target, load_target
+from kvbench.core.registry import PluginError, Registry, first_line, is_target, load_target
 from kvbench.core.resources import suites_dir
 from kvbench.core.validation import STRICT, check_json, load_yaml
 from kvbench.tasks import (
@@ -85,14 +85,19 @@ def is_score(value: object) -> bool:
 @dataclass(frozen=True)
 class UserMetric:
     """A user's metric `function(prediction, references) -> score in [0, 1]`, called as kvbench's metrics
-    are, `(prediction, sample) -> score in [0, 100]`; a score that is not a number in [0, 1] is BadInput
-    naming the metric and the sample."""
+    are, `(prediction, sample) -> score in [0, 100]`; a function that raises, or a score that is not a
+    number in [0, 1], is BadInput naming the metric and the sample."""
 
     name: str
     function: Callable
 
     def __call__(self, prediction: str, sample: Sample) -> float:
-        score = self.function(prediction, list(sample.references))
+        try:
+            score = self.function(prediction, list(sample.references))
+        except Exception as error:  # the user's code may fail in any way: one line, naming it
+            raise BadInput(
+                f"metric {self.name!r} fails on sample {sample.task}/{sample.id}: {first_line(error)}"
+            ) from None
         if not is_score(score):
             raise BadInput(
                 f"metric {self.name!r} gave {score!r} for sample {sample.task}/{sample.id}: not in [0, 1]"
@@ -109,7 +114,7 @@ def metric_from_plugin(name: str, function: object) -> UserMetric:
         score = function("a", ["a"])
     except Exception as error:
         raise PluginError(
-            f"metric {name!r} fails on ('a', ['a']): {type(error).__name__}: {error}; a metric takes "
+            f"metric {name!r} fails on ('a', ['a']): {first_line(error)}; a metric takes "
             "(prediction, references) and returns a score in [0, 1]"
         ) from None
     if not is_score(score):
@@ -144,6 +149,7 @@ register_family("zero_scrolls", zero_scrolls)
 register_family("loogle", loogle)
 register_family("needle_in_haystack", needle)
 register_family("math", math_answers)
+BUILT_IN_FAMILIES = frozenset(TASK_FAMILIES.entries)
 
 
 def register_metric(name: str, function) -> str:
@@ -220,29 +226,59 @@ def sized_by_tokenizer(task: str) -> bool:
 
 def register_data_task(task: "jsonl.DataTask") -> str:
     """Add the user's data task to the registry (its metric resolved: a name or `module:function`); a name
-    taken by another task is refused. Its records are read when a run checks its data."""
-    if task.name in task_names() and jsonl.DATA_TASKS.get(task.name, task).path != task.path:
-        raise BadInput(f"task name {task.name!r} is taken by another task: name yours in a task YAML")
-    if task.name in task_names() and task.name not in jsonl.DATA_TASKS:
-        raise BadInput(f"task name {task.name!r} is taken by a task of kvbench: name yours in a task YAML")
+    taken by another task (kvbench's, a plugin's, or a data task of other data or another task YAML) is
+    refused, naming both. Its records are read when a run checks its data."""
+    owner = task_owner(task)
+    if owner is not None:
+        advice = (
+            "choose another `task:`" if task.source else "rename the file or name its task in a task YAML"
+        )
+        raise BadInput(f"{jsonl.origin(task)}: task name {task.name!r} is taken by {owner}; {advice}")
     jsonl.register_data_task(replace(task, metric=resolve_metric(task.metric)))
     return task.name
 
 
+def task_owner(task: "jsonl.DataTask") -> str | None:
+    """What already holds the name of `task`, in words; None when nothing does, or the same data task
+    (the same data, from the same task YAML: a folder included again)."""
+    existing = jsonl.DATA_TASKS.get(task.name)
+    if existing is not None:
+        return (
+            None if (existing.path, existing.source) == (task.path, task.source) else jsonl.origin(existing)
+        )
+    for family, module in TASK_FAMILIES.items():
+        if task.name in module.TASKS:
+            return (
+                "kvbench's built-in task" if family in BUILT_IN_FAMILIES else f"a task of family {family!r}"
+            )
+    return None
+
+
 def include_path(folder: Path | str) -> list[str]:
     """Register every task YAML of `folder` (a YAML with a `task` key: `jsonl.TaskFile`) and make its suite
-    YAMLs (with `tasks`) known by name; the task names registered."""
+    YAMLs (with `tasks`) known by name, the file's name; the task names registered. A suite named as
+    kvbench's or as one of another file is refused, naming both, as a task's name is."""
     folder = Path(folder)
     if not folder.is_dir():
         raise BadInput(f"--include-path {str(folder)!r} is not a folder")
     names = []
-    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+    for path in sorted([*folder.resolve().glob("*.yaml"), *folder.resolve().glob("*.yml")]):
         spec = load_yaml(path, DataFileError)
         if isinstance(spec, dict) and "task" in spec:
             names.append(register_data_task(jsonl.read_task_file(path)))
         elif isinstance(spec, dict) and "tasks" in spec:
-            SUITE_PATHS.setdefault(path.stem, path)
+            register_suite_path(path)
     return names
+
+
+def register_suite_path(path: Path) -> None:
+    """Make the suite YAML at `path` (resolved) known by its file's name, unless that name is taken."""
+    built_in = SUITES_DIR / f"{path.stem}.yaml"
+    owner = SUITE_PATHS.get(path.stem, built_in if built_in.is_file() else None)
+    if owner is not None and owner.resolve() != path:
+        taken_by = "kvbench's built-in suite" if owner.resolve() == built_in.resolve() else str(owner)
+        raise BadInput(f"{path}: suite name {path.stem!r} is taken by {taken_by}; rename the file")
+    SUITE_PATHS[path.stem] = path
 
 
 @dataclass(frozen=True)

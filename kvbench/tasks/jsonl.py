@@ -4,7 +4,7 @@ prompt through Jinja templates of the record), scored by a metric of the registr
 
 A task is a `DataTask`, registered by name (`register_data_task`): from `--data FILE` (named after the
 file), from a task YAML (`--include-path DIR`, or the folder of a suite YAML; schema `TaskFile`), or from
-the Python API. The records are read and checked (`DataRecord`) before any model loads. Contexts longer
+the Python API. The records are read and checked (`record_schema`) before any model loads. Contexts longer
 than the run's length are cut in the middle, as LongBench cuts its prompts.
 """
 
@@ -18,6 +18,7 @@ from typing import Annotated
 import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError
+from kvbench.core.registry import first_line
 from kvbench.core.validation import STRICT, check, check_json, jsonl_lines, load_yaml, parse_json
 from kvbench.tasks.base import Sample
 
@@ -33,7 +34,8 @@ class DataTask:
     """A task made of the records of `path`. `fields` maps the sample's fields (context, question,
     answers, id) to the record's keys where they differ; `templates` renders context or question from the
     whole record instead (Jinja, e.g. "{{ title }}\\n{{ body }}"); `split` picks a split of a datasets
-    folder that holds several."""
+    folder that holds several. `source` is the task YAML that defines it (None: `--data` or Python), as
+    messages about its name or its templates name it."""
 
     name: str
     path: Path
@@ -44,6 +46,7 @@ class DataTask:
     max_new_tokens: int = 32
     split: str | None = None
     description: str = ""
+    source: Path | None = None
 
     def key(self, name: str) -> str:
         return dict(self.fields).get(name, name)
@@ -55,7 +58,7 @@ METRICS: dict = {}  # the metrics these tasks use are the registry's (kvbench.ta
 
 
 def register_data_task(task: DataTask) -> DataTask:
-    """Add `task` to the family (replacing a task of its name from the same file)."""
+    """Add `task` to the family (replacing a task of its name from the same file and task YAML)."""
     DATA_TASKS[task.name] = task
     TASKS[task.name] = task.description or f"records of {task.path}"
     return task
@@ -136,36 +139,78 @@ def read_datasets_folder(path: Path, split: str | None) -> list[dict]:
     return loaded.to_list()
 
 
-def render(template: str, record: dict, where: str) -> str:
+def origin(task: DataTask) -> str:
+    """What defines `task`, as messages name it: its task YAML, else its data."""
+    return str(task.source) if task.source is not None else f"data {str(task.path)!r}"
+
+
+def templates_origin(task: DataTask) -> str:
+    """Where the templates of `task` are written, as messages name it: its task YAML, else the task."""
+    return str(task.source) if task.source is not None else f"task {task.name!r}"
+
+
+def compiled_templates(task: DataTask) -> dict:
+    """The task's templates as Jinja templates (a name they use that the record lacks is an error), by the
+    field they render; DataFileError naming the task's YAML for one that is not Jinja."""
     import jinja2
 
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    compiled = {}
+    for name, template in task.templates:
+        try:
+            compiled[name] = environment.from_string(template)
+        except (jinja2.TemplateError, RecursionError) as error:
+            raise DataFileError(
+                f"{templates_origin(task)}: template of {name!r} is not Jinja ({first_words(error)})"
+            ) from None
+    return compiled
+
+
+def render(task: DataTask, name: str, template, record: dict, number: int) -> str:
+    """The task's `template` of field `name` rendered with `record` (record `number` of its data, from 1);
+    DataFileError naming the task's YAML and the record when it raises (any exception: Jinja's own, or an
+    expression's, `{{ 1/0 }}`) or renders no text."""
     try:
-        return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template).render(**record)
-    except jinja2.TemplateError as error:
-        raise DataFileError(f"{where}: the template fails: {first_words(error)}") from None
+        text = template.render(record)
+    except Exception as error:  # a template runs the user's expressions, which may fail in any way
+        raise DataFileError(
+            f"{templates_origin(task)}: template of {name!r} fails on record {number} of {task.path}: "
+            + first_line(error)
+        ) from None
+    if not text.strip():
+        raise DataFileError(
+            f"{templates_origin(task)}: template of {name!r} renders no text on record {number} of "
+            f"{task.path}"
+        )
+    return text
 
 
 def checked_records(task: DataTask) -> list[dict]:
     """The task's records as sample fields (context, question, answers as a list, id as text), each checked
-    (`DataRecord`); DataFileError naming the file and record for the first that does not fit, an id given
-    twice, or a file without records."""
+    (`record_schema`); DataFileError naming the file and record for the first that does not fit, an id given
+    twice, or a file without records, and naming the task YAML for a template that fails."""
+    templates = compiled_templates(task)
     records = read_records(task)
     if not records:
         raise DataFileError(f"{task.path}: holds no records")
-    templates = dict(task.templates)
     checked, seen = [], {}
     for index, record in enumerate(records):
         where = f"{task.path}: record {index + 1}"
-        values = {name: record.get(task.key(name)) for name in FIELD_NAMES if task.key(name) in record}
+        values = {name: record[task.key(name)] for name in FIELD_NAMES if task.key(name) in record}
         for name, template in templates.items():
-            values[name] = render(template, record, where)
+            values[name] = render(task, name, template, record, index + 1)
         for name in ("context", "question", "answers"):
-            if values.get(name) is None:
+            if name not in values:
                 raise DataFileError(f"{where}: no {task.key(name)!r} field")
         data = check(record_schema(), values, where, DataFileError)
+        for name in ("context", "question"):
+            if not getattr(data, name).strip():
+                raise DataFileError(f"{where}: {task.key(name)!r} holds no text")
         answers = [data.answers] if isinstance(data.answers, str) else list(data.answers)
         if not answers:
             raise DataFileError(f"{where}: {task.key('answers')!r} holds no reference answer")
+        if not all(answer.strip() for answer in answers):
+            raise DataFileError(f"{where}: {task.key('answers')!r} holds an empty reference answer")
         sample_id = str(data.id) if data.id is not None else str(index)
         if sample_id in seen:
             raise DataFileError(f"{where}: id {sample_id!r} is also the id of record {seen[sample_id]}")
@@ -180,13 +225,16 @@ def checked_records(task: DataTask) -> list[dict]:
 def record_schema():
     """One record's schema, after `fields` renamed its keys: context and question as text (or rendered by
     templates), the reference answers as a list of text (one text is one answer), an optional id (text or
-    whole number, unique in the file); other keys are not read."""
+    whole number, unique in the file); other keys are not read. `checked_records` also refuses a context or
+    question that holds no text (only spaces), and an empty reference answer, which no prediction matches.
+    A closed-book question without a context is refused too: a press compresses the context, so with none
+    every press scores alike and the row measures nothing."""
     import pydantic
 
     return pydantic.create_model(
         "DataRecordSchema",
         __config__=pydantic.ConfigDict(**STRICT),
-        answers=(list[str] | str, ...),
+        answers=(str | list[str], ...),
         context=(str, ...),
         question=(str, ...),
         id=(str | int | None, None),
@@ -251,17 +299,20 @@ class TaskFile:
 
 def read_task_file(path: Path) -> DataTask:
     """The DataTask a task YAML defines (`TaskFile`); DataFileError in one line naming the file."""
+    path = Path(path).resolve()
     spec = json.dumps(
         load_yaml(path, DataFileError), default=str
     )  # strict JSON mode: objects fill dataclasses
     parsed = check_json(TaskFile, spec, f"{path}: not a task file", DataFileError)
     unknown = sorted(set(parsed.fields) - set(FIELD_NAMES))
-    unknown += sorted(set(parsed.templates) - {"context", "question"})
     if unknown:
         raise DataFileError(
-            f"{path}: fields and templates name context, question, answers or id, not {unknown[0]!r}"
+            f"{path}: fields maps context, question, answers or id to a record's key, not {unknown[0]!r}"
         )
-    return DataTask(
+    unknown = sorted(set(parsed.templates) - {"context", "question"})
+    if unknown:
+        raise DataFileError(f"{path}: templates render context or question only, not {unknown[0]!r}")
+    task = DataTask(
         name=parsed.task,
         path=(path.parent / parsed.data).resolve(),
         metric=parsed.metric,
@@ -271,7 +322,10 @@ def read_task_file(path: Path) -> DataTask:
         max_new_tokens=parsed.max_new_tokens,
         split=parsed.split,
         description=parsed.description,
+        source=path,
     )
+    compiled_templates(task)  # a template that is not Jinja fails with its file, before any record is read
+    return task
 
 
 def data_task(path: Path | str, metric: str = "qa_f1") -> DataTask:
