@@ -283,7 +283,14 @@ CASES = [
     (
         [*RUN, "--protocol", "multi-question", "--task", "heldout_story_place", "--length", "4096", *OUT],
         2,
-        "task 'heldout_story_place' asks about the one line of its kind",
+        "task 'heldout_story_place' in one context would make its questions ambiguous (its question asks "
+        "about the one line of its kind)",
+    ),
+    (
+        [*RUN, "--protocol", "multi-turn", "--turns", "3", "--task", "cwe", "--length", "4096", *OUT],
+        2,
+        "3 turns per context from 1 task(s): two samples of task 'cwe' in one context would make its "
+        "questions ambiguous (its question is about the whole context)",
     ),
     (
         [*RUN, "--protocol", "multi-question", "--suite", "heldout", "--length", "1024", *OUT],

@@ -315,6 +315,15 @@ def names_its_key(task: str) -> bool:
     return task in ruler.TASKS and ruler.family(task) in ("niah", "vt", "qa")
 
 
+def why_once(task: str) -> str:
+    """Why a task's samples cannot share a context (`names_its_key` is False), in words."""
+    if task in ruler.TASKS:
+        return "its question is about the whole context"
+    if task in jsonl.DATA_TASKS:
+        return "its records' questions may not name what they ask about"
+    return "its question asks about the one line of its kind"
+
+
 def check_combinable(names: list[str], length: int | None, questions: int, *, turns: bool = False) -> None:
     """Fail before any work if `questions` samples of the tasks `names` (cycled) cannot share one context
     of `length` tokens: each part gets length // questions tokens, at least its task's minimum; a task
@@ -333,10 +342,11 @@ def check_combinable(names: list[str], length: int | None, questions: int, *, tu
         return
     repeated = [name for name in names if not names_its_key(name)]
     if len(names) < questions and repeated:
+        per, option = ("turns", "--turns") if turns else ("questions", "--questions")
         raise BadInput(
-            f"{questions} questions per context from {len(names)} task(s): task {repeated[0]!r} asks about "
-            "the one line of its kind, so each context may hold one of its samples; give at least as many "
-            "tasks (e.g. a suite) or fewer --questions/--turns"
+            f"{questions} {per} per context from {len(names)} task(s): two samples of task {repeated[0]!r} "
+            f"in one context would make its questions ambiguous ({why_once(repeated[0])}), so a context "
+            f"holds one of its samples; give at least {questions} tasks (e.g. a suite) or a smaller {option}"
         )
     if length is not None:
         for name in names:
