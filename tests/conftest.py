@@ -40,6 +40,27 @@ def clean_registries():
         live.update(entries)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_lm_eval_task_index():
+    """lm-eval's TaskManager reads all its ~10,000 task YAMLs (6 s on 2 cores) each time one is made; the
+    tests make many over the same folders, so they share one index per list of folders. What a build reads
+    is fixed for the session: tests write their own task YAMLs into folders of their own."""
+    from lm_eval.tasks._index import TaskIndex
+
+    build = TaskIndex.build
+    built = {}
+
+    def shared(paths, *, resolve_includes=True):
+        key = (tuple(str(path) for path in paths), resolve_includes)
+        if key not in built:
+            built[key] = build(paths, resolve_includes=resolve_includes)
+        return dict(built[key])
+
+    TaskIndex.build = staticmethod(shared)
+    yield
+    TaskIndex.build = staticmethod(build)
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--device",

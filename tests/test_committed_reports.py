@@ -1,7 +1,8 @@
 """The reports README.md quotes are what README.md's own `kvbench report` commands write from the committed
 rows today: run as written (into a temporary folder instead of reports/), their README.md compared byte for
 byte with the committed one. Every committed report is rendered again by `bash reports/render.sh` (about 90 s
-on 2 cores, too long for every test run); these are the front page's."""
+on 2 cores, too long for every test run); these are the front page's first two (its third, which reads five
+folders, takes 12 s alone: render.sh holds it)."""
 
 import shlex
 from pathlib import Path
@@ -13,7 +14,8 @@ from test_usage_doc import braces, doc_commands
 from kvbench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-REPORTS = [command for command in doc_commands(ROOT / "README.md") if " --out reports/reference" in command]
+QUOTED = [command for command in doc_commands(ROOT / "README.md") if " --out reports/reference" in command]
+REPORTS = [command for command in QUOTED if "--every-state" not in command]
 
 
 def out_of(command: str) -> str:
@@ -22,8 +24,9 @@ def out_of(command: str) -> str:
 
 
 def test_the_front_page_quotes_its_reports_commands():
-    outs = sorted(map(out_of, REPORTS))
+    outs = sorted(map(out_of, QUOTED))
     assert outs == ["reports/reference", "reports/reference-after-choice-sixth", "reports/reference-memory"]
+    assert sorted(map(out_of, REPORTS)) == ["reports/reference", "reports/reference-memory"]
 
 
 @pytest.mark.parametrize("command", REPORTS, ids=out_of)

@@ -201,7 +201,7 @@ BLANK_OPTIONS = [  # (the options, the one line)
     (["--presses", " , "], "--presses names no press"),
     (["--versus", ""], "--versus names no press"),  # was no --versus
     (["--costs", ""], "--costs names no folder"),
-    (["--out", ""], "--out names no folder"),  # was a report written over the current folder's README.md
+    (["--out", ""], "Invalid value for '--out': names no folder"),  # was a report over ./README.md
 ]
 
 
