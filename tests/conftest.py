@@ -56,9 +56,9 @@ def one_lm_eval_task_index():
             built[key] = build(paths, resolve_includes=resolve_includes)
         return dict(built[key])
 
-    TaskIndex.build = staticmethod(shared)
-    yield
-    TaskIndex.build = staticmethod(build)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TaskIndex, "build", staticmethod(shared))
+        yield
 
 
 def pytest_addoption(parser):

@@ -58,12 +58,14 @@ def evaluate_sample(
         # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
         press = seed_press(config_press(sized), f"{sample.task}/{sample.id}/{config!r}")
         runs.append(Run(sized, press, needs_eager(config.press, dict(config.press_args)), prompt))
-    alone = [run for run in runs if not is_shareable(run.press)]
     # Runs that prefill the same prompt under one protocol share a prefill and a batched decoding.
     groups: dict[tuple, list[Run]] = {}
+    alone = []
     for run in runs:
-        if run not in alone:
+        if is_shareable(run.press):
             groups.setdefault((id(run.prompt), run.config.protocol), []).append(run)
+        else:
+            alone.append(run)
     with torch.no_grad():
         for (_, protocol), group in groups.items():
             answer = protocol_run(PROTOCOLS[protocol])
