@@ -200,7 +200,7 @@ BLANK_OPTIONS = [  # (the options, the one line)
     (["--presses", ""], "--presses names no press"),
     (["--presses", " , "], "--presses names no press"),
     (["--versus", ""], "--versus names no press"),  # was no --versus
-    (["--costs", ""], "--costs names no folder"),
+    (["--costs", ""], "Invalid value for '--costs': names no folder"),
     (["--out", ""], "Invalid value for '--out': names no folder"),  # was a report over ./README.md
 ]
 

@@ -125,4 +125,4 @@ def test_costs_that_is_a_file_is_refused(tmp_path):
     out = tmp_path / "report"
     args = ["report", str(results), "--out", str(out), "--costs", str(tmp_path / "costs.jsonl")]
     outcome = CliRunner().invoke(main, args)
-    assert outcome.exit_code == 2 and "is not a folder" in outcome.output and not out.exists()
+    assert outcome.exit_code == 2 and "costs.jsonl' is a file" in outcome.output and not out.exists()

@@ -50,7 +50,7 @@ from kvbench.store.results import check_folder_writable
 @click.option(
     "--costs",
     "costs_dir",
-    type=click.Path(),
+    type=Folder(),
     metavar="DIR",
     help="Set each press's score beside its cost as `kvbench speed --out DIR` measured it (prefill overhead, "
     "decoding speed, allocated bytes), at the same press and budget: a table and a plot per leaderboard.",
@@ -68,19 +68,16 @@ def report(
     versus: str | None,
     presses: str | None,
     every_state: bool,
-    costs_dir: str | None,
+    costs_dir: Path | None,
     screenshot: bool,
 ):
     """Leaderboards, per-task tables and plots from one or more results folders."""
-    costs_folder = Path(not_blank(costs_dir, "--costs", "folder")) if costs_dir is not None else None
     versus = not_blank(versus, "--versus", "press")
     chosen = press_list(presses) if presses is not None else None
     if screenshot:
         require_browser()  # before any work
     check_folder_writable(out, "--out folder")  # before any row is read
-    costs = (
-        read_costs(costs_folder) if costs_folder is not None else None
-    )  # checked before any row is read too
+    costs = read_costs(costs_dir) if costs_dir is not None else None  # checked before any row is read too
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -101,8 +98,7 @@ def report(
 
 
 def not_blank(value: str | None, option: str, what: str) -> str | None:
-    """`value` as given; BadInput when it is blank: `--out ''` is no folder (not the current one), `--versus
-    ''` no press (not none)."""
+    """`value` as given; BadInput when it is blank: `--versus ''` names no press (not none)."""
     if value is not None and not value.strip():
         raise BadInput(f"{option} names no {what}")
     return value
