@@ -252,7 +252,7 @@ def make_samples(
     result, truncated = [], 0
     for record in checked_records(spec)[:samples]:
         context, question = record["context"], record["question"]
-        room = max(length - len(tokenizer(question).input_ids), MIN_LENGTH)
+        room = max(length - len(tokenizer(question)["input_ids"]), MIN_LENGTH)
         cut = truncate_middle(context, room, tokenizer)
         if cut is not None:
             context, truncated = cut[0] + cut[1], truncated + 1

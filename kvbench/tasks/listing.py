@@ -145,7 +145,7 @@ def recite_sample(task: str, sample_id: str, seed: str, sentences: int, tokenize
         question=RECITE_QUESTION,
         answer_prefix=log[0],
         references=[rest],
-        max_new_tokens=len(tokenizer(rest).input_ids) + RECITE_SLACK,
+        max_new_tokens=len(tokenizer(rest)["input_ids"]) + RECITE_SLACK,
         metric="rouge",
         meta={"sentences": sentences},
     )

@@ -310,7 +310,7 @@ def read_rows(stem: str, data_dir: Path | None) -> list[dict]:
 def truncate_middle(prompt: str, length: int, tokenizer) -> tuple[str, str] | None:
     """Official truncation: when the tokenized prompt exceeds `length`, keep its first and last
     `length // 2` tokens. Returns the decoded (head, tail), or None when the prompt fits."""
-    ids = tokenizer(prompt).input_ids
+    ids = tokenizer(prompt)["input_ids"]
     if len(ids) <= length:
         return None
     half = length // 2

@@ -184,7 +184,7 @@ def check_data(task: str, data_dir: Path | None) -> None:
 
 
 def count(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False).input_ids
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def prompt(row: ZeroScrollsRow, length: int, tokenizer) -> tuple[str, str, str, bool]:
