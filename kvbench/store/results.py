@@ -39,7 +39,7 @@ import uuid
 import warnings
 from collections.abc import Generator, Iterable
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -254,9 +254,8 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the row, `extra` merged back in."""
-        data = asdict(self)
-        extra = data.pop("extra")  # first: `{**data, **data.pop(...)}` wrote an "extra" key in every row
-        return {**data, **extra}
+        data = {item.name: getattr(self, item.name) for item in fields(self) if item.name != "extra"}
+        return {**data, **self.extra}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Row":
