@@ -1,12 +1,7 @@
 """Every `kvbench` command written in README.md and docs/ (usage, the studies, ...) parses as written: its
 subcommand exists, its options exist and their values are of their types (click parses them, no work is
-done). The cheap ones also run (`RUNS`). The others are not run here, and why: sweeps, training and GPU runs
-take minutes to hours (the studies run them; tests/test_extending_doc.py runs the tutorial's end to end on
-the embedded model; tests/test_committed_reports.py runs README.md's report commands and compares what
-they write with the committed reports); their arguments name the user's own files (`mine.jsonl`,
-`my_press.py`, `PG19_TEST`) where a file must exist only when the command runs, not when it parses.
-`lm-eval-kvbench` lines are lm-eval's own command line and are checked by tests/test_lmeval.py's runs of
-it."""
+done). tests/test_doc_commands.py runs them. `lm-eval-kvbench` lines are lm-eval's own command line and
+are checked by tests/test_lmeval.py's runs of it."""
 
 import re
 import shlex
@@ -15,18 +10,21 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
 
 from kvbench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-RUNS = {("presses",), ("tasks",)}  # run for real: seconds each
 
 
 def doc_commands(path: Path) -> list[str]:
     """The `kvbench ...` command lines of the code blocks of `path`, continuation lines joined, comments
     and the `uv run [--extra X | --group X]` prefix dropped."""
+    return [command for command, _ in marked_commands(path)]
+
+
+def marked_commands(path: Path) -> list[tuple[str, str]]:
+    """`doc_commands` with each command's comment (the text after its `#`, stripped; "" where none)."""
     commands, block = [], None
     for line in path.read_text().splitlines():
         if line.startswith("```"):
@@ -45,7 +43,8 @@ def doc_commands(path: Path) -> list[str]:
         while words[:2] == ["uv", "run"] or words[:1] in (["--extra"], ["--group"]):
             words = words[2:]
         if words[:1] == ["kvbench"]:
-            commands.append(shlex.join(words))
+            comment = text.partition(" #")[2].strip()
+            commands.append((shlex.join(words), comment))
     return commands
 
 
@@ -101,10 +100,7 @@ def test_a_documented_command_parses_as_written(doc, command, tmp_path, monkeypa
             made = tmp_path / missing.group(1)
             made.parent.mkdir(parents=True, exist_ok=True)
             made.touch() if made.suffix else made.mkdir()
-    if path in RUNS:
-        result = CliRunner().invoke(main, words)
-        assert result.exit_code == 0, result.output
-        assert result.output.count("\n") > 10  # a listing, not a message
+    assert path  # the leaf command it reached
 
 
 def test_a_broken_command_would_fail_the_parse():
