@@ -79,14 +79,9 @@ HELD_COMMANDS = {("run",), ("sweep",), ("speed",)}
 # say which state they show): the documented command computes that press's rows again today, so the held
 # check runs it without that press.
 NOT_HELD = {
-    "results/reference-4k": "kvp",  # agents 58260c05679a and older; shipped e4a3abdbc3db
+    "results/reference-memory": "kvp",  # agents 58260c05679a and older; shipped e4a3abdbc3db
+    "results/reference-4k": "kvp",  # the same
     "results/reference-confirm": "distillcache",  # lacks rows of the shipped policy 0ee30a8ef3cc
-}
-# Committed folders that lack rows of more than one press of their command (kvp's as above, and others not
-# yet traced): those commands run at a tiny size with the others that compute.
-RECOMPUTED = {
-    "results/reference-memory": "kvp,snapkv",
-    "results/reference-agent-streaming": "memdecay,qevict",
 }
 
 
@@ -224,7 +219,6 @@ def mode_of(words: list[str]) -> str:
     learned = re.findall(r"(?:^|=)((?:agents|presses)/[\w.-]+)", " ".join(words))
     out = out_of(words)
     held = path in HELD_COMMANDS and out is not None and out.startswith("results/") and is_committed(out)
-    held = held and not (out in RECOMPUTED and option(words, "--presses").startswith(RECOMPUTED[out]))
     return "held" if held and all(is_committed(state) for state in learned) else "tiny"
 
 
