@@ -159,8 +159,9 @@ print(json.dumps({"code": code, "heavy": heavy}))
 """
 
 
-def test_a_rerun_with_every_row_held_loads_no_model_nor_torch(tmp_path, tiny_llama_dir):
+def test_a_rerun_with_every_row_held_loads_no_model_nor_torch(tmp_path, tiny_llama_dir, monkeypatch):
     import kvbench
+    from kvbench.harness import runner
 
     out = tmp_path / "results"
     setup = dict(
@@ -176,6 +177,11 @@ def test_a_rerun_with_every_row_held_loads_no_model_nor_torch(tmp_path, tiny_lla
     assert outcome == {"code": 0, "heavy": []}, done.stderr
     assert "knorm" in done.stdout and (out / "rows.jsonl").read_bytes() == rows  # nothing recomputed
     assert len(list((out / "runs").glob("*.json"))) == 2  # the rerun is recorded too
+    # The held rerun makes its samples once: the run reads back the units held_plan made.
+    made, plan_samples = [], runner.plan_samples
+    monkeypatch.setattr(runner, "plan_samples", lambda *args: made.append(1) or plan_samples(*args))
+    assert len(kvbench.run("knorm", 0.5, **setup)) == 2 and made == [1]
+    monkeypatch.undo()
     # A row missing (another sample) takes the full path and computes just that row.
     more = kvbench.run("knorm", 0.5, **{**setup, "samples": 3})
     assert len(more) == 3 and (out / "rows.jsonl").read_bytes().startswith(rows)

@@ -88,6 +88,9 @@ class Plan:
     # Protocols the configs name that are not kvbench's own (plugins', registered): registered by workers.
     user_protocols: dict[str, Protocol] = field(default_factory=dict)
     data_tasks: dict[str, dict] = field(default_factory=dict)  # the user's data tasks: `data_task_record`
+    # Every unit of the plan, where `held_plan` found all their rows held: the run reads them back without
+    # making the samples a second time.
+    held_units: list[Unit] | None = field(default=None, repr=False)
 
     def task_length(self, task: str) -> int | None:
         return self.lengths.get(task, self.length)
@@ -345,7 +348,7 @@ def held_plan(plan: Plan, lengths: dict[str, int]) -> tuple[Plan, None, object] 
         warnings.simplefilter("ignore", KvbenchWarning)
         store = ResultsStore(plan.out, read_only=True)
     if all(store.is_done(row) for unit in units for row in unit_rows(plan, unit)):
-        return plan, None, tokenizer
+        return replace(plan, held_units=units), None, tokenizer
     return None
 
 
@@ -528,7 +531,9 @@ class QAEvaluator:
 
     def units(self) -> list[Unit]:
         """Sized with the plan's own tokenizer when it names one (`sizing_tokenizer`); without a model
-        (every row held: `held_plan`), `tokenizer` is what sizes them."""
+        (every row held), the units `held_plan` made with `tokenizer`."""
+        if self.model is None and self.plan.held_units is not None:
+            return self.plan.held_units
         sizer = self.tokenizer
         if self.model is not None and self.plan.tokenizer is not None:
             sizer = sizing_tokenizer(self.plan.tokenizer)
