@@ -2,18 +2,21 @@
 marks it with `# needs ...` (a GPU, the hub, a Ray cluster, a download of the user's own): such a mark must
 be true of the command. Each distinct command runs once, in an empty folder of its own that holds the
 repository's committed folders (results/, presses/, agents/) and what the docs' commands take from the
-user or from each other (data/ and agents/ made by `kvp datagen` and `kvp train` at the tiny sizes below,
+user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `kvp train` at tiny sizes,
 `my_press.py`, `mine.jsonl`, a suite YAML, a folder of kvpress results). How each runs:
 
 - `held`: a sweep, run or speed whose --out is a committed results folder runs on a copy of that folder
   with model loading refused: every row must already be there (the committed rows are what the command
   writes) and the folder stays byte for byte as it was.
-- `report`: runs as written; where its --out is a committed report, its README.md is compared byte for
-  byte with that one.
+- `report`: a report, listing, export or import runs as written; where its --out is a committed report,
+  its README.md is compared byte for byte with that one.
 - `tiny`: a command that computes runs at the size `TINY` gives its subcommand (its options replaced or
   added) and `TINY_MIXTURES` gives `--mixture`: the same code path, options, checks and outputs as
-  written, on one or two samples. A run or sweep keeps one sample of its first task (the suite's,
-  at the suite's length) and its first ratio, memory or budget.
+  written, on one or two samples. A run or sweep keeps one sample of its first task (the suite's, at the
+  suite's length) and its first ratio, memory or budget.
+
+The commands that compute, and those that read what `inputs` makes, take minutes in all: they carry the
+marker `doc_runs`, which the default run deselects (`uv run --group dev pytest -m doc_runs` runs them).
 """
 
 import json
@@ -214,7 +217,15 @@ def is_committed(path: str) -> bool:
 def mode_of(words: list[str]) -> str:
     """`held`, `report` or `tiny` (the module's docstring)."""
     path = command_path(words)
-    if path in (("report",), ("kvp", "report"), ("gate", "report"), ("export",), ("import",)):
+    if path in (
+        ("report",),
+        ("kvp", "report"),
+        ("gate", "report"),
+        ("export",),
+        ("import",),
+        ("presses",),
+        ("tasks",),
+    ):
         return "report"
     learned = re.findall(r"(?:^|=)((?:agents|presses)/[\w.-]+)", " ".join(words))
     out = out_of(words)
