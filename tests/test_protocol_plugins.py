@@ -5,6 +5,7 @@ used."""
 import importlib.util
 import re
 import sys
+from importlib.metadata import EntryPoint
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from test_extending_doc import doc_steps
 import kvbench
 from kvbench.core.config import PROTOCOLS, Protocol, register_protocol, usable_protocols
 from kvbench.core.errors import BadInput
+from kvbench.core.registry import PluginError
 
 # docs/extending.md's protocol: the question prefilled with the context and compressed again every `every`
 # decoding steps (query-aware and decode-time at once, which neither built-in protocol is).
@@ -92,6 +94,23 @@ def test_a_protocol_plugin_that_cannot_be_used_is_one_line_before_any_work(
     assert result.output.count("\n") == 1 and not out.exists()
     # The broken plugin is left out of the options the other commands see.
     assert "aware-decoding" not in usable_protocols()
+
+
+def test_a_plugin_that_failed_to_load_is_not_imported_again_until_listed_anew(tmp_path, monkeypatch):
+    """A report asks for a row's protocol once per row: a broken plugin fails each time, importing once."""
+    line = "aware-decoding = kvplug.missing:PROTOCOL"
+    monkeypatch.syspath_prepend(str(install_plugin(tmp_path / "site", {"kvbench.protocols": line})))
+    PROTOCOLS.points = None
+    loads, load = [], EntryPoint.load
+    monkeypatch.setattr(EntryPoint, "load", lambda point: loads.append(point.name) or load(point))
+    for _ in range(3):
+        with pytest.raises(PluginError, match="failed to load: ModuleNotFoundError"):
+            PROTOCOLS["aware-decoding"]
+    assert loads == ["aware-decoding"]
+    PROTOCOLS.points = None  # listed anew (installed again, say): tried anew
+    with pytest.raises(PluginError):
+        PROTOCOLS["aware-decoding"]
+    assert loads == ["aware-decoding"] * 2
 
 
 def test_a_protocol_takes_no_option_of_another(tmp_path):

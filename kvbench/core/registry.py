@@ -50,6 +50,9 @@ class Registry(Mapping[str, T], Generic[T]):
         self.adapt = adapt
         self.entries: dict[str, T] = {}
         self.points: dict[str, EntryPoint] | None = None  # listed on first use
+        # A plugin that failed to load, by name, with its entry point: asked again, it fails again without
+        # importing anew (a report asks once per row); an entry point listed anew is tried anew.
+        self.failed: dict[str, tuple[EntryPoint, PluginError]] = {}
 
     @property
     def group(self) -> str:
@@ -72,7 +75,18 @@ class Registry(Mapping[str, T], Generic[T]):
         return {name: point for name, point in self.points.items() if name not in self.entries}
 
     def load_plugin(self, name: str) -> T:
+        """The entry of plugin `name`, loaded and registered; PluginError in one line where it does not
+        load or is not an entry of this kind."""
         point = self.plugin_points()[name]
+        if name in self.failed and self.failed[name][0] is point:
+            raise self.failed[name][1]
+        try:
+            return self.register(name, self.adapted(name, point))
+        except PluginError as error:
+            self.failed[name] = (point, error)
+            raise
+
+    def adapted(self, name: str, point: EntryPoint) -> T:
         where = f"{self.kind} plugin {name!r} ({point.value}"
         where += f", from {point.dist.name})" if point.dist is not None else ")"
         try:
@@ -80,10 +94,9 @@ class Registry(Mapping[str, T], Generic[T]):
         except Exception as error:  # a plugin's import may fail in any way: one line, naming it
             raise PluginError(f"{where} failed to load: {first_line(error)}") from None
         try:
-            entry = self.adapt(name, loaded) if self.adapt else loaded
+            return self.adapt(name, loaded) if self.adapt else loaded
         except BadInput as error:
             raise PluginError(f"{where}: {error}") from None
-        return self.register(name, entry)
 
     def __getitem__(self, name: str) -> T:
         if name in self.entries:
