@@ -228,6 +228,19 @@ RUN_SHAPES = [  # (what to do to the run record, the field the one line names)
     (lambda run: run["config"]["configs"][1].update(press_args=[1]), "config.configs.1.press_args"),
     (lambda run: run["config"]["configs"][1].update(press_args="ab"), "config.configs.1.press_args"),
     (lambda run: run["config"]["configs"][1].update(protocol=[1]), "config.configs.1.protocol"),
+    # Protocol arguments that are not their protocol's, as a row's are held (`check_protocol_args`).
+    (
+        lambda run: run["config"]["configs"][1].update(protocol="decode-time", protocol_args={}),
+        "config.configs.1",
+    ),
+    (
+        lambda run: run["config"].update(protocol="query-agnostic", protocol_args={"chunk": 8}),
+        "config.protocol_args",
+    ),
+    (
+        lambda run: run["config"]["configs"][1].update(protocol="streaming", protocol_args=[["turns", 2]]),
+        "config.configs.1",
+    ),
     (lambda run: run["config"].update(suite=[1]), "config.suite"),
     (lambda run: run["config"].update(model=[1]), "config.model"),
     (lambda run: run["config"].update(dtype={}), "config.dtype"),

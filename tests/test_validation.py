@@ -245,7 +245,8 @@ RUN_PATHS = [
     *[("hardware", key) for key in VALID_RUN["hardware"]],
     ("started",),
 ]
-RUN_REQUIRED = {(*ENTRY, "press"), (*ENTRY, "ratio")}  # what a config of a run is
+# What a config of a run is, and the arguments of its protocol (decode-time takes one).
+RUN_REQUIRED = {(*ENTRY, "press"), (*ENTRY, "ratio"), (*ENTRY, "protocol_args")}
 RUN_CASES = [(path, mutation) for path in RUN_PATHS for mutation in MUTATIONS]
 
 

@@ -321,7 +321,10 @@ def describe(failure) -> str:
     where = ".".join(str(part) for part in loc)
     got = repr(value)
     got = got if len(got) <= 40 else got[:37] + "..."
-    if kind == "missing":  # a missing field's input is the object that lacks it
+    own = re.fullmatch(r"[Vv]alue error, field '([^']+)': (.*)", message) if kind == "value_error" else None
+    if own:  # an object's own check of one of its fields (`__post_init__`): that field, not the object
+        text = f"field {'.'.join(filter(None, (where, own[1])))!r}: {own[2]}"
+    elif kind == "missing":  # a missing field's input is the object that lacks it
         text = f"field {where!r}: {message}" if where else message
     elif value is None and where:
         text = f"field {where!r} is null: {message}"

@@ -699,6 +699,16 @@ class RunConfigEntry:
     protocol: str | None = None
     protocol_args: Arguments | None = None
 
+    def __post_init__(self):
+        check_named_protocol(self.protocol, self.protocol_args)
+
+
+def check_named_protocol(protocol: str | None, arguments: Arguments | None) -> None:
+    """`check_protocol_args` for a run record's protocol and its arguments, where it names one (a record
+    of an older version may name none, and its configs then follow the record's)."""
+    if protocol is not None:
+        check_protocol_args({"protocol": protocol, "protocol_args": dict(arguments or {})})
+
 
 @dataclass
 class RunConfig:
@@ -717,6 +727,9 @@ class RunConfig:
     samples: Count | None = None
     protocol: str | None = None
     protocol_args: Arguments | None = None
+
+    def __post_init__(self):
+        check_named_protocol(self.protocol, self.protocol_args)
 
 
 @dataclass
