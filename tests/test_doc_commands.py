@@ -15,8 +15,8 @@ user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `
   written, on one or two samples. A run or sweep keeps one sample of its first task (the suite's, at the
   suite's length) and its first ratio, memory or budget.
 
-The heaviest of the commands that compute (`HEAVY_COMMANDS`, `HEAVY_TASKS`: 8-40 s each) carry the marker
-`doc_runs`, which the default run deselects: `uv run --group dev pytest -m doc_runs` runs them.
+The commands that compute, and those that read what `inputs` makes, take minutes in all: they carry the
+marker `doc_runs`, which the default run deselects (`uv run --group dev pytest -m doc_runs` runs them).
 """
 
 import json
@@ -137,7 +137,7 @@ class MyPress(ScorerPress):
 
 
 # What the fixture `inputs` makes, in its folder, in order: the data and learned state the docs' commands
-# read from each other, at tiny sizes.
+# read from each other (tiny), and a trace to replay.
 INPUTS = [
     "kvp datagen --tasks niah_single_1 --length 512 --samples 2 --val-fraction 0.5 --gen-tokens 4"
     " --out data/ruler",
@@ -149,9 +149,8 @@ INPUTS = [
     "distillcache train --data data/ruler --steps 2 --samples 2 --out agents/dc-ruler5-knorm",
     "sweep --presses kvp,snapkv,h2o,tova --ratios 0.5 --samples 1 --task niah_single_1 --out results/mine",
     "import --format kvpress results_lb results/kvpress",
+    "prefix-cache --requests 4 --docs 3 --budgets 2 --out DIR2",
 ]
-# A trace for the docs' `prefix-cache --trace DIR2/trace.jsonl`, made by `heavy_inputs`.
-TRACE = "prefix-cache --requests 4 --docs 3 --budgets 2 --out DIR2"
 # Names the docs give the same kind of input: each is a link to one made above.
 ALIASES = {
     "agents/ruler-uniform": "agents/mine",
@@ -188,16 +187,6 @@ def inputs(tmp_path_factory) -> Path:
     for alias, made in ALIASES.items():
         (root / alias).symlink_to(root / made)
     return root
-
-
-@pytest.fixture(scope="module")
-def heavy_inputs(inputs) -> Path:
-    """`inputs` and a trace to replay (`TRACE`)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(inputs)
-        result = CliRunner().invoke(main, shlex.split(TRACE))
-    assert result.exit_code == 0, f"kvbench {TRACE}\n{result.output}"
-    return inputs
 
 
 def words_of(command: str) -> list[str]:
@@ -321,24 +310,12 @@ def computes(command: str) -> bool:
     return not COMMANDS[command].startswith("needs ") and (mode_of(words) == "tiny" or reads_inputs(words))
 
 
-# Commands that take 8-40 s each even at a tiny size (on 2 cores): MemDecay's lifetimes record every head's
-# attention over 1k-token prompts, perplexity feeds its texts a few tokens at a time, prefix-cache serves a
-# trace under every policy, the decode-heavy tasks answer in hundreds of tokens.
-HEAVY_COMMANDS = {("memdecay", "lifetimes"), ("perplexity",), ("prefix-cache",)}
-HEAVY_TASKS = {"list_crates", "recite_log"}
-
-
-def is_heavy(words: list[str]) -> bool:
-    return command_path(words) in HEAVY_COMMANDS or option(words, "--task") in HEAVY_TASKS
-
-
 CHEAP = [command for command in COMMANDS if not computes(command)]
-TINY_RUNS = [command for command in COMMANDS if computes(command) and not is_heavy(words_of(command))]
-HEAVY_RUNS = [command for command in COMMANDS if computes(command) and is_heavy(words_of(command))]
+TINY_RUNS = [command for command in COMMANDS if computes(command)]
 
 
 def test_the_docs_are_read_and_split_as_this_module_says():
-    assert len(CHEAP) > 50 and len(TINY_RUNS) > 30 and 0 < len(HEAVY_RUNS) < 15
+    assert len(CHEAP) > 50 and len(TINY_RUNS) > 30
     assert {"held", "report"} <= {mode_of(words_of(command)) for command in CHEAP}
 
 
@@ -347,15 +324,10 @@ def test_a_documented_command_that_computes_nothing_new_runs(command, tmp_path, 
     check_command(command, None, tmp_path, monkeypatch)
 
 
+@pytest.mark.doc_runs
 @pytest.mark.parametrize("command", TINY_RUNS, ids=[command[8:68] for command in TINY_RUNS])
 def test_a_documented_command_that_computes_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
     check_command(command, inputs, tmp_path, monkeypatch)
-
-
-@pytest.mark.doc_runs
-@pytest.mark.parametrize("command", HEAVY_RUNS, ids=[command[8:68] for command in HEAVY_RUNS])
-def test_a_heavy_documented_command_runs_at_a_tiny_size(command, heavy_inputs, tmp_path, monkeypatch):
-    check_command(command, heavy_inputs, tmp_path, monkeypatch)
 
 
 def check_command(command, inputs, tmp_path, monkeypatch):
