@@ -24,7 +24,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -242,18 +241,17 @@ def lay_out(folder: Path, inputs: Path | None, out: str | None) -> None:
         for path in sorted(committed)
         if path.startswith(("results/", "presses/", "agents/"))
     ]
-    if inputs is None:
-        inputs = Path(tempfile.mkdtemp())  # nothing of the user's
-    entries += [
-        (inputs, path.relative_to(inputs))
-        for path in sorted(inputs.iterdir())
-        if path.name not in ("data", "agents", "results")
-    ]
-    entries += [
-        (inputs, path.relative_to(inputs))
-        for pattern in ("data/*", "agents/*", "results/*")
-        for path in sorted(inputs.glob(pattern))
-    ]
+    if inputs is not None:
+        entries += [
+            (inputs, path.relative_to(inputs))
+            for path in sorted(inputs.iterdir())
+            if path.name not in ("data", "agents", "results")
+        ]
+        entries += [
+            (inputs, path.relative_to(inputs))
+            for pattern in ("data/*", "agents/*", "results/*")
+            for path in sorted(inputs.glob(pattern))
+        ]
     for source, relative in entries:
         if out is not None and (Path(out) == relative or relative in Path(out).parents):
             continue
