@@ -170,6 +170,7 @@ def install_plugin(folder: Path, points: dict[str, str]) -> Path:
     what `pip install` of a package declaring entry points leaves."""
     (folder / "kvplug").mkdir(parents=True)
     (folder / "kvplug" / "__init__.py").write_text(PLUGIN)
+    (folder / "kvplug" / "quits.py").write_text("raise SystemExit(3)\n")  # a module that exits when imported
     info = folder / "kvplug-0.3.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvplug\nVersion: 0.3\n")
@@ -212,6 +213,11 @@ def test_an_installed_plugin_press_and_metric_run_by_name(tmp_path, tiny_llama_d
             "presses plugin 'broken' (kvplug.missing:Press, from kvplug) failed to load: ModuleNotFoundError",
         ),
         (
+            {"kvbench.presses": "quits = kvplug.quits:Press"},
+            "quits",
+            "presses plugin 'quits' (kvplug.quits:Press, from kvplug) failed to load: SystemExit: 3",
+        ),
+        (
             {"kvbench.presses": "odd = kvplug:NotAPress"},
             "odd",
             "presses plugin 'odd' (kvplug:NotAPress, from kvplug): press 'kvplug:NotAPress': NotAPress is "
@@ -233,6 +239,7 @@ def test_a_plugin_that_cannot_be_used_is_one_line_before_any_work(
 BAD_PRESSES = {
     "syntax.py": ("class P(:\n", "fails to import: SyntaxError"),
     "nobase.py": ("class P:\n    pass\n", "P is not a kvpress press"),
+    "exits.py": ("import sys\n\nsys.exit(0)\n", "fails to import: SystemExit: 0"),
     "noratio.py": (
         "from dataclasses import dataclass\nfrom kvpress import BasePress\n\n"
         "@dataclass\nclass P(BasePress):\n    window: int = 4\n",
@@ -265,12 +272,14 @@ def test_a_press_file_that_cannot_run_is_one_line_before_the_model_loads(tmp_pat
         ("knorm=PATH:ValueNormPress", "press name 'knorm' is taken by a built-in press"),
         ("PATH:Missing", "has no 'Missing'"),
         ("no_such_module_x:P", "cannot import 'no_such_module_x'"),
+        ("kvplug.quits:P", "cannot import 'kvplug.quits': SystemExit: 3"),
         ("a.b=PATH:ValueNormPress", "press name 'a.b': use letters, digits, _ and -"),
         ("PATH.txt:P", "is not a file"),
     ],
 )
-def test_press_targets_that_name_no_press_are_refused(tmp_path, press, message):
+def test_press_targets_that_name_no_press_are_refused(tmp_path, monkeypatch, press, message):
     path = write_press(tmp_path)
+    monkeypatch.syspath_prepend(str(install_plugin(tmp_path / "site", {})))
     result = invoke(
         "run", "--press", press.replace("PATH", str(path)), "--ratio", "0.5", "--out", tmp_path / "o"
     )

@@ -91,7 +91,7 @@ class Registry(Mapping[str, T], Generic[T]):
         where += f", from {point.dist.name})" if point.dist is not None else ")"
         try:
             loaded = point.load()
-        except Exception as error:  # a plugin's import may fail in any way: one line, naming it
+        except (Exception, SystemExit) as error:  # a plugin may fail in any way, sys.exit too
             raise PluginError(f"{where} failed to load: {first_line(error)}") from None
         try:
             return self.adapt(name, loaded) if self.adapt else loaded
@@ -156,7 +156,7 @@ def load_target(target: str, kind: str) -> object:
     else:
         try:
             module = importlib.import_module(module_name)
-        except Exception as error:  # the user's module may fail in any way: one line, naming it
+        except (Exception, SystemExit) as error:  # any failure, sys.exit too: one line
             raise PluginError(
                 f"{kind} {target!r}: cannot import {module_name!r}: {first_line(error)}"
             ) from None
@@ -186,7 +186,7 @@ def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         del sys.modules[module_name]
         raise PluginError(f"{kind} {target!r}: {str(path)!r} fails to import: {first_line(error)}") from None
     return module
