@@ -31,9 +31,29 @@ TRAIN = ["kvp", "train", "--out", "{tmp}/out"]
 OUT = ["--out", "{tmp}/out"]
 PPL = ["perplexity", "--presses", "streaming_llm"]
 REAL_WRITE, REAL_LOAD_MODEL = os.write, models.load_model
+LONG = "{tmp}/" + "a" * 300  # a name longer than the file system takes (255 bytes)
+# Every kind of path a command reads, given a name too long: the first lookup (is_file, exists) raises.
+LONG_PATHS = [
+    [*RUN, "--suite", f"{LONG}.yaml", *OUT],
+    [*RUN, "--data", f"{LONG}.jsonl", *OUT],
+    [*RUN[:2], f"{LONG}.py:P", *RUN[3:], *OUT],
+    [*RUN, "--data", "{tmp}/mine.jsonl", "--metric", f"{LONG}.py:f", *OUT],
+    [*RUN, "--include-path", LONG, *OUT],
+    ["tasks", "--include-path", LONG],
+    [*RUN, "--model", LONG, *OUT],
+    [*RUN, "--tokenizer", LONG, *OUT],
+    [*RUN[:2], "kvp", *RUN[3:], "--press-arg", f"agents={LONG}", *OUT],
+    [*TRAIN, "--data", LONG],
+    ["kvp", "report", LONG],
+    ["import", "--format", "kvpress", LONG, "{tmp}/out"],
+    ["export", "--format", "kvpress", LONG, "{tmp}/out"],
+    ["report", "{tmp}/scored", "--costs", LONG, *OUT],
+    [*PPL, "--budget", "64", "--data-dir", LONG, *OUT],
+]
 
 # (arguments, exit code, what the one line must name). "{tmp}" is the test's folder of prepared files.
 CASES = [
+    *[(args, 2, "a path is too long for the file system") for args in LONG_PATHS],
     # memdecay, distillcache: their commands and press arguments
     (["memdecay", "calibrate", *OUT, "--task", "nope"], 2, "unknown task 'nope'"),
     (["memdecay", "calibrate", *OUT, "--samples", "0"], 2, "'--samples': must be at least 1, got 0"),
@@ -640,6 +660,9 @@ def make_files(tmp: Path) -> None:
     """The bad files and folders the table points at, and a results folder that must stay untouched."""
     (tmp / "empty").mkdir()
     (tmp / "text.txt").write_text("not a model\n")
+    (tmp / "mine.jsonl").write_text(
+        json.dumps({"context": "c " * 40, "question": "q?", "answers": ["a"]}) + "\n"
+    )
     shape = {"name": "x", "num_layers": 1, "num_kv_heads": 1, "head_dim": 4}
     for name, card in (
         ("garbage", json.dumps({"model": shape, "heads": [0]})),

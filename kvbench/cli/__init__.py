@@ -5,6 +5,7 @@ errors are one line on stderr and exit code 2 (1 for a results folder that canno
 any work or any write. Any other exception is a bug: it keeps its traceback (exit code 1).
 """
 
+import errno
 import importlib
 import logging
 import sys
@@ -101,6 +102,14 @@ class Group(click.Group):
             except KeyboardInterrupt:
                 click.echo("interrupted", err=True)
                 ctx.exit(130)
+            except OSError as error:
+                if error.errno != errno.ENAMETOOLONG:
+                    raise
+                # Looking a path up (is_file, exists) raises for a name longer than the file system takes,
+                # wherever a command first looks: the path is the user's input, so one line and exit 2.
+                named = str(error.filename or "")
+                click.echo(f"Error: a path is too long for the file system: {named[:60]!r}...", err=True)
+                ctx.exit(2)
 
 
 def one_line_warnings(show):
