@@ -54,6 +54,7 @@ LONG_PATHS = [
 # (arguments, exit code, what the one line must name). "{tmp}" is the test's folder of prepared files.
 CASES = [
     *[(args, 2, "a path is too long for the file system") for args in LONG_PATHS],
+    ([*RUN, "--data", "{tmp}/surrogate.jsonl", *OUT], 2, "surrogate.jsonl:1: not a JSON line (a \\uD800-\\uDFFF"),
     # memdecay, distillcache: their commands and press arguments
     (["memdecay", "calibrate", *OUT, "--task", "nope"], 2, "unknown task 'nope'"),
     (["memdecay", "calibrate", *OUT, "--samples", "0"], 2, "'--samples': must be at least 1, got 0"),
@@ -660,6 +661,9 @@ def make_files(tmp: Path) -> None:
     """The bad files and folders the table points at, and a results folder that must stay untouched."""
     (tmp / "empty").mkdir()
     (tmp / "text.txt").write_text("not a model\n")
+    (tmp / "surrogate.jsonl").write_text(
+        '{"context": "abc \\ud800 def", "question": "q?", "answers": ["a"]}\n'
+    )
     (tmp / "mine.jsonl").write_text(
         json.dumps({"context": "c " * 40, "question": "q?", "answers": ["a"]}) + "\n"
     )

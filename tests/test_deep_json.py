@@ -1,7 +1,9 @@
-"""JSON nested deeper than any file kvbench reads holds (`validation.MAX_DEPTH`): every reader that decodes
-JSON outside pydantic refuses it through `validation.parse_json`, in one line naming the file, never with a
-RecursionError traceback (at ~1000 levels json.loads raises one). Each file kind, at a depth just past the
-limit and far past Python's recursion limit."""
+"""JSON that decodes to what nothing downstream takes: nested deeper than any file kvbench reads holds
+(`validation.MAX_DEPTH`; at ~1000 levels json.loads raises RecursionError, a traceback), or a string holding
+a lone surrogate escape (`"\\ud800"`: json.loads gives a str no tokenizer or UTF-8 writer takes). Every
+reader that decodes JSON outside pydantic refuses both through `validation.parse_json`, in one line naming
+the file. Each file kind, at a depth just past the limit and far past Python's recursion limit, and with
+each kind of unpaired surrogate."""
 
 import json
 from pathlib import Path
@@ -14,6 +16,10 @@ from kvbench.core.errors import KvbenchError
 from kvbench.core.validation import MAX_DEPTH, nesting, parse_json
 
 DEPTHS = [MAX_DEPTH + 1, 5000, 100_000]
+SURROGATES = ['"\\ud800"', '"a \\udfff b"', '["\\udbff"]', '"\\uDC00\\ud800"']
+NESTED, UNPAIRED = "nested deeper", "outside a surrogate pair"
+# The bad value a reader's record holds: (its JSON text, what the one line says of it).
+BAD = {f"depth {depth}": (None, NESTED) for depth in DEPTHS} | {text: (text, UNPAIRED) for text in SURROGATES}
 
 
 def deep(depth: int) -> str:
@@ -21,8 +27,16 @@ def deep(depth: int) -> str:
     return "[" * (depth - 1) + "1" + "]" * (depth - 1)
 
 
-def record(depth: int, **fields) -> str:
-    return json.dumps(fields)[:-1] + (", " if fields else "") + f'"deep": {deep(depth)}}}'
+def record(depth: int | str, **fields) -> str:
+    """A JSON object of `fields` and a field "deep": a value nested `depth` levels, or the JSON text
+    `depth`."""
+    bad = depth if isinstance(depth, str) else deep(depth)
+    return json.dumps(fields)[:-1] + (", " if fields else "") + f'"deep": {bad}}}'
+
+
+def bad_value(name: str) -> int | str:
+    text, _ = BAD[name]
+    return text if text is not None else int(name.split()[1])
 
 
 @pytest.mark.parametrize("depth", DEPTHS)
@@ -35,10 +49,19 @@ def test_parse_json_refuses_deep_nesting_as_a_value_error(depth):
     assert parse_json('"[[[[[[["') == "[[[[[[["  # brackets in a string are no nesting
 
 
-def one_line(error: BaseException, path: Path) -> None:
+@pytest.mark.parametrize("text", SURROGATES)
+def test_parse_json_refuses_a_lone_surrogate_and_reads_a_pair(text):
+    for given in (text, text.encode()):
+        with pytest.raises(ValueError, match=UNPAIRED):
+            parse_json(given)
+    assert parse_json('"\\ud83d\\ude00"') == "\U0001f600"  # a pair is one character
+    assert parse_json('"\\\\ud800"') == "\\ud800"  # an escaped backslash, then letters
+
+
+def one_line(error: BaseException, path: Path, says: str = NESTED) -> None:
     message = str(error)
     assert "\n" not in message and str(path) in message, message
-    assert "nested deeper" in message, message
+    assert says in message, message
 
 
 def write(path: Path, text: str) -> Path:
@@ -112,18 +135,21 @@ WHERE = {
 }
 
 
-@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize("bad", list(BAD))
 @pytest.mark.parametrize("reader", list(WHERE), ids=lambda reader: reader.__name__)
-def test_every_reader_refuses_deep_json_in_one_line_naming_the_file(reader, depth, tmp_path):
+def test_every_reader_refuses_deep_json_and_lone_surrogates_in_one_line_naming_the_file(
+    reader, bad, tmp_path
+):
     with pytest.raises(KvbenchError) as caught:
-        reader(tmp_path, depth)
-    one_line(caught.value, tmp_path / WHERE[reader])
+        reader(tmp_path, bad_value(bad))
+    one_line(caught.value, tmp_path / WHERE[reader], BAD[bad][1])
 
 
-@pytest.mark.parametrize("depth", DEPTHS)
-def test_deep_rows_run_records_and_speed_records_are_skipped_with_a_warning(depth, tmp_path):
-    """The readers that skip a damaged file or line (rows, run records, speed records) skip a deep one,
-    warning in one line naming it; the folder's other rows still load."""
+@pytest.mark.parametrize("bad", list(BAD))
+def test_deep_rows_run_records_and_speed_records_are_skipped_with_a_warning(bad, tmp_path):
+    """The readers that skip a damaged file or line (rows, run records, speed records) skip a deep one, or
+    one with a lone surrogate, warning in one line naming it; the folder's other rows still load."""
+    depth, says = bad_value(bad), BAD[bad][1]
     from kvbench.reporting.costs import read_costs
     from kvbench.store.results import load_rows, load_runs
 
@@ -131,10 +157,10 @@ def test_deep_rows_run_records_and_speed_records_are_skipped_with_a_warning(dept
     run = write(tmp_path / "r" / "runs" / "a.json", record(depth, config={}))
     with pytest.warns(Warning) as caught:
         assert load_rows([tmp_path / "r"]).empty
-    assert any(str(rows) in str(w.message) and "nested deeper" in str(w.message) for w in caught)
+    assert any(str(rows) in str(w.message) and says in str(w.message) for w in caught)
     with pytest.warns(Warning) as caught:
         assert load_runs([tmp_path / "r"]) == []
-    assert any(str(run) in str(w.message) and "nested deeper" in str(w.message) for w in caught)
+    assert any(str(run) in str(w.message) and says in str(w.message) for w in caught)
     write(tmp_path / "c" / "runs" / "speed-a.json", record(depth, config={"model": "m"}))
     write(tmp_path / "c" / "costs.jsonl", "")
     with pytest.raises(KvbenchError, match="holds no costs.jsonl lines"):

@@ -87,7 +87,8 @@ def whole_lines_size(data: bytes) -> int:
 def parse_json(text: str | bytes) -> Any:
     """`json.loads(text)` for a file kvbench reads, with JSON nested deeper than `MAX_DEPTH` refused as a
     ValueError (as any malformed JSON is): at ~1000 levels json raises RecursionError, a traceback, and
-    a value nested hundreds deep overflows the stack of whatever walks it next."""
+    a value nested hundreds deep overflows the stack of whatever walks it next. A lone surrogate escape
+    (`"\\ud800"`) is refused too, as pydantic's JSON parser refuses it."""
     try:
         value = json.loads(text)
     except RecursionError:
@@ -95,6 +96,13 @@ def parse_json(text: str | bytes) -> Any:
     opening = (b"[", b"{") if isinstance(text, bytes | bytearray) else ("[", "{")
     if sum(text.count(bracket) for bracket in opening) > MAX_DEPTH and nesting(value) > MAX_DEPTH:
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    if re.search(
+        rb"\\u[dD][89a-fA-F]" if isinstance(text, bytes | bytearray) else r"\\u[dD][89a-fA-F]", text
+    ):
+        try:  # a surrogate escape not in a pair decodes to a str no tokenizer, file or UTF-8 writer takes
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a \\uD800-\\uDFFF escape outside a surrogate pair (not a character)") from None
     return value
 
 
