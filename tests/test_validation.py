@@ -80,8 +80,7 @@ VALID_ROW = Row(
     sample_id="s1",
     press_args={"window_size": 8},
     press_state="abc",
-    memory=0.5,
-    budget=64,
+    memory=0.5,  # a row of a memory budget: `BUDGET_ROW` is one of an absolute budget
     protocol="streaming",
     protocol_args={"chunk": 4},
     content_hash="h",
@@ -113,6 +112,7 @@ ROW_OPTIONAL -= {"protocol", "protocol_args"}  # but a protocol's arguments are 
 # Free text, and floats without an upper bound (lm-eval's metrics are not all on 0-100).
 ROW_UNBOUNDED = {name for name, value in VALID_ROW.items() if isinstance(value, str)}
 ROW_UNBOUNDED |= {"score", "prefill_s", "decode_s", "nll"}
+BUDGET_ROW = {**VALID_ROW, "memory": None, "budget": 64}
 ROW_CASES = [(field, mutation) for field in VALID_ROW for mutation in MUTATIONS]
 META_CASES = [(key, mutation) for key in VALID_ROW["meta"] for mutation in MUTATIONS]
 META_UNBOUNDED = {"k", "context", "part"}  # a task's own key passes as it is; free text
@@ -120,7 +120,7 @@ META_UNBOUNDED = {"k", "context", "part"}  # a task's own key passes as it is; f
 
 @pytest.mark.parametrize("field, mutation", ROW_CASES, ids=[f"{f}-{m}" for f, m in ROW_CASES])
 def test_a_mutated_row_is_loaded_or_skipped_with_one_warning_and_nothing_changes(field, mutation, tmp_path):
-    row = mutate(VALID_ROW, (field,), mutation)
+    row = mutate(BUDGET_ROW if field == "budget" else VALID_ROW, (field,), mutation)
     check_mutated_row(row, accepted(mutation, field, ROW_OPTIONAL, ROW_UNBOUNDED), tmp_path)
 
 
@@ -146,6 +146,26 @@ def test_a_row_without_what_its_kind_needs_is_skipped_with_one_warning(changes, 
     """A perplexity row is drawn from its NLL and per-span NLLs, a LongBench-E row bucketed by its length:
     without them, a KeyError in the report; now skipped as a corrupt row, naming the field."""
     check_mutated_row({**VALID_ROW, **changes}, False, tmp_path, field)
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"kv_kept": 11, "kv_total": 10}, "'kv_kept'"),
+        ({"kv_kept": 0, "kv_total": 0}, "'kv_total'"),
+        ({"kv_bytes": 0, "kv_bytes_full": 0}, "'kv_bytes_full'"),
+        ({"budget": 64}, "'budget'"),
+        ({"press": "none", "memory": None}, "'ratio'"),
+        ({"press": "none", "ratio": 0.0}, "'memory'"),
+        ({"press": "none", "ratio": 0.0, "memory": None, "budget": 8}, "'budget'"),
+        ({"kv_kept": 10, "kv_total": 10}, None),
+        ({"press": "none", "ratio": 0.0, "memory": None}, None),
+    ],
+)
+def test_a_row_whose_fields_contradict_each_other_is_skipped_with_one_warning(changes, field, tmp_path):
+    """Each field fits its type, the row does not: more entries kept than the cache had, none at all (a
+    memory ratio of inf in the report), a budget given two ways, an uncompressed row with a budget."""
+    check_mutated_row({**VALID_ROW, **changes}, field is None, tmp_path, field or "")
 
 
 def check_mutated_row(row: dict | None, ok: bool, tmp_path: Path, field: str = "") -> None:

@@ -165,6 +165,23 @@ def check_meta(values: dict) -> None:
             raise ValueError(f"field {missing[0]!r}: {kind} needs it (got none)")
 
 
+def check_consistent(values: dict) -> None:
+    """ValueError naming the field when a row's fields contradict each other: more KV entries kept than
+    there were, a budget given two ways, an uncompressed row (`none`) with a budget."""
+    if values.get("kv_kept") is not None and values.get("kv_total") is not None:
+        if values["kv_kept"] > values["kv_total"]:
+            raise ValueError(
+                f"field 'kv_kept': more than kv_total, {values['kv_total']} (got {values['kv_kept']})"
+            )
+    if values.get("memory") is not None and values.get("budget") is not None:
+        raise ValueError(f"field 'budget': a row of a memory budget has none (got {values['budget']})")
+    if values.get("press") == "none":
+        asked = [(name, values[name]) for name in ("ratio", "memory", "budget") if values.get(name)]
+        if asked:
+            name, value = asked[0]
+            raise ValueError(f"field {name!r}: the uncompressed row (press 'none') has none (got {value})")
+
+
 # The protocols rows record that no run protocol is (`config.PROTOCOLS`), and their arguments: `kvbench
 # perplexity` feeds a text `every` tokens at a time (kvbench.harness.perplexity).
 RECORDED_ARGUMENTS = {"perplexity": ("every",)}
@@ -231,9 +248,9 @@ class Row:
     score: float | None = None  # 0-100
     context_tokens: Count | None = None
     kv_kept: Count | None = None  # KV entries (tokens x layers x KV heads) after compression
-    kv_total: Count | None = None  # ... and before
+    kv_total: Positive | None = None  # ... and before
     kv_bytes: Count | None = None  # what a 16-bit store of the compressed cache holds, metadata included
-    kv_bytes_full: Count | None = None  # ... of the full cache
+    kv_bytes_full: Positive | None = None  # ... of the full cache
     prefill_s: NonNegative | None = None  # its share of the shared prefill, plus its own compression
     decode_s: NonNegative | None = None  # its share of the batched decoding
     # `kvbench perplexity` (protocol "perplexity", score None): the mean negative log-likelihood in nats per
@@ -271,6 +288,7 @@ class Row:
         values = {name: value for name, value in data.items() if name in known and value is not None}
         values = check_fields(cls, values, "", error=ValueError)
         check_meta(values)
+        check_consistent(values)
         check_protocol_args(values)
         extra = {name: value for name, value in data.items() if name not in known}
         return cls(**{"length": None, "seed": 0, **values}, extra=extra)
