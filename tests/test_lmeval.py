@@ -278,6 +278,20 @@ def test_model_args_take_a_tokenizer_and_press_arguments_and_fall_back_to_the_cp
         get_model("kvbench").create_from_arg_string("press=snapkv,compression_ratio=0.5,windw=4", {})
 
 
+@pytest.mark.parametrize(
+    "model_args, refusal",
+    [
+        ("compression_ratio=0.5", "compression_ratio=0.5 without press=NAME"),
+        ("press=none,compression_ratio=0.25", "compression_ratio=0.25 without press=NAME"),
+        ("window_size=4", "press 'none' takes no press arguments"),
+    ],
+)
+def test_model_args_that_do_not_apply_without_a_press_are_refused(model_dir, model_args, refusal):
+    """Run uncompressed, they recorded a ratio or arguments no press used."""
+    with pytest.raises(ValueError, match=refusal):
+        get_model("kvbench").create_from_arg_string(f"pretrained={model_dir},{model_args}", {})
+
+
 def test_lm_eval_kvbench_is_lm_evals_own_command_line_with_the_model_registered(
     monkeypatch, tmp_path, model_dir
 ):

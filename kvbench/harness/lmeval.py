@@ -92,7 +92,7 @@ class KVBenchLM(HFLM):
     def __init__(
         self,
         pretrained: str = EMBEDDED,
-        press: str = "none",
+        press: str | None = "none",
         compression_ratio: float = 0.0,
         press_args: dict | None = None,
         device: str = "cpu",
@@ -107,11 +107,15 @@ class KVBenchLM(HFLM):
             raise BadInput(
                 f"the kvbench model answers one request at a time: batch_size must be 1, not {batch_size}"
             )
-        self.press_name = press
+        self.press_name = "none" if press is None else press  # lm-eval's parser reads press=none as None
         self.compression_ratio = parse_ratio(compression_ratio)
+        if self.press_name == "none" and self.compression_ratio != 0:
+            raise BadInput(
+                f"compression_ratio={compression_ratio} without press=NAME: press 'none' compresses nothing"
+            )
         self.press_args = {**(press_args or {}), **more_press_args}
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
-        self.eager = needs_eager(press, self.press_args)
+        self.eager = needs_eager(self.press_name, self.press_args)
         check_configs([self.new_run().config])  # unknown press or bad arguments fail before the model loads
         probe = self.new_run().press
         check_learned_state([probe], pretrained)  # so do agents missing or made for another model
