@@ -54,7 +54,26 @@ LONG_PATHS = [
 # (arguments, exit code, what the one line must name). "{tmp}" is the test's folder of prepared files.
 CASES = [
     *[(args, 2, "a path is too long for the file system") for args in LONG_PATHS],
-    ([*RUN, "--data", "{tmp}/surrogate.jsonl", *OUT], 2, "surrogate.jsonl:1: not a JSON line (a \\uD800-\\uDFFF"),
+    # training never writes over learned state unasked (--replace), nor into a data store
+    (
+        [*TRAIN[:2], "--out", "{tmp}/compact", "--data", "{tmp}/store"],
+        2,
+        "'{tmp}/compact' already holds learned",
+    ),
+    ([*TRAIN[:2], "--out", "{tmp}/store", "--data", "{tmp}/store"], 2, "'{tmp}/store' is a data store"),
+    ([*TRAIN[:2], "--out", "{tmp}/compact", "--replace", "--data", "{tmp}/store"], 2, "train.safetensors is"),
+    (
+        ["distillcache", "train", "--out", "{tmp}/policy-x", "--data", "{tmp}/store"],
+        2,
+        "already holds learned",
+    ),
+    (["distillcache", "train", "--out", "{tmp}/dcdata", "--data", "{tmp}/store"], 2, "is a data store"),
+    (["gate", "train", "--out", "{tmp}/compact"], 2, "'{tmp}/compact' already holds learned state"),
+    (
+        [*RUN, "--data", "{tmp}/surrogate.jsonl", *OUT],
+        2,
+        "surrogate.jsonl:1: not a JSON line (a \\uD800-\\uDFFF",
+    ),
     # memdecay, distillcache: their commands and press arguments
     (["memdecay", "calibrate", *OUT, "--task", "nope"], 2, "unknown task 'nope'"),
     (["memdecay", "calibrate", *OUT, "--samples", "0"], 2, "'--samples': must be at least 1, got 0"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from kvbench.cli.learned import data_option, datagen, device_option, model_option, out_option
+from kvbench.cli.learned import data_option, datagen, device_option, model_option, out_option, replace_option
 from kvbench.cli.types import Number, Whole
 from kvbench.core.errors import BadInput
 from kvbench.core.validation import parse_float
@@ -46,6 +46,7 @@ distillcache.add_command(datagen)
 @distillcache.command()
 @data_option
 @out_option("Policy folder.")
+@replace_option
 @model_option("The model the data was made with.")
 @device_option
 @click.option("--steps", default=DEFAULTS.steps, show_default=True, type=Whole(1))
@@ -101,15 +102,29 @@ distillcache.add_command(datagen)
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=Whole(1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
 def train(
-    data, out, model, device, steps, samples, ratios, ratios_per_step, lr, entropy_bonus, hidden, **rest
+    data,
+    out,
+    replace,
+    model,
+    device,
+    steps,
+    samples,
+    ratios,
+    ratios_per_step,
+    lr,
+    entropy_bonus,
+    hidden,
+    **rest,
 ):
     """Train the policy on datagen output with the model frozen; save the best (by validation) to --out."""
     import sys
 
     from kvbench.bridge.models import check_device, load_model, resolve
+    from kvbench.learned.common import check_training_out
     from kvbench.learned.distillcache.config import DistillData
     from kvbench.store.results import check_folder_writable
 
+    check_training_out(out, replace, data)
     DistillData(list(data))  # refuse a bad data store, an --out or a device that would fail after training
     check_folder_writable(out, "--out folder")
     check_device(device)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from kvbench.cli.learned import device_option, model_option, out_option
+from kvbench.cli.learned import device_option, model_option, out_option, replace_option
 from kvbench.cli.types import Number, Whole
 from kvbench.learned.gate.config import TrainConfig
 
@@ -23,6 +23,7 @@ def gate():
 
 @gate.command()
 @out_option("Gates folder.")
+@replace_option
 @model_option()
 @device_option
 @click.option(
@@ -47,17 +48,19 @@ def gate():
 )
 @click.option("--eval-every", default=DEFAULTS.eval_every, show_default=True, type=Whole(1))
 @click.option("--seed", default=DEFAULTS.seed, show_default=True)
-def train(out, model, device, **options):
+def train(out, replace, model, device, **options):
     """Train the gates on generated texts with the model frozen; save the best step (lowest validation KL
     + binarise x softness, among steps at the keep fraction)."""
     import sys
 
     from kvbench.bridge.models import check_device, load_model, load_tokenizer, resolve
+    from kvbench.learned.common import check_training_out
     from kvbench.learned.gate.checkpoint import save_gates
     from kvbench.learned.gate.train import TRAIN_SEED, VAL_SEED
     from kvbench.learned.gate.train import train as train_gates
     from kvbench.store.results import check_folder_writable
 
+    check_training_out(out, replace)
     check_folder_writable(out, "--out folder")
     check_device(device)
     resolve(model)

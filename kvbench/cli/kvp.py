@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from kvbench.cli.learned import data_option, datagen, out_option
+from kvbench.cli.learned import data_option, datagen, out_option, replace_option
 from kvbench.cli.types import Number, Whole
 from kvbench.learned.kvp.config import ARCH_NAMES, BUDGET_WEIGHTS, UTILITIES, TrainConfig
 
@@ -40,6 +40,7 @@ kvp.add_command(datagen)
 @kvp.command()
 @data_option
 @out_option("Agents folder.")
+@replace_option
 @click.option("--layers", callback=int_list, help="Comma-separated layers to train (default: all).")
 @click.option("--heads", callback=int_list, help="Comma-separated KV heads of each layer (default: all).")
 @click.option("--steps", default=DEFAULTS.steps, show_default=True, type=Whole(1))
@@ -95,6 +96,7 @@ kvp.add_command(datagen)
 def train(
     data,
     out,
+    replace,
     layers,
     heads,
     steps,
@@ -110,10 +112,12 @@ def train(
     seed,
 ):
     """Train one agent per (layer, KV head) on datagen output and save the best (by validation) to --out."""
+    from kvbench.learned.common import check_training_out
     from kvbench.learned.kvp.train import KVPData
     from kvbench.learned.kvp.train import train as train_agents
     from kvbench.store.results import check_writable
 
+    check_training_out(out, replace, data)
     KVPData(list(data), utility)  # a missing or corrupt manifest, or a missing target, fails before any work
     check_writable(out)
     config = TrainConfig(

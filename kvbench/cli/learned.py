@@ -18,6 +18,14 @@ def out_option(what: str):
     return click.option("--out", required=True, type=Folder(), help=what)
 
 
+replace_option = click.option(
+    "--replace",
+    is_flag=True,
+    help="Train over the learned state --out already holds (its card and weights; its other files, notes "
+    "or logs, stay as they are). Without it such an --out is refused.",
+)
+
+
 def model_option(help: str = "Embedded alias, hub id or local folder."):
     return click.option("--model", default=EMBEDDED, show_default=True, help=help)
 

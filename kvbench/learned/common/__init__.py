@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from kvbench.bridge import models
 from kvbench.core import resources
-from kvbench.core.errors import DataFileError, TrainingFileError, WriteError
+from kvbench.core.errors import BadInput, DataFileError, TrainingFileError, WriteError
 from kvbench.core.validation import STRICT, Count, Positive, check_json, parse_json, read_text
 
 MANIFEST_FILE = "manifest.json"
@@ -134,6 +134,21 @@ def save_learned_state(directory: Path, weights_file: str, module, card: dict, m
         raise WriteError(
             f"cannot write {weights_file} and {CARD_FILE} to {directory}: {error.strerror or error}"
         ) from None
+
+
+def check_training_out(out: Path, replace: bool, data: tuple[Path, ...] = ()) -> None:
+    """BadInput when training would write its checkpoint over something: a data store (one of `data`, or
+    any folder with a manifest), or learned state already there (a card) unless `replace`. Training writes
+    only its weights and card, so without this check the folder's other files (notes, logs, plots) would
+    describe state no longer there."""
+    out = Path(out)
+    if (out / MANIFEST_FILE).is_file() or any(out.resolve() == Path(folder).resolve() for folder in data):
+        raise BadInput(f"--out {str(out)!r} is a data store: give the checkpoint a folder of its own")
+    if (out / CARD_FILE).is_file() and not replace:
+        raise BadInput(
+            f"--out {str(out)!r} already holds learned state ({CARD_FILE}): "
+            "give --replace to train over it, or another folder"
+        )
 
 
 def write_atomically(path: Path, write) -> None:
