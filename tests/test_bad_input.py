@@ -68,6 +68,11 @@ CASES = [
         "already holds learned",
     ),
     (["distillcache", "train", "--out", "{tmp}/dcdata", "--data", "{tmp}/store"], 2, "is a data store"),
+    (
+        ["distillcache", "train", *OUT, "--data", "{tmp}/store", "--interval", "4"],
+        2,
+        "per-step only (got seq",
+    ),
     (["gate", "train", "--out", "{tmp}/compact"], 2, "'{tmp}/compact' already holds learned state"),
     (
         [*RUN, "--data", "{tmp}/surrogate.jsonl", *OUT],

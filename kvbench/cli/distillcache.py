@@ -7,6 +7,7 @@ write the shared store, so one datagen run serves both presses.
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from kvbench.cli.learned import data_option, datagen, device_option, model_option, out_option, replace_option
 from kvbench.cli.types import Number, Whole
@@ -122,6 +123,12 @@ def train(
     from kvbench.bridge.models import check_device, load_model, resolve
     from kvbench.learned.common import check_training_out
     from kvbench.learned.distillcache.config import DistillData
+
+    given = click.get_current_context().get_parameter_source("interval") is ParameterSource.COMMANDLINE
+    if given and rest["credit"] != "per-step":
+        raise click.BadParameter(
+            f"applies to --credit per-step only (got {rest['credit']})", param_hint="--interval"
+        )
     from kvbench.store.results import check_folder_writable
 
     check_training_out(out, replace, data)
