@@ -72,3 +72,37 @@ def test_a_cuda_run_keeps_and_counts_what_a_cpu_run_does(tmp_path, tiny_llama_di
     cuda = kvbench.sweep(["knorm", "tova"], [0.5], device="cuda", out=tmp_path / "cuda", **setup)
     columns = ["config_id", "sample_id", "content_hash", "context_tokens", "kv_kept", "kv_total", "kv_bytes"]
     pd.testing.assert_frame_equal(cpu[columns], cuda[columns])
+
+
+def fail_if_loaded(*args, **kwargs):
+    raise AssertionError("a bad argument must fail before the model loads")
+
+
+# Each argument of the API given a value of a type it cannot be (a path as a number or None, a dict as a
+# list, a press as None): one KvbenchError naming the argument, never a TypeError from deep inside.
+BAD_ARGUMENTS = [
+    (lambda out: kvbench.run(None, 0.5, out=out), "press None: give a press's name"),
+    (lambda out: kvbench.run(5, 0.5, out=out), "press 5: give a press's name"),
+    (lambda out: kvbench.run("knorm", 0.5, out=5), "out: a path"),
+    (lambda out: kvbench.run("knorm", 0.5, out=None), "out: a path"),
+    (lambda out: kvbench.run("knorm", 0.5, press_args=["a=1"], out=out), "press_args: a dict"),
+    (lambda out: kvbench.run("knorm", 0.5, data=5, out=out), "data: a path"),
+    (lambda out: kvbench.run("knorm", 0.5, include_path=[None], out=out), "include_path: a path"),
+    (lambda out: kvbench.run("knorm", 0.5, data_dir=3.5, out=out), "data_dir: a path"),
+    (lambda out: kvbench.sweep(["knorm"], [0.5], press_args=[("a", 1)], out=out), "press_args: a dict"),
+    (lambda out: kvbench.load_results(None), "results folders: a path"),
+    (lambda out: kvbench.load_results([out, 7]), "results folders: a path"),
+    (lambda out: kvbench.load_results([out / "typo"]), "no results at"),
+    (lambda out: kvbench.report(5, out=out), "result_dirs: a path"),
+    (lambda out: kvbench.report(out, out=5), "out: a path"),
+    (lambda out: kvbench.report(out, out=out / "r", costs=5), "costs: a path"),
+]
+
+
+@pytest.mark.parametrize("call, message", BAD_ARGUMENTS, ids=[message for _, message in BAD_ARGUMENTS])
+def test_an_api_argument_of_the_wrong_type_is_one_kvbench_error(call, message, tmp_path, monkeypatch):
+    monkeypatch.setattr("kvbench.bridge.models.load_model", fail_if_loaded)
+    with pytest.raises(kvbench.KvbenchError, match=message.replace("(", r"\(")) as caught:
+        call(tmp_path)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "r").exists()

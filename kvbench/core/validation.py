@@ -41,6 +41,7 @@ import numbers
 import os
 import re
 import stat
+from pathlib import Path
 from typing import Annotated, Any
 
 import annotated_types
@@ -446,6 +447,21 @@ def load_yaml(path, error: type[Exception] = BadInput) -> Any:
         raise error(
             f"{path}: not YAML ({str(failure).splitlines()[0] if str(failure) else 'too deep'})"
         ) from None
+
+
+def as_path(value: Any, what: str, error: type[Exception] = BadInput) -> Path:
+    """`value`, a str or os.PathLike, as a Path; `error` naming `what` for anything else (None, a number):
+    the Python API's path arguments, checked where they come in rather than failing inside pathlib."""
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise error(f"{what}: a path (a str or os.PathLike), got {value!r}")
+
+
+def as_paths(value: Any, what: str, error: type[Exception] = BadInput) -> list[Path]:
+    """`value`, one path (`as_path`) or a list or tuple of them, as a list of Paths."""
+    if isinstance(value, (list, tuple)):
+        return [as_path(item, what, error) for item in value]
+    return [as_path(value, what, error)]
 
 
 def parse_count(

@@ -18,7 +18,7 @@ from kvbench import tasks
 from kvbench.bridge.models import first_line
 from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, Config, protocol_by_option, protocol_of
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
-from kvbench.core.validation import parse_float, parse_int
+from kvbench.core.validation import as_paths, parse_float, parse_int
 from kvbench.presses import (
     PRESSES,
     build_press,
@@ -119,6 +119,8 @@ def press_args_for(name: str, press_args: dict | None, names: Sequence[str]) -> 
     """The press arguments of press `name` among the presses `names` of a run or sweep, as a config holds
     them: the unprefixed ones (every press's) and those given as `name.key`; a prefix that names none of
     `names` is refused."""
+    if press_args is not None and not isinstance(press_args, Mapping):
+        raise BadInput(f"press_args: a dict of argument -> value, got {press_args!r}")
     own = {}
     for key, value in (press_args or {}).items():
         prefix, dot, arg = str(key).rpartition(".")
@@ -401,11 +403,11 @@ def plan_tasks(
     if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer.strip()):
         raise BadInput(f"--tokenizer must name a tokenizer, got {tokenizer!r}")
     task_list = [task_list] if isinstance(task_list, str) else list(task_list)
-    data = [str(data)] if isinstance(data, (str, Path)) else [str(path) for path in data]
+    data = [str(path) for path in as_paths(data, "data")] if data != () else []
     if metric is not None and not data:
         raise BadInput("--metric applies to --data files (a task YAML names its own metric)")
     metric = tasks.resolve_metric(metric) if metric is not None else "qa_f1"  # `--metric ''` names none
-    for folder in [include_path] if isinstance(include_path, (str, Path)) else include_path:
+    for folder in as_paths(include_path, "include_path") if include_path != () else []:
         tasks.include_path(folder)
     task_list += [tasks.register_data_task(tasks.jsonl.data_task(path, metric)) for path in data]
     suite_spec = None

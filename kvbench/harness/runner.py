@@ -32,7 +32,7 @@ from kvbench.core.config import (
     protocol_of,
 )
 from kvbench.core.errors import BadInput, KvbenchWarning, ModelNotFound
-from kvbench.core.validation import parse_int
+from kvbench.core.validation import as_path, parse_int
 from kvbench.harness.evaluation import run_evaluator
 from kvbench.harness.planning import (
     check_configs,
@@ -206,7 +206,8 @@ def prepare_plan(
             f"--tokenizer sizes the samples of tasks cut or filled to a length in tokens; none of "
             f"{', '.join(task_plan.tasks)} is"
         )
-    data_dir = Path(data_dir) if data_dir is not None else None
+    data_dir = as_path(data_dir, "data_dir") if data_dir is not None else None
+    out = as_path(out, "out")
     if data_dir is not None and not data_dir.is_dir():
         raise BadInput(f"--data-dir {str(data_dir)!r} is not a folder")
     if data_dir is not None and not any(reads_data_dir(name) for name in task_plan.tasks):

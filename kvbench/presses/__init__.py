@@ -500,8 +500,13 @@ def resolve_press(press: object, name: str | None = None) -> str:
         module, _, attribute = text.rpartition(":")
         by_file = module.endswith(".py") or "/" in module
         source = source_of(obj, f"{Path(module).resolve()}:{attribute}" if by_file else text)
-    else:
+    elif callable(press):
         obj, source = press, source_of(press)
+    else:
+        raise BadInput(
+            f"press {press!r}: give a press's name, a target (module:Class, file.py:Class), or a press class "
+            "or factory"
+        )
     name = name if name is not None else getattr(obj, "__name__", None)
     if not isinstance(name, str) or not PRESS_NAME.match(name):
         raise BadInput(

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvbench.core.errors import BadInput, KvbenchError
+from kvbench.core.validation import as_path, as_paths
 from kvbench.reporting.blocks import (
     Code,
     Heading,
@@ -109,10 +110,10 @@ def render_report(
     `every_state`: rows of a learned press's older states as presses of their own (PRESS@STATE). `costs`:
     what `kvbench speed` measured (its --out folder, or `read_costs` of it), set beside each leaderboard's
     scores."""
-    if isinstance(costs, (str, Path)):
-        costs = read_costs(costs)  # checked before any row is read
-    if isinstance(result_dirs, (str, Path)):
-        result_dirs = [result_dirs]
+    out = as_path(out, "out")
+    if costs is not None and not isinstance(costs, Costs):
+        costs = read_costs(as_path(costs, "costs"))  # checked before any row is read
+    result_dirs = as_paths(result_dirs, "result_dirs")
     collected = collect(result_dirs, recursive, every_state)
     if presses:
         collected = only_presses(collected, presses)
@@ -129,7 +130,7 @@ def render_report(
     blocks += [Paragraph(note) for note in notes if note]
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
     checked = read_conformance(collected.dirs)
-    out_dir = Path(out)
+    out_dir = out
     with staged(out_dir) as stage:
         for board in boards:
             costed = cost_blocks(board, costs, stage, styles) if costs is not None else []

@@ -47,7 +47,14 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, Config
-from kvbench.core.errors import BadInput, DataFileError, KvbenchError, KvbenchWarning, ResultsWriteError
+from kvbench.core.errors import (
+    BadInput,
+    DataFileError,
+    KvbenchError,
+    KvbenchWarning,
+    NoResults,
+    ResultsWriteError,
+)
 from kvbench.core.registry import PluginError
 from kvbench.core.validation import (
     STRICT,
@@ -57,6 +64,7 @@ from kvbench.core.validation import (
     NonNegative,
     Positive,
     Ratio,
+    as_paths,
     check_fields,
     check_json,
     jsonl_lines,
@@ -679,13 +687,16 @@ NUMERIC_FIELDS += ("kv_bytes_full", "prefill_s", "decode_s", "nll")
 
 
 def load_rows(paths):
-    """All rows under `paths` as one DataFrame, a column per `Row` field (`source` names the folder). Of
+    """All rows under `paths` (a folder or file, or a list of them; NoResults for one that is not there) as
+    one DataFrame, a column per `Row` field (`source` names the folder). Of
     rows of one config on one sample id, the last written is kept: a --force rerun, or a rerun after the
     task's data changed (see the module's docstring)."""
     import pandas as pd
 
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
+    paths = as_paths(paths, "results folders")
+    for path in paths:  # a rows file stands for its folder's rows even before there is one
+        if not path.exists() and path.name not in (ROWS_FILE, ROWS_GZ):
+            raise NoResults(f"no results at {str(path)!r}: no such file or folder")
     records = [
         {**row.to_dict(), "source": str(file.parent)}
         for file in results_files(paths)
