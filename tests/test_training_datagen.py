@@ -9,12 +9,8 @@ from transformers import DynamicCache
 from kvbench.bridge.models import load_model
 from kvbench.cli import main
 from kvbench.learned.common import MANIFEST_FILE, datagen
-from kvbench.learned.common.datagen import (
-    DatagenConfig,
-    capture_prompt,
-    plan_shards,
-    reconstruction_prompt_ids,
-)
+from kvbench.learned.common.config import DatagenConfig
+from kvbench.learned.common.datagen import capture_prompt, plan_shards, reconstruction_prompt_ids
 from kvbench.learned.kvp.checkpoint import load_agents, load_card
 from kvbench.learned.kvp.press import KVPPress
 from kvbench.tasks.mixture import MIXTURES, Part
@@ -133,6 +129,8 @@ def test_datagen_train_report_and_run_end_to_end(tmp_path, tiny_model_dir):
     assert "oracle -1.0000" in result.output
     assert load_card(agents)["heads"] == [0, 1, 2, 3]
     result = runner.invoke(main, [*train, "--utility", "reconstruction"])
+    assert result.exit_code == 2 and "already holds learned state" in result.output
+    result = runner.invoke(main, [*train, "--utility", "reconstruction", "--replace"])
     assert result.exit_code == 2 and "holds no reconstruction scores" in result.output
     result = runner.invoke(main, ["kvp", "report", str(agents)])
     assert "6 steps in" in result.output and ", utility future\n" in result.output
