@@ -35,6 +35,7 @@ MISSPELT = [
     (["kvp", "train", "--data", "x", "--arch", "compactt"], "'compactt' is not one of 'compact', 'apple'"),
     (["kvp", "train", "--data", "x", "--budget-weights", "harmonc"], "'harmonc' is not one of 'uniform'"),
     (["gate", "train", "--keep", "2"], "must be in (0, 1), got 2"),
+    (["kvp", "datagen", "--out", "x", "--samples", "1"], "--val-fraction 0.1 of 1 samples makes no"),
 ]
 
 # Each case in one process of its own, as a user's command runs; all in one subprocess so that the test

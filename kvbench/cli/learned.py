@@ -141,6 +141,7 @@ def datagen(
     """
     from kvbench.bridge.models import check_device, context_limit, load_model, load_tokenizer, resolve
     from kvbench.learned.common import existing_manifest
+    from kvbench.learned.common.config import DatagenConfig
     from kvbench.store.results import check_writable
     from kvbench.tasks.mixture import Part
 
@@ -159,6 +160,7 @@ def datagen(
         ]
     for part in parts:
         check_training_task(part.task, part.length)
+    config = DatagenConfig(parts, seed, gen_tokens, val_fraction, reconstruction)  # no torch yet
     if out.exists() and not out.is_dir():
         raise click.BadParameter(f"{str(out)!r} is a file", param_hint="--out")
     check_writable(out)
@@ -171,9 +173,8 @@ def datagen(
         raise click.BadParameter(
             f"{longest} exceeds the {limit}-token context of model {model!r}", param_hint="--length"
         )
-    from kvbench.learned.common.datagen import DatagenConfig, generate_data, plan_shards  # torch: now
+    from kvbench.learned.common.datagen import generate_data, plan_shards  # torch: now
 
-    config = DatagenConfig(parts, seed, gen_tokens, val_fraction, reconstruction)
     planned = plan_shards(config, load_tokenizer(model))  # every task makes its samples before the model
     llm, tokenizer = load_model(model, device=device)
     manifest = generate_data(llm, tokenizer, out, config, mixture=mixture, planned=planned)
