@@ -85,6 +85,7 @@ def fail_if_loaded(*args, **kwargs):
         (["--lengths", "0"], "--lengths"),
         (["--lengths", "abc"], "--lengths"),
         (["--lengths", ","], "--lengths"),
+        (["--lengths", "128,256,128"], "--lengths names 128 twice"),
         (["--repeats", "0"], "--repeats"),
         (["--new-tokens", "nan"], "--new-tokens"),
         (["--presses", "nope"], "nope"),

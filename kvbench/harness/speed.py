@@ -92,6 +92,9 @@ def plan_speed(presses, lengths, out, memory=None, ratios=None, new_tokens=32, r
     length_values = [parse_int(value, "--lengths", low=16) for value in split(lengths) if str(value).strip()]
     if not length_values:
         raise BadInput("--lengths must name at least one context length")
+    twice = next((value for value in length_values if length_values.count(value) > 1), None)
+    if twice is not None:
+        raise BadInput(f"--lengths names {twice} twice: each length is timed once")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file, not a folder")
