@@ -347,6 +347,33 @@ def test_claims_that_are_no_writers_do_not_stop_a_writer_or_the_report(tmp_path)
 # ---- a report that cannot be written ----
 
 
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_report_killed_half_way_leaves_the_report_that_was_there(tmp_path, monkeypatch, signal_name):
+    """A `kill` (SIGTERM) or Ctrl-C (SIGINT) while the plots are drawn: one line, exit 128 + the signal,
+    the report already in --out as it was and no staging folder left (SIGTERM left .report-*.tmp)."""
+    import signal
+
+    from kvbench.reporting import render
+
+    folder = good_results(tmp_path / "results")
+    out = tmp_path / "report"
+    assert report(folder, out)[0] == 0
+    before = snapshot(out)
+    draw = render.leaderboard_blocks
+
+    def killed_while_drawing(*args, **kwargs):
+        blocks = draw(*args, **kwargs)  # some plots are in the staging folder now
+        os.kill(os.getpid(), getattr(signal, signal_name))
+        return blocks
+
+    monkeypatch.setattr(render, "leaderboard_blocks", killed_while_drawing)
+    result = CliRunner().invoke(main, ["report", str(folder), "--out", str(out)])
+    assert result.exit_code == 128 + getattr(signal, signal_name), result.output
+    assert result.output.strip() == ("terminated" if signal_name == "SIGTERM" else "interrupted")
+    assert snapshot(out) == before
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the command's handler is gone with it
+
+
 def test_a_file_size_limit_leaves_the_report_that_was_there(tmp_path):
     """Under `ulimit -f` (EFBIG on the first big write): one line, exit 1 (the machine, not the input), the
     report already in --out byte for byte as it was, no staging folder left; into a new --out, no folder

@@ -5,9 +5,11 @@ errors are one line on stderr and exit code 2 (1 for a results folder that canno
 any work or any write. Any other exception is a bug: it keeps its traceback (exit code 1).
 """
 
+import contextlib
 import errno
 import importlib
 import logging
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -89,7 +91,7 @@ class Group(click.Group):
             formatter.write_dl(rows)
 
     def invoke(self, ctx):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), terminate_as_interrupt():
             warnings.showwarning = one_line_warnings(warnings.showwarning)
             try:
                 return super().invoke(ctx)
@@ -99,6 +101,9 @@ class Group(click.Group):
             except KvbenchError as error:
                 click.echo(f"Error: {first_line(error)}", err=True)
                 ctx.exit(error.exit_code)
+            except Terminated:
+                click.echo("terminated", err=True)
+                ctx.exit(128 + signal.SIGTERM)
             except KeyboardInterrupt:
                 click.echo("interrupted", err=True)
                 ctx.exit(130)
@@ -110,6 +115,30 @@ class Group(click.Group):
                 named = str(error.filename or "")
                 click.echo(f"Error: a path is too long for the file system: {named[:60]!r}...", err=True)
                 ctx.exit(2)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """While a command runs, SIGTERM (a `kill`, a job scheduler's time limit) unwinds it as Ctrl-C does:
+    what it was writing is finished or rolled back (a half-made report's staging folder, a sweep's claims)
+    rather than left behind by an abrupt exit. The previous handler is restored after."""
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def one_line_warnings(show):
