@@ -3,6 +3,7 @@
 import dataclasses
 import gzip
 import json
+import shlex
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 import kvbench.harness.runner as runner
 from kvbench.bridge.models import load_model
+from kvbench.core import provenance
 from kvbench.core.config import Config
 from kvbench.store.results import ResultsStore, Row, config_id, load_rows, load_runs
 
@@ -282,3 +284,11 @@ def test_two_processes_on_one_folder_never_duplicate_a_row(tmp_path):
     assert sum(computed) == 36 and min(computed) > 0  # the work was split, none of it done twice
     assert all(returned == 36 for _, returned in counts)  # each run returns every row of its plan
     assert not list((out / "claims").glob("*.json"))  # claims are dropped when the writers close
+
+
+def test_a_run_record_holds_its_command_as_a_shell_takes_it_back(monkeypatch):
+    """A report shows each run's command to be copied into a shell: arguments with spaces, pipes or angle
+    brackets are quoted (they were joined by spaces, and `a|b.jsonl` pasted back ran a pipeline)."""
+    argv = ["kvbench", "run", "--data", "a|b <c>.jsonl", "--press", "x y=my press.py:P", "--ratio", "0.5"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert shlex.split(provenance.run_record({}, {}, "cpu", "now")["command"]) == argv

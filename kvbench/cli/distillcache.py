@@ -118,9 +118,8 @@ def train(
     **rest,
 ):
     """Train the policy on datagen output with the model frozen; save the best (by validation) to --out."""
-    import sys
-
     from kvbench.bridge.models import check_device, load_model, resolve
+    from kvbench.core.provenance import command_line
     from kvbench.learned.common import check_training_out
     from kvbench.learned.distillcache.config import DistillData
 
@@ -149,7 +148,7 @@ def train(
         **rest,
     )
     llm, _ = load_model(model, device=device)
-    command = "kvbench " + " ".join(sys.argv[1:])
+    command = command_line()
     train_policy(llm, list(data), out, config, command=command, log=click.echo)
 
 

@@ -51,9 +51,8 @@ def gate():
 def train(out, replace, model, device, **options):
     """Train the gates on generated texts with the model frozen; save the best step (lowest validation KL
     + binarise x softness, among steps at the keep fraction)."""
-    import sys
-
     from kvbench.bridge.models import check_device, load_model, load_tokenizer, resolve
+    from kvbench.core.provenance import command_line
     from kvbench.learned.common import check_training_out
     from kvbench.learned.gate.checkpoint import save_gates
     from kvbench.learned.gate.train import TRAIN_SEED, VAL_SEED
@@ -72,7 +71,7 @@ def train(out, replace, model, device, **options):
         token_ids(tokenizer, config.source, config.val_texts, config.length, VAL_SEED),
     )
     gates, card = train_gates(llm, config, data, log=click.echo)
-    save_gates(out, gates, {**card, "command": "kvbench " + " ".join(sys.argv[1:])})
+    save_gates(out, gates, {**card, "command": command_line()})
     click.echo(f"wrote {out}")
 
 

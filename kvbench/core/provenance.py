@@ -3,6 +3,7 @@ run record (runner, lm-eval bridge) and of a training card uses these, so record
 
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -53,12 +54,17 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
+def command_line() -> str:
+    """The command this process runs, as a shell would take it back (each argument quoted where needed)."""
+    return shlex.join(["kvbench", *sys.argv[1:]])
+
+
 def run_record(config: dict, summary: dict, device: str, started: str, finished: bool = True) -> dict:
     """The one shape of a run record (results/<folder>/runs/*.json), whoever writes it: the command line,
     the run's config, a score summary per config and task, the versions, the hardware, the commit, and when
     it started and (once done) finished."""
     return {
-        "command": " ".join(["kvbench", *sys.argv[1:]]),
+        "command": command_line(),
         "config": config,
         "summary": summary,
         "versions": package_versions(),
