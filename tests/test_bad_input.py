@@ -413,11 +413,15 @@ CASES = [
         2,
         "--every must be a whole number of at least 1, got 0",
     ),
+    # a budget no prediction is made under: the cache never holds more before one
+    ([*PPL, "--budget", "4096", "--length", "2048", *OUT], 2, "budget 4096: at --length 2048 and --every 16"),
     (
-        [*PPL, "--budget", "4096", "--length", "2048", *OUT],
+        [*PPL, "--budget", "2032", "--length", "2048", *OUT],
         2,
-        "budget 4096 is above the texts' --length 2048",
+        "holds at most 2032 entries before a prediction",
     ),
+    ([*PPL, "--budget", "32", "--length", "64", "--every", "64", *OUT], 2, "--every 64 feeds the 64-token"),
+    ([*PPL, "--budget", "32", "--length", "64", "--every", "32", *OUT], 2, "holds at most 32 entries"),
     ([*PPL, "--budget", "64", "--ratios", "0.5", *OUT], 2, "give one of --ratios, --memory or --budget"),
     ([*PPL, *OUT], 2, "give one of --ratios, --memory or --budget"),
     ([*PPL, "--budget", "64,64", *OUT], 2, "duplicate configs"),
@@ -585,6 +589,7 @@ CASES = [
     (["kvp", "report", "{tmp}/compact", "--plot", "/proc/kvbench.png"], 2, "--plot folder '/proc'"),
     (["report", "{tmp}/scored", "--out", "/proc/kvbench-report"], 2, "--out folder '/proc/kvbench-report'"),
     (["report", "{tmp}/scored", "--out", "/dev/full"], 2, "'/dev/full' is a file"),
+    (["report", "{tmp}/scored", "--out", "{tmp}/scored"], 2, "scored' is a results folder: give the report"),
     (["report", "{tmp}/scored", "--out", "{tmp}/text.txt/sub"], 2, "text.txt' is a file"),
     # results folders that pass a first look and fail at the first write (or hang on a FIFO)
     ([*RUN, "--out", "{tmp}/rowsdir"], 2, "rowsdir/rows.jsonl' is not a plain file"),

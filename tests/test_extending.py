@@ -273,6 +273,8 @@ def test_a_press_file_that_cannot_run_is_one_line_before_the_model_loads(tmp_pat
         ("PATH:Missing", "has no 'Missing'"),
         ("no_such_module_x:P", "cannot import 'no_such_module_x'"),
         ("kvplug.quits:P", "cannot import 'kvplug.quits': SystemExit: 3"),
+        ("x=knorm", "NAME= names a press of your own given by its target"),
+        ("PATH", "name the class in the file, as"),
         ("a.b=PATH:ValueNormPress", "press name 'a.b': use letters, digits, _ and -"),
         ("PATH.txt:P", "is not a file"),
     ],

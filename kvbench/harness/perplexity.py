@@ -336,9 +336,19 @@ def prepare_plan(
         raise BadInput(f"--batch-configs must be at least 1, got {batch_configs}")
     if dtype not in models.DTYPES:
         raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(models.DTYPES)}")
+    every = dict(configs[0].protocol_args)["every"]
+    held = every * ((length - 1) // every)  # the cache before the last chunk: what later predictions read
+    if held == 0:
+        raise BadInput(
+            f"--every {every} feeds the {length}-token texts in one chunk: no token would be predicted from "
+            "a compressed cache (give --every below --length)"
+        )
     for config in configs:
-        if config.budget is not None and config.budget > length:
-            raise BadInput(f"budget {config.budget} is above the texts' --length {length}: nothing to evict")
+        if config.budget is not None and config.budget >= held:
+            raise BadInput(
+                f"budget {config.budget}: at --length {length} and --every {every} the cache holds at most "
+                f"{held} entries before a prediction, so nothing would be evicted"
+            )
     data_dir = Path(data_dir) if data_dir is not None else None
     names = check_sources(sources, data_dir)
     check_writable(Path(out))

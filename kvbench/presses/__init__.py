@@ -490,9 +490,16 @@ def resolve_press(press: object, name: str | None = None) -> str:
         alias, sep, rest = text.partition("=")
         if sep and is_target(rest.strip()):
             name, text = alias.strip(), rest.strip()
+        elif sep:
+            raise BadInput(
+                f"press {text!r}: NAME= names a press of your own given by its target (NAME=module:Class or "
+                f"NAME=file.py:Class); {rest.strip()!r} is not one"
+            )
         if not is_target(text):
             if name is not None and name != text:
                 raise BadInput(f"press {text!r} is registered: it keeps its name (not {name!r})")
+            if text not in PRESSES and text.endswith(".py"):
+                raise BadInput(f"press {text!r}: name the class in the file, as {text}:ClassName")
             if text not in PRESSES:
                 raise unknown_press(text)
             return text

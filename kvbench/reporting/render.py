@@ -31,6 +31,7 @@ from kvbench.reporting.costs import Costs, cost_blocks, read_costs
 from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
 from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
+from kvbench.store.results import ROWS_FILE, ROWS_GZ
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -111,6 +112,8 @@ def render_report(
     what `kvbench speed` measured (its --out folder, or `read_costs` of it), set beside each leaderboard's
     scores."""
     out = as_path(out, "out")
+    if any((out / name).exists() for name in (ROWS_FILE, ROWS_GZ)):
+        raise BadInput(f"--out {str(out)!r} is a results folder: give the report a folder of its own")
     if costs is not None and not isinstance(costs, Costs):
         costs = read_costs(as_path(costs, "costs"))  # checked before any row is read
     result_dirs = as_paths(result_dirs, "result_dirs")
