@@ -2,6 +2,7 @@
 (in memory through `tiny_model`, saved as a local folder through `tiny_model_dir`)."""
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -77,6 +78,16 @@ def device(request) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         pytest.skip("--device cuda, but torch sees no CUDA device")
     return name
+
+
+def pytest_configure(config):
+    """Each xdist worker, and each process its tests start, runs torch on its share of the cores: two
+    workers of two threads each on two cores spend much of their time waiting on each other's threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
