@@ -248,6 +248,32 @@ def test_a_taken_task_name_names_both_sources(tmp_path, monkeypatch, no_model_lo
     assert run(*args) == "Error: " + says.format(tmp=tmp_path)
 
 
+# Characters of each of Unicode's C categories a file name can hold: zero-width space, right-to-left
+# override, isolates, soft hyphen, byte order mark (Cf), DEL and a C1 control (Cc), private use (Co),
+# unassigned (Cn).
+HIDDEN = ["\u200b", "\u202e", "\u2066", "\u00ad", "\ufeff", "\x7f", "\x85", "\ue000", "\U000e0080"]
+
+
+@pytest.mark.parametrize("char", HIDDEN, ids=[f"U+{ord(char):04X}" for char in HIDDEN])
+def test_a_task_name_that_would_show_wrong_is_refused(tmp_path, monkeypatch, no_model_loads, char):
+    """A task is named after its --data file, or by its YAML: names carry into rows, tables and plot
+    file names, where a zero-width or direction character makes two tasks look alike, or text run
+    backwards."""
+    monkeypatch.chdir(tmp_path)
+    write_files(
+        {f"my{char}data.jsonl": [RECORD], "mine.jsonl": [RECORD], "t/task.yaml": task_yaml(task=f"a{char}b")}
+    )
+    assert f"holds U+{ord(char):04X}, which shows as nothing" in run("--data", f"my{char}data.jsonl")
+    assert f"holds U+{ord(char):04X}" in run("--include-path", "t", "--task", f"a{char}b")
+
+
+def test_a_task_name_longer_than_a_table_takes_is_refused(tmp_path, monkeypatch, no_model_loads):
+    monkeypatch.chdir(tmp_path)
+    write_files({"a" * 101 + ".jsonl": [RECORD], "a" * 100 + ".jsonl": [RECORD]})
+    assert "task name of 101 characters, more than 100" in run("--data", "a" * 101 + ".jsonl")
+    assert run("--data", "a" * 100 + ".jsonl") == "Error: the checks passed: the model would load now"
+
+
 @pytest.mark.parametrize(
     ("files", "args", "says"),
     [

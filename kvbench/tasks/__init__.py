@@ -8,6 +8,7 @@ with `include_path`, or a suite YAML given by its path.
 
 import json
 import numbers
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -227,7 +228,9 @@ def sized_by_tokenizer(task: str) -> bool:
 def register_data_task(task: "jsonl.DataTask") -> str:
     """Add the user's data task to the registry (its metric resolved: a name or `module:function`); a name
     taken by another task (kvbench's, a plugin's, or a data task of other data or another task YAML) is
-    refused, naming both. Its records are read when a run checks its data."""
+    refused, naming both, as is a name a table or a file name cannot show (`check_task_name`). Its records
+    are read when a run checks its data."""
+    check_task_name(task)
     owner = task_owner(task)
     if owner is not None:
         advice = (
@@ -236,6 +239,26 @@ def register_data_task(task: "jsonl.DataTask") -> str:
         raise BadInput(f"{jsonl.origin(task)}: task name {task.name!r} is taken by {owner}; {advice}")
     jsonl.register_data_task(replace(task, metric=resolve_metric(task.metric)))
     return task.name
+
+
+MAX_TASK_NAME = 100  # characters: a task names report sections, table rows and plot files
+
+
+def check_task_name(task: "jsonl.DataTask") -> None:
+    """BadInput when the task's name (a --data file's stem, or a task YAML's `task:`) holds a character
+    that shows as nothing or moves the text around it (controls, zero-width and direction marks: Unicode's
+    C categories) or is longer than `MAX_TASK_NAME`: rows, report tables and plot names carry it."""
+    hidden = next((char for char in task.name if unicodedata.category(char).startswith("C")), None)
+    if hidden is not None:
+        raise BadInput(
+            f"{jsonl.origin(task)}: task name {task.name!r} holds U+{ord(hidden):04X}, which shows as "
+            "nothing or reorders the text around it; rename the file or name its task in a task YAML"
+        )
+    if len(task.name) > MAX_TASK_NAME:
+        raise BadInput(
+            f"{jsonl.origin(task)}: task name of {len(task.name)} characters, more than {MAX_TASK_NAME}; "
+            "rename the file or name its task in a task YAML"
+        )
 
 
 def task_owner(task: "jsonl.DataTask") -> str | None:
