@@ -15,8 +15,13 @@ user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `
   written, on one or two samples. A run or sweep keeps one sample of its first task (the suite's, at the
   suite's length) and its first ratio, memory or budget.
 
-The commands that compute, and those that read what `inputs` makes, take minutes in all: they carry the
-marker `doc_runs`, which the default run deselects (`uv run --group dev pytest -m doc_runs` runs them).
+A tiny run checks what it wrote, not only its exit code: a run or sweep rows of every press it names, a
+training command its card, datagen its manifest's prompts.
+
+The tiny runs that still take tens of seconds at a tiny size (`HEAVY`: MemDecay's lifetimes, perplexity's
+forward per chunk, prefix caching's serving replay, the decode-heavy tasks' 250-token answers, a 2048-token
+context) carry the marker `doc_runs`, which the default run deselects (`uv run --group dev pytest -m
+doc_runs` runs them): about five minutes on 2 cores. The rest run by default.
 """
 
 import json
@@ -33,6 +38,7 @@ from test_interop import leaderboard_like
 from test_usage_doc import DOCS, braces, marked_commands
 
 from kvbench.cli import main
+from kvbench.store.results import load_rows
 from kvbench.tasks import load_suite, mixture
 
 pytestmark = pytest.mark.xdist_group("doc-commands")  # one worker builds the shared inputs once
@@ -309,12 +315,25 @@ def computes(command: str) -> bool:
     return not COMMANDS[command].startswith("needs ") and (mode_of(words) == "tiny" or reads_inputs(words))
 
 
+HEAVY_COMMANDS = {("memdecay", "lifetimes"), ("perplexity",), ("prefix-cache",)}
+HEAVY_TASKS = {"recite_log", "list_crates"}  # decode-heavy: answers of ~250 tokens
+
+
+def heavy(command: str) -> bool:
+    """Whether a tiny run of `command` still takes tens of seconds (the module's docstring)."""
+    words = words_of(command)
+    long_context = option(words, "--length") is not None and int(option(words, "--length")) >= 2048
+    tasks = {words[i + 1] for i, word in enumerate(words) if word == "--task"}
+    return command_path(words) in HEAVY_COMMANDS or bool(tasks & HEAVY_TASKS) or long_context
+
+
 CHEAP = [command for command in COMMANDS if not computes(command)]
-TINY_RUNS = [command for command in COMMANDS if computes(command)]
+TINY_RUNS = [command for command in COMMANDS if computes(command) and not heavy(command)]
+HEAVY_RUNS = [command for command in COMMANDS if computes(command) and heavy(command)]
 
 
 def test_the_docs_are_read_and_split_as_this_module_says():
-    assert len(CHEAP) > 50 and len(TINY_RUNS) > 30
+    assert len(CHEAP) > 50 and len(TINY_RUNS) > 30 and len(HEAVY_RUNS) > 5
     assert {"held", "report"} <= {mode_of(words_of(command)) for command in CHEAP}
 
 
@@ -323,10 +342,31 @@ def test_a_documented_command_that_computes_nothing_new_runs(command, tmp_path, 
     check_command(command, None, tmp_path, monkeypatch)
 
 
-@pytest.mark.doc_runs
 @pytest.mark.parametrize("command", TINY_RUNS, ids=[command[8:68] for command in TINY_RUNS])
 def test_a_documented_command_that_computes_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
     check_command(command, inputs, tmp_path, monkeypatch)
+
+
+@pytest.mark.doc_runs
+@pytest.mark.parametrize("command", HEAVY_RUNS, ids=[command[8:68] for command in HEAVY_RUNS])
+def test_a_long_documented_command_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
+    check_command(command, inputs, tmp_path, monkeypatch)
+
+
+def check_outputs(words: list[str], out: Path) -> None:
+    """What a tiny run must have written into `out`: rows of every press of a run or sweep (and of `none`
+    with a sweep), a card for training, prompts for datagen."""
+    path = command_path(words)
+    if path in (("run",), ("sweep",)):
+        named = option(words, "--press") or option(words, "--presses")
+        presses = {name.partition("=")[0] for name in named.split(",")}
+        presses = {name.rpartition(":")[2] if ".py:" in name else name for name in presses}
+        written = set(load_rows(out)["press"])
+        assert presses <= written and (path == ("run",) or "none" in written), written
+    elif path[-1] == "train":
+        assert (out / "card.json").is_file()
+    elif path == ("kvp", "datagen"):
+        assert json.loads((out / "manifest.json").read_text())["shards"]
 
 
 def check_command(command, inputs, tmp_path, monkeypatch):
@@ -359,6 +399,8 @@ def check_command(command, inputs, tmp_path, monkeypatch):
         assert files_of(tmp_path / out) == before
     elif out is not None:
         assert any((tmp_path / out).iterdir())
+        if mode == "tiny":
+            check_outputs(words, tmp_path / out)
     else:
         assert result.output.strip()
     if mode == "report" and words[0] == "report" and (ROOT / out / "README.md").is_file():
