@@ -403,11 +403,11 @@ def plan_tasks(
     if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer.strip()):
         raise BadInput(f"--tokenizer must name a tokenizer, got {tokenizer!r}")
     task_list = [task_list] if isinstance(task_list, str) else list(task_list)
-    data = [str(path) for path in as_paths(data, "data")] if data != () else []
+    data = [str(path) for path in as_paths(data, "data")]
     if metric is not None and not data:
         raise BadInput("--metric applies to --data files (a task YAML names its own metric)")
     metric = tasks.resolve_metric(metric) if metric is not None else "qa_f1"  # `--metric ''` names none
-    for folder in as_paths(include_path, "include_path") if include_path != () else []:
+    for folder in as_paths(include_path, "include_path"):
         tasks.include_path(folder)
     task_list += [tasks.register_data_task(tasks.jsonl.data_task(path, metric)) for path in data]
     suite_spec = None

@@ -214,7 +214,8 @@ def train(
     shape = model_shape(model)
     if not data.shape.fits(shape):
         raise TrainingFileError(
-            f"DistillCache data at {data.where} was made for {data.shape}, not for {shape}; "
+            f"DistillCache data at {data.where} was made for {data.shape.describe()}, "
+            f"not for {shape.describe()}; "
             f"make data for this model with: {data.hint(shape.name, 'DIR')}"
         )
     model.requires_grad_(False).eval()

@@ -165,7 +165,9 @@ def validation_cost_on(
     data = KVPData(data_dirs, utility or card_utility(card))
     made_for = ModelShape(**card["model"])
     if not made_for.fits(data.shape):
-        raise TrainingFileError(f"the agents were made for {made_for}, the data for {data.shape}")
+        raise TrainingFileError(
+            f"the agents were made for {made_for.describe()}, the data for {data.shape.describe()}"
+        )
     val = [data.load(shard, card["heads"]) for shard in data.val]
     rewards = {"agents": validation_reward(agents, val), **reference_rewards(val)}
     return {name: -reward.mean().item() for name, reward in rewards.items()}, len(val)
