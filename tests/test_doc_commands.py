@@ -21,7 +21,7 @@ training command its card, datagen its manifest's prompts.
 The tiny runs that still take tens of seconds at a tiny size (`HEAVY`: MemDecay's lifetimes, perplexity's
 forward per chunk, prefix caching's serving replay, the decode-heavy tasks' 250-token answers, a 2048-token
 context) carry the marker `doc_runs`, which the default run deselects (`uv run --group dev pytest -m
-doc_runs` runs them): about five minutes on 2 cores. The rest run by default.
+doc_runs` runs them): about six minutes on 2 cores. The rest run by default.
 """
 
 import json
