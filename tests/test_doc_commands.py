@@ -41,7 +41,8 @@ from kvbench.cli import main
 from kvbench.store.results import load_rows
 from kvbench.tasks import load_suite, mixture
 
-pytestmark = pytest.mark.xdist_group("doc-commands")  # one worker builds the shared inputs once
+# The tests that read `inputs` share one worker, which builds them once; the others spread over the workers.
+ON_INPUTS_WORKER = pytest.mark.xdist_group("doc-inputs")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -342,12 +343,14 @@ def test_a_documented_command_that_computes_nothing_new_runs(command, tmp_path, 
     check_command(command, None, tmp_path, monkeypatch)
 
 
+@ON_INPUTS_WORKER
 @pytest.mark.parametrize("command", TINY_RUNS, ids=[command[8:68] for command in TINY_RUNS])
 def test_a_documented_command_that_computes_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
     check_command(command, inputs, tmp_path, monkeypatch)
 
 
 @pytest.mark.doc_runs
+@ON_INPUTS_WORKER
 @pytest.mark.parametrize("command", HEAVY_RUNS, ids=[command[8:68] for command in HEAVY_RUNS])
 def test_a_long_documented_command_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
     check_command(command, inputs, tmp_path, monkeypatch)

@@ -175,7 +175,19 @@ def write_checkpoint(tmp_path, model_dir, **model_fields):
 
 
 def perplexity_cli(model_dir, weights, out):
-    args = ["perplexity", "--presses", "gate", "--budget", "8", "--length", "16", "--texts", "1"]
+    args = [
+        "perplexity",
+        "--presses",
+        "gate",
+        "--budget",
+        "8",
+        "--length",
+        "16",
+        "--every",
+        "4",
+        "--texts",
+        "1",
+    ]
     args += ["--press-arg", f"weights={weights}", "--model", model_dir, "--out", str(out)]
     return CliRunner().invoke(main, args)
 

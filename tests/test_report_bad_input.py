@@ -348,7 +348,9 @@ def test_claims_that_are_no_writers_do_not_stop_a_writer_or_the_report(tmp_path)
 
 
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
-def test_a_report_killed_half_way_leaves_the_report_that_was_there(tmp_path, monkeypatch, signal_name):
+def test_a_report_killed_half_way_leaves_the_report_that_was_there(
+    tmp_path, monkeypatch, request, signal_name
+):
     """A `kill` (SIGTERM) or Ctrl-C (SIGINT) while the plots are drawn: one line, exit 128 + the signal,
     the report already in --out as it was and no staging folder left (SIGTERM left .report-*.tmp)."""
     import signal
@@ -367,6 +369,9 @@ def test_a_report_killed_half_way_leaves_the_report_that_was_there(tmp_path, mon
         return blocks
 
     monkeypatch.setattr(render, "leaderboard_blocks", killed_while_drawing)
+    # As in a terminal: an xdist worker may have been started with SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     result = CliRunner().invoke(main, ["report", str(folder), "--out", str(out)])
     assert result.exit_code == 128 + getattr(signal, signal_name), result.output
     assert result.output.strip() == ("terminated" if signal_name == "SIGTERM" else "interrupted")

@@ -122,14 +122,13 @@ def train(
     from kvbench.core.provenance import command_line
     from kvbench.learned.common import check_training_out
     from kvbench.learned.distillcache.config import DistillData
+    from kvbench.store.results import check_folder_writable
 
     given = click.get_current_context().get_parameter_source("interval") is ParameterSource.COMMANDLINE
     if given and rest["credit"] != "per-step":
         raise click.BadParameter(
             f"applies to --credit per-step only (got {rest['credit']})", param_hint="--interval"
         )
-    from kvbench.store.results import check_folder_writable
-
     check_training_out(out, replace, data)
     DistillData(list(data))  # refuse a bad data store, an --out or a device that would fail after training
     check_folder_writable(out, "--out folder")

@@ -9,6 +9,9 @@ from kvbench.tasks.mixture import Part
 
 @dataclass
 class DatagenConfig:
+    """One datagen run's settings; BadInput when its parts repeat a (task, length) or make no validation
+    prompt, which training needs."""
+
     parts: list[Part]  # (task, length, samples) in the order they were given
     seed: int = 10_000  # evaluation uses seeds 0..999
     gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
