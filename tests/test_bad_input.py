@@ -562,7 +562,7 @@ CASES = [
     ([*SWEEP[:4], "1e-320,0", *OUT], 2, "duplicate configs"),
     ([*RUN, "--press-arg", "window_size=32", "--press-arg", "window_size=16", *OUT], 2, "given twice"),
     ([*SWEEP, "--press-arg", "window_size=32", "--press-arg", "window_size=32", *OUT], 2, "given twice"),
-    ([*RUN[:2], "none", "--ratio", "0.5", *OUT], 2, "press 'none' compresses nothing: give --ratio 0"),
+    ([*RUN[:2], "none", "--ratio", "0.5", *OUT], 2, "press 'none' compresses nothing: its --ratio must be 0"),
     ([*RUN[:2], "none", "--memory", "0.5", *OUT], 2, "press 'none' compresses nothing"),
     ([*TRAIN, "--data", "{tmp}/empty", "--layers", "0,0"], 2, "an index is given twice in '0,0'"),
     (["distillcache", "train", *OUT, "--data", "{tmp}/empty", "--ratios", "0.5,0.5"], 2, "given twice"),

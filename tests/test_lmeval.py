@@ -281,8 +281,8 @@ def test_model_args_take_a_tokenizer_and_press_arguments_and_fall_back_to_the_cp
 @pytest.mark.parametrize(
     "model_args, refusal",
     [
-        ("compression_ratio=0.5", "compression_ratio=0.5 without press=NAME"),
-        ("press=none,compression_ratio=0.25", "compression_ratio=0.25 without press=NAME"),
+        ("compression_ratio=0.5", "press 'none' compresses nothing: its compression_ratio must be 0"),
+        ("press=none,compression_ratio=0.25", "press 'none' compresses nothing: its compression_ratio"),
         ("window_size=4", "press 'none' takes no press arguments"),
     ],
 )

@@ -53,7 +53,7 @@ from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.core.resources import lm_eval_tasks_dir
 from kvbench.engine.steps import Run, answer_question, cache_entries, kv_counts, prefill_shared, run_alone
-from kvbench.harness.planning import check_configs, check_learned_state, parse_ratio
+from kvbench.harness.planning import check_configs, check_learned_state, check_uncompressed, parse_ratio
 from kvbench.presses import (
     config_press,
     needs_eager,
@@ -109,10 +109,7 @@ class KVBenchLM(HFLM):
             )
         self.press_name = "none" if press is None else press  # lm-eval's parser reads press=none as None
         self.compression_ratio = parse_ratio(compression_ratio)
-        if self.press_name == "none" and self.compression_ratio != 0:
-            raise BadInput(
-                f"compression_ratio={compression_ratio} without press=NAME: press 'none' compresses nothing"
-            )
+        check_uncompressed(self.press_name, self.compression_ratio, "compression_ratio")
         self.press_args = {**(press_args or {}), **more_press_args}
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
         self.eager = needs_eager(self.press_name, self.press_args)

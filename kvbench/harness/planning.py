@@ -115,6 +115,13 @@ def budget_configs(
     return [Config(press, r, press_args, protocol=name, protocol_args=protocol_args) for r in ratios]
 
 
+def check_uncompressed(press: str, ratio: float | None, option: str) -> None:
+    """BadInput when the uncompressed press `none` is given a budget: a ratio other than 0 (None: a memory
+    or absolute budget) under `option`, the name the caller's user gave it."""
+    if press == "none" and ratio != 0:
+        raise BadInput(f"press 'none' compresses nothing: its {option} must be 0 (or name a press)")
+
+
 def press_args_for(name: str, press_args: dict | None, names: Sequence[str]) -> tuple:
     """The press arguments of press `name` among the presses `names` of a run or sweep, as a config holds
     them: the unprefixed ones (every press's) and those given as `name.key`; a prefix that names none of
@@ -161,8 +168,7 @@ def configs_for_run(
     if sum(value is not None for value in (ratio, memory, budget)) != 1:
         raise BadInput("give exactly one of --ratio, --memory or --budget")
     press = resolve_press(press)
-    if press == "none" and (ratio is None or parse_ratio(ratio) != 0):
-        raise BadInput("press 'none' compresses nothing: give --ratio 0")
+    check_uncompressed(press, parse_ratio(ratio) if ratio is not None else None, "--ratio")
     args = press_args_for(press, press_args, [press])
     ratios = [parse_ratio(ratio)] if ratio is not None else []
     memories = [parse_memory(memory)] if memory is not None else []

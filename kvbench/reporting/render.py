@@ -31,7 +31,7 @@ from kvbench.reporting.costs import Costs, cost_blocks, read_costs
 from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
 from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
-from kvbench.store.results import ROWS_FILE, ROWS_GZ
+from kvbench.store.results import rows_files
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -112,7 +112,7 @@ def render_report(
     what `kvbench speed` measured (its --out folder, or `read_costs` of it), set beside each leaderboard's
     scores."""
     out = as_path(out, "out")
-    if any((out / name).exists() for name in (ROWS_FILE, ROWS_GZ)):
+    if rows_files(out):
         raise BadInput(f"--out {str(out)!r} is a results folder: give the report a folder of its own")
     if costs is not None and not isinstance(costs, Costs):
         costs = read_costs(as_path(costs, "costs"))  # checked before any row is read
@@ -133,15 +133,14 @@ def render_report(
     blocks += [Paragraph(note) for note in notes if note]
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
     checked = read_conformance(collected.dirs)
-    out_dir = out
-    with staged(out_dir) as stage:
+    with staged(out) as stage:
         for board in boards:
             costed = cost_blocks(board, costs, stage, styles) if costs is not None else []
             blocks += leaderboard_blocks(board, stage, styles, costed + conformance_blocks(board, checked))
         blocks += perplexity_blocks(collected.rows[perplexity], stage, styles)
         (stage / "README.md").write_text(to_markdown(TITLE, blocks))
         (stage / "index.html").write_text(to_html(TITLE, blocks))
-    return out_dir
+    return out
 
 
 @contextmanager
