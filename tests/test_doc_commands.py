@@ -1,5 +1,6 @@
 """Every `kvbench` command of README.md and docs/ runs here, as written or at a tiny size, unless its doc
-marks it with `# needs ...` (a GPU, the hub, a Ray cluster, a download of the user's own): such a mark must
+marks it with `# needs ...` (a GPU, the hub, a Ray cluster, a download of the user's own, the package index,
+the 1.5B model, which the suite never fetches): such a mark must
 be true of the command. Each distinct command runs once, in an empty folder of its own that holds the
 repository's committed folders (results/, presses/, agents/) and what the docs' commands take from the
 user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `kvp train` at tiny sizes,
@@ -232,6 +233,7 @@ def mode_of(words: list[str]) -> str:
         ("import",),
         ("presses",),
         ("tasks",),
+        ("models",),
     ):
         return "report"
     learned = re.findall(r"(?:^|=)((?:agents|presses)/[\w.-]+)", " ".join(words))
@@ -378,7 +380,9 @@ def check_command(command, inputs, tmp_path, monkeypatch):
     if mark.startswith("needs "):
         claims = {"GPU": "--device" in words and option(words, "--device").startswith("cuda")}
         claims |= {"hub": option(words, "--model") not in (None, "smollm2-135m"), "Ray": "--ray" in words}
-        claims |= {"your own": "--data-dir" in words}
+        claims |= {"your own": "--data-dir" in words or "--gguf" in words}
+        claims |= {"the package index": words[:2] == ["models", "fetch"] and "--gguf" not in words}
+        claims |= {"the 1.5B model": option(words, "--model") == "qwen2.5-coder-1.5b"}
         named = [claim for claim in claims if claim in mark]
         assert named and all(claims[claim] for claim in named), (
             f"`{command}`: its mark '{mark}' is not true of it"

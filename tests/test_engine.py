@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from kvbench import engine
 from kvbench.bridge import adapter
-from kvbench.bridge.models import embedded_folder, load_model, load_tokenizer
+from kvbench.bridge.models import EMBEDDED, converted, load_model, load_tokenizer
 from kvbench.core.config import Config
 from kvbench.engine import decoder, evaluate_sample, steps
 from kvbench.engine.decoder import BatchedDecoder
@@ -57,7 +57,7 @@ def peaked_model(tiny_model, tokenizer, device):
 
     def make(architecture: str):
         model = tiny_model(architecture, len(tokenizer), initializer_range=0.1, attn_implementation="sdpa")
-        model.config.name_or_path = str(embedded_folder())
+        model.config.name_or_path = str(converted(EMBEDDED))
         return model.to(device)
 
     return make

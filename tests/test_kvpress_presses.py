@@ -19,7 +19,7 @@ from test_engine import MAX_NEW_TOKENS, stepwise_reference, word_soup_sample
 
 from kvbench import engine
 from kvbench.bridge import adapter
-from kvbench.bridge.models import embedded_folder
+from kvbench.bridge.models import EMBEDDED, converted
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, UnknownPress
 from kvbench.engine import evaluate_sample
@@ -40,7 +40,7 @@ def peaked_model(tiny_model, tokenizer, device):
 
     def make(architecture: str):
         model = tiny_model(architecture, len(tokenizer), initializer_range=0.1, attn_implementation="sdpa")
-        model.config.name_or_path = str(embedded_folder())
+        model.config.name_or_path = str(converted(EMBEDDED))
         return model.to(device)
 
     return make

@@ -15,7 +15,7 @@ from test_engine import decoded_token_ids, pipeline_token_ids, word_soup_sample
 
 import kvbench
 from kvbench.bridge import adapter
-from kvbench.bridge.models import embedded_folder, load_tokenizer
+from kvbench.bridge.models import EMBEDDED, converted, load_tokenizer
 from kvbench.core.config import Config
 from kvbench.engine import evaluate_sample, sized_config
 from kvbench.engine.steps import budget_entries
@@ -36,7 +36,7 @@ def model(tiny_model, tokenizer):
     """Peaked attention (which entries are kept changes the answers), float64 (rows of a batch and a
     single row round alike: what is kept is under test, not rounding)."""
     model = tiny_model("llama", len(tokenizer), initializer_range=0.1, attn_implementation="sdpa")
-    model.config.name_or_path = str(embedded_folder())
+    model.config.name_or_path = str(converted(EMBEDDED))
     return model.double()
 
 

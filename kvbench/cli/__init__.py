@@ -55,6 +55,10 @@ LAZY_COMMANDS = {
         "kvbench.cli.perplexity:perplexity",
         "Perplexity of long texts with each press's KV cache held at its budget as the text is read.",
     ),
+    "models": (
+        "kvbench.cli.models:models",
+        "List the built-in models (size, shape, source, whether here); `models fetch` readies one.",
+    ),
     "check-press": (
         "kvbench.cli.check_press:check_press_command",
         "Whether PRESS does what it claims: budget, memory, cache order, determinism, isolation, parity.",
@@ -164,7 +168,7 @@ def main(verbose):
       kvbench run --press kvp --ratio 0.5             # one press, one ratio, default suite
       kvbench sweep --presses kvp,snapkv,h2o --ratios 0.25,0.5,0.75
       kvbench report results/ --out reports/mine      # leaderboard, plots
-      kvbench presses / kvbench tasks                 # what can be run
+      kvbench presses / kvbench tasks / kvbench models  # what can be run
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
@@ -177,7 +181,7 @@ def model_options(command):
         "--model",
         default=EMBEDDED,
         show_default=True,
-        help="Embedded alias, Hugging Face model id, or local folder.",
+        help="A built-in model (`kvbench models`), a GGUF file, a Hugging Face model id, or a local folder.",
     )(command)
     command = click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")(
         command

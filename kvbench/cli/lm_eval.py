@@ -94,7 +94,7 @@ def main() -> None:
     "--model",
     default=EMBEDDED,
     show_default=True,
-    help="Embedded alias, Hugging Face model id, or local folder.",
+    help="A built-in model (`kvbench models`), a GGUF file, a Hugging Face model id, or a local folder.",
 )
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
 @click.option(

@@ -224,10 +224,7 @@ def prepare_plan(
     check_writable(Path(out))
     if executor is None:
         models.check_device(device)
-    if model != models.EMBEDDED:  # a folder or hub id is checked now; the embedded one converts later, once
-        models.resolve(model)
-    else:
-        models.check_embedded_cache()  # a cache that cannot take its copy: refused now, not after torch
+    models.check_model(model)  # a GGUF converts later, once; a cache that cannot take it is refused now
     if task_plan.tokenizer not in (None, models.EMBEDDED):
         models.resolve_tokenizer(task_plan.tokenizer)
     limit = models.context_limit(model)

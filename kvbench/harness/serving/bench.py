@@ -6,19 +6,19 @@ import dataclasses
 import json
 from pathlib import Path
 
+from kvbench.bridge.builtin import BUILTIN
 from kvbench.bridge.models import EMBEDDED, model_config
 from kvbench.core.errors import BadInput
 from kvbench.core.validation import parse_float, parse_int
 
 POLICY_NAMES = ("none", "prefix", "chunk", "pegasus")
-# The embedded SmolLM2-135M: 30 layers x 2 x 3 KV heads x 64 dims x 2 bytes per token
-EMBEDDED_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
 MIB = 2**20
 
 
 def config_bytes_per_token(model: str) -> int | None:
-    if model == EMBEDDED:
-        return EMBEDDED_BYTES_PER_TOKEN
+    if model in BUILTIN:  # layers x (keys, values) x KV heads x head_dim x 2 bytes
+        shape = BUILTIN[model]
+        return shape.layers * 2 * shape.kv_heads * shape.head_dim * 2
     config = model_config(model)
     if not config:
         return None

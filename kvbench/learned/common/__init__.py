@@ -209,6 +209,7 @@ class Manifest:
     shards: list[Shard]
     method: str = "kvp"  # stores from before the field existed are KVP's
     mixture: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the model's while it ran the prompts
 
 
 def existing_manifest(directory: Path) -> dict | None:

@@ -230,7 +230,12 @@ def generate_data(
     """
     out = Path(out)
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
-    manifest = existing_manifest(out) or {"method": SHARED, "mixture": mixture, **head, "shards": []}
+    dtype = str(model.dtype).removeprefix("torch.")
+    made = {"method": SHARED, "mixture": mixture, "dtype": dtype, **head, "shards": []}
+    manifest = existing_manifest(out) or made
+    made_in = manifest.setdefault("dtype", "float32")  # made before the option: float32, the only one then
+    if made_in != dtype:
+        raise BadInput(f"{out} holds data made in {made_in}: resume it with --dtype {made_in}")
     if isinstance(manifest["config"], dict) and "reconstruction" not in manifest["config"]:
         manifest["config"]["reconstruction"] = False  # made before the option: a resumed run adds none
     if manifest_method(manifest) != SHARED or {key: manifest.get(key) for key in head} != head:
