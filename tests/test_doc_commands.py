@@ -234,6 +234,7 @@ def mode_of(words: list[str]) -> str:
         ("presses",),
         ("tasks",),
         ("models",),
+        ("compare-models",),
     ):
         return "report"
     learned = re.findall(r"(?:^|=)((?:agents|presses)/[\w.-]+)", " ".join(words))

@@ -59,6 +59,10 @@ LAZY_COMMANDS = {
         "kvbench.cli.models:models",
         "List the built-in models (size, shape, source, whether here); `models fetch` readies one.",
     ),
+    "compare-models": (
+        "kvbench.cli.compare_models:compare_models",
+        "Whether the order of presses on one model (a results folder) carries to another.",
+    ),
     "check-press": (
         "kvbench.cli.check_press:check_press_command",
         "Whether PRESS does what it claims: budget, memory, cache order, determinism, isolation, parity.",
