@@ -21,12 +21,13 @@ FOLDERS = {
     "core": 0,  # vocabulary, errors, validation, provenance, shipped files, registries
 }
 API = 6  # kvbench/__init__.py: the Python API
+PUBLIC = {"kvbench.lmeval"}  # stable public paths beside the API, at its layer: re-exports only
 
 
 def layer_of(module: str) -> int:
     """The layer of a module: its folder's (`FOLDERS`); the package itself is the API."""
     parts = module.split(".")
-    if parts == ["kvbench"]:
+    if parts == ["kvbench"] or module in PUBLIC:
         return API
     if parts[1] not in FOLDERS:
         raise AssertionError(f"{module} is in no folder of FOLDERS in tests/test_architecture.py")
@@ -124,8 +125,20 @@ def test_the_checks_see_an_upward_import_and_a_circle(tmp_path):
 
 
 def test_every_module_is_in_a_folder_of_a_layer():
-    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py"]
-    assert {module.split(".")[1] for module in module_files() if module != "kvbench"} == set(FOLDERS)
+    public = sorted(f"{module.split('.')[1]}.py" for module in PUBLIC)
+    assert sorted(path.name for path in PACKAGE.glob("*.py")) == ["__init__.py", *public]
+    folders = {
+        module.split(".")[1] for module in module_files() if module != "kvbench" and module not in PUBLIC
+    }
+    assert folders == set(FOLDERS)
+
+
+def test_public_modules_only_re_export():
+    """A stable public path (`PUBLIC`) holds imports and `__all__`, no code of its own."""
+    for module in PUBLIC:
+        tree = ast.parse(module_files()[module].read_text())
+        kinds = {type(node) for node in tree.body} - {ast.Expr}  # the docstring
+        assert kinds <= {ast.Import, ast.ImportFrom, ast.Assign}, module
 
 
 def test_click_is_imported_in_cli_only():

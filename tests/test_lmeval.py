@@ -327,3 +327,17 @@ def test_lm_eval_kvbench_adds_kvbench_tasks_unless_given_a_path():
     for own in (["--include_path", "mine"], ["--include_path=mine"]):
         assert with_kvbench_tasks([*argv, *own]) == [*argv, *own]
     assert with_kvbench_tasks(["--help"]) == ["--help"] and with_kvbench_tasks([]) == []
+
+
+def test_the_public_import_registers_the_model_type():
+    """`import kvbench.lmeval` is the documented path (docs/usage.md), whatever the harness's layout."""
+    import subprocess
+    import sys
+
+    code = (
+        "import lm_eval.api.registry as r\n"
+        "assert 'kvbench' not in r.MODEL_REGISTRY\n"
+        "import kvbench.lmeval\n"
+        "assert r.get_model('kvbench') is kvbench.lmeval.KVBenchLM\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -10,7 +10,7 @@ defines. This script imports kvbench.harness.lmeval, which registers the model, 
 point on the command line as given: every lm-eval flag and subcommand (`run`, `ls`, `validate`) works
 unchanged. Without `--include_path` it adds kvbench's own task folder (shipped in the wheel), so the
 `kvbench_*` tasks resolve from any install; lm-eval takes one include path, so a user who gives their own
-reaches kvbench's tasks through it (e.g. a folder holding both). From Python, `import kvbench.harness.lmeval`
+reaches kvbench's tasks through it (e.g. a folder holding both). From Python, `import kvbench.lmeval`
 before
 `lm_eval.simple_evaluate(model="kvbench", ...)` does the same.
 """
