@@ -17,6 +17,16 @@ import torch
 from kvbench.bridge.models import load_model
 
 
+def bf16_flags() -> str:
+    """The CPU's bfloat16 instructions (Linux), which decide what bfloat16 buys: oneDNN runs its matmuls on
+    AMX tiles where the CPU has them."""
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return "unknown"
+    return ", ".join(sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})) or "none"
+
+
 def best_of(runs: int, step) -> float:
     times = []
     for _ in range(runs):
@@ -58,7 +68,8 @@ def main():
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU kernels: "
-        f"{torch.backends.cpu.get_cpu_capability()}, attention: sdpa"
+        f"{torch.backends.cpu.get_cpu_capability()}, bfloat16 instructions: {bf16_flags()}, "
+        f"oneDNN: {torch.backends.mkldnn.is_available()}, attention: sdpa"
     )
     print(f"| {args.model} | prefill {args.length} (s) | decode step x1 (s) | decode step x{args.rows} (s) |")
     print("|---|---|---|---|")
