@@ -85,3 +85,26 @@ def test_every_step_of_the_tutorial_runs_in_an_empty_folder(tmp_path, monkeypatc
     assert api == {"none", "mine", "squared", "snapkv"}
     suite = [json.loads(line) for line in Path("results/suite/rows.jsonl").read_text().splitlines()]
     assert sorted({row["task"] for row in suite}) == ["meetings", "niah_single_1"] and len(suite) == 12
+
+
+def test_the_hooks_a_press_may_declare_are_listed_as_the_one_file_declares_them():
+    from kvbench.core.press_hooks import HOOKS
+
+    text = DOC.read_text()
+    listed = re.findall(r"^\| `([^`]+)` \| (.+) \|$", text, flags=re.MULTILINE)
+    assert listed == [(hook.signature, hook.contract) for hook in HOOKS.values()]
+
+
+def test_kvbench_reads_no_press_attribute_of_its_own_outside_the_declared_hooks():
+    """Every read of a kvbench hook goes through `press_hooks.declared`: no getattr/hasattr probe of a
+    press for a name of its own elsewhere in the package."""
+    from kvbench.core.press_hooks import HOOKS
+
+    probe = re.compile(r"(?:getattr|hasattr)\((?:press|type\(press\)|self\.press|inner), \"(\w+)\"")
+    found = [
+        (path.name, name)
+        for path in (DOC.parents[1] / "kvbench").rglob("*.py")
+        if path.name != "press_hooks.py"
+        for name in probe.findall(path.read_text())
+    ]
+    assert [(file, name) for file, name in found if name in HOOKS] == []

@@ -44,6 +44,7 @@ from transformers.masking_utils import AttentionMaskInterface, create_causal_mas
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from kvbench.core.errors import BadInput
+from kvbench.core.press_hooks import declared
 
 __all__ = ["DynamicCache"]
 
@@ -80,7 +81,7 @@ def is_shareable(press: BasePress | None) -> bool:
     if isinstance(press, (ChunkPress, ChunkKVPress, BlockPress)):
         return is_shareable(press.press)
     return (
-        (isinstance(press, ScorerPress) or getattr(press, "shares_prefill", False))
+        (isinstance(press, ScorerPress) or declared(press, "shares_prefill", False))
         and type(press).forward_hook is BasePress.forward_hook
         and type(press).__call__ is BasePress.__call__
         and all(is_shareable(inner) for inner in vars(press).values() if isinstance(inner, BasePress))
@@ -119,7 +120,7 @@ def decoding_press(
 ) -> DecodingPress:
     """kvpress's DecodingPress around `press`: compress every `interval` steps back to `target_size`.
     The DecodingPress sets the press's ratio at each compression."""
-    codec = getattr(press, "shares_prefill", False)
+    codec = declared(press, "shares_prefill", False)
     if not isinstance(press, ScorerPress) and not codec:
         raise BadInput(
             f"{type(press).__name__} cannot compress during decoding: kvpress's DecodingPress takes scorers"
@@ -268,8 +269,8 @@ RATIO_FREE_SCORERS = (
 def scores_shared(press: ScorerPress, layer_scores: dict):
     """Within one layer's hook, let configs of the same scorer and arguments at different ratios compute
     the scores once: kvpress's own `compress` still does the rest (top-k, gather), so results stay exact."""
-    ratio_free = type(press) in RATIO_FREE_SCORERS or getattr(type(press), "ratio_free_scores", False)
-    if not ratio_free or getattr(press, "seed", 0) is None:
+    ratio_free = type(press) in RATIO_FREE_SCORERS or declared(type(press), "ratio_free_scores", False)
+    if not ratio_free or vars(press).get("seed", 0) is None:  # a seedless random press: never shared
         yield
         return
     arguments = [(f.name, getattr(press, f.name)) for f in fields(press) if f.compare]

@@ -31,6 +31,7 @@ from kvbench.bridge.adapter import (
     pad_caches,
 )
 from kvbench.core.config import Config
+from kvbench.core.press_hooks import declared
 from kvbench.engine.decoder import BatchedDecoder
 from kvbench.presses import PRESSES
 from kvbench.tasks.prompt import Prompt
@@ -64,7 +65,7 @@ def prepare_press(press: BasePress | None, model, prompt: Prompt) -> None:
     if press is None:
         return
     press.post_init_from_model(model)
-    if hasattr(press, "use_regions") and prompt.regions is not None:
+    if declared(press, "use_regions") and prompt.regions is not None:
         press.use_regions(prompt.all_regions())
 
 
@@ -190,7 +191,7 @@ def kv_counts(model, context_tokens: int, held: tuple[int, int | None], press: B
     entries, values = held
     values = entries * 2 * head_dim if values is None else values
     kv_total = context_tokens * config.num_hidden_layers * config.num_key_value_heads
-    layer_bytes = getattr(press, "layer_bytes", None)
+    layer_bytes = declared(press, "layer_bytes")
     return {
         "context_tokens": context_tokens,
         "kv_kept": entries,

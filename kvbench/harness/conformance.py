@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.core.config import PROTOCOLS, Config
+from kvbench.core.press_hooks import declared
 from kvbench.core.validation import STRICT
 from kvbench.presses import (
     PRESSES,
@@ -276,13 +277,13 @@ def kind_of(target: Target, press) -> str:
     """What the press's budget promises, read from what it is: "codec" (every entry at fewer bits),
     "decoding" (compresses while decoding only), "channels" (prunes key channels, not entries) or
     "evictor"."""
-    from kvpress import DecodingPress
+    from kvpress import DecodingPress, ThinKPress
 
-    if PRESSES[target.name].codec or getattr(press, "shares_prefill", False):
+    if PRESSES[target.name].codec or declared(press, "shares_prefill", False):
         return "codec"
     if isinstance(press, DecodingPress):
         return "decoding"
-    if hasattr(press, "key_channel_compression_ratio"):
+    if isinstance(press, ThinKPress):
         return "channels"
     return "evictor"
 
@@ -537,7 +538,7 @@ def check_shared_prefill(subject: Subject, target: Target) -> str:
     from kvbench.bridge.adapter import is_shareable, seed_press
 
     press = target.press()
-    if hasattr(press, "use_regions"):
+    if declared(press, "use_regions"):
         raise NotApplicable("reads the prompt's regions, which kvpress's pipeline does not give")
     if unrepeatable(subject, target):
         raise NotApplicable("not deterministic (see determinism): no two runs answer alike")

@@ -18,6 +18,7 @@ from kvbench import tasks
 from kvbench.bridge.models import first_line
 from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, Config, protocol_by_option, protocol_of
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
+from kvbench.core.press_hooks import declared
 from kvbench.core.validation import as_paths, parse_float, parse_int
 from kvbench.presses import (
     PRESSES,
@@ -362,7 +363,7 @@ def check_learned_state(presses: list, model_name: str) -> None:
     import kvpress
 
     for press in filter(None, presses):
-        if hasattr(press, "check_for_model"):
+        if declared(press, "check_for_model"):
             press.check_for_model(model_name)
         check_learned_state([p for p in vars(press).values() if isinstance(p, kvpress.BasePress)], model_name)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from kvbench.core import resources
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
+from kvbench.core.press_hooks import declared
 from kvbench.core.registry import PluginError, Registry, Source, is_target, load_target, source_of
 from kvbench.core.validation import parse_value
 
@@ -725,7 +726,7 @@ def press_state(press) -> str | None:
 
     if press is None:
         return None
-    digests = [getattr(press, "state_digest", None)]
+    digests = [declared(press, "state_digest")]
     digests += [press_state(inner) for inner in vars(press).values() if isinstance(inner, kvpress.BasePress)]
     digests = [digest for digest in digests if digest]
     return "+".join(digests) or None
