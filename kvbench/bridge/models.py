@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvbench.bridge import embedded
 from kvbench.core.errors import BadInput, ModelNotFound, WriteError
+from kvbench.core.templates import render_capped, sandboxed_environment
 from kvbench.core.validation import parse_json, read_text
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
@@ -306,14 +307,12 @@ class TokenizerFiles:
         if tokenize or self.chat_template is None:
             raise ValueError("TokenizerFiles renders a chat template to text only")
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-        )
+        environment = sandboxed_environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         tokens = {key: token_text(value) for key, value in self.config.items() if key.endswith("_token")}
-        return environment.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables
+        return render_capped(
+            environment.from_string(self.chat_template),
+            dict(messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables),
         )
 
 

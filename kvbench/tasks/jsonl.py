@@ -19,6 +19,7 @@ import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError
 from kvbench.core.registry import first_line
+from kvbench.core.templates import render_capped, sandboxed_environment
 from kvbench.core.validation import STRICT, check, check_json, jsonl_lines, load_yaml, parse_json
 from kvbench.tasks.base import Sample
 
@@ -150,11 +151,12 @@ def templates_origin(task: DataTask) -> str:
 
 
 def compiled_templates(task: DataTask) -> dict:
-    """The task's templates as Jinja templates (a name they use that the record lacks is an error), by the
-    field they render; DataFileError naming the task's YAML for one that is not Jinja."""
+    """The task's templates as Jinja templates of the sandbox (`core.templates`: they run no code and are
+    capped in size; a name they use that the record lacks is an error), by the field they render;
+    DataFileError naming the task's YAML for one that is not Jinja."""
     import jinja2
 
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    environment = sandboxed_environment(undefined=jinja2.StrictUndefined)
     compiled = {}
     for name, template in task.templates:
         try:
@@ -171,8 +173,8 @@ def render(task: DataTask, name: str, template, record: dict, number: int) -> st
     DataFileError naming the task's YAML and the record when it raises (any exception: Jinja's own, or an
     expression's, `{{ 1/0 }}`) or renders no text."""
     try:
-        text = template.render(record)
-    except Exception as error:  # a template runs the user's expressions, which may fail in any way
+        text = render_capped(template, record)
+    except Exception as error:  # a template's expressions may fail in any way, or break the sandbox's caps
         raise DataFileError(
             f"{templates_origin(task)}: template of {name!r} fails on record {number} of {task.path}: "
             + first_line(error)

@@ -1,0 +1,110 @@
+"""A suite or task YAML is data that people share: it runs no code. Its templates render in a sandbox
+capped in size (`kvbench.core.templates`), and what it names as a metric is imported only when the user
+gave that code on the command line (or registered it); otherwise one line says how to allow it."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvbench.bridge import models
+from kvbench.cli import main
+from kvbench.core.errors import BadInput
+from kvbench.core.templates import MAX_OUTPUT
+from tests.test_user_data_checks import RECORD, task_yaml, write_files
+
+# Ways into Python's globals from what Jinja puts in a template's reach, and what each then runs: every
+# pairing must be refused, whichever route a shared file takes.
+ENTRIES = [
+    "cycler.__init__.__globals__",
+    "joiner.__init__.__globals__",
+    "namespace.__init__.__globals__",
+    "lipsum.__globals__",
+    "self._TemplateReference__context.cycler.__init__.__globals__",
+    "context.__class__.__mro__[1].__subclasses__()[0].__init__.__globals__",
+]
+ACTIONS = [
+    ".os.system('touch PWNED')",
+    "['os'].popen('touch PWNED').read()",
+    "['__builtins__']['open']('PWNED', 'w').write('x')",
+]
+ESCAPES = [f"{{{{ {entry}{action} }}}}" for entry, action in itertools.product(ENTRIES, ACTIONS)]
+
+# Templates that would build more than the sandbox's cap (each small enough that an unsandboxed render
+# finishes, so that the test fails on the old code rather than hanging it).
+BIG = 10 * MAX_OUTPUT
+EXHAUSTING = [
+    f"{{{{ range({BIG})|list|length }}}}",
+    f"{{{{ 'x' * {BIG} }}}}",
+    f"{{{{ context * {BIG} }}}}",
+    f"{{{{ ['x'] * {BIG} }}}}",
+    f"{{{{ 'x' * {BIG // 10**4} * 10**4 }}}}",
+    f"{{{{ 2 ** {BIG} }}}}",
+    f"{{{{ context|center({BIG}) }}}}",
+    f"{{{{ context.ljust({BIG}) }}}}",
+    f"{{{{ '%*d' % ({BIG}, 1) }}}}",
+    f"{{{{ '{{:>{BIG}}}'.format(1) }}}}",
+    f"{{% for i in range(99999) %}}{{{{ context * {MAX_OUTPUT // 1000} }}}}{{% endfor %}}",
+]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Past every check, a run would load its model: it says so in one line instead."""
+
+    def refuse(*args, **kwargs):
+        raise BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+
+
+def refused_run(*args) -> str:
+    result = CliRunner().invoke(
+        main,
+        ["run", "--press", "knorm", "--ratio", "0.5", "--length", "256", *args, "--out", "out"],
+    )
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert not Path("out").exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize("template", ESCAPES + EXHAUSTING)
+@pytest.mark.parametrize("field", ["context", "question"])
+def test_a_task_yaml_template_runs_no_code_and_builds_nothing_past_the_cap(
+    tmp_path, monkeypatch, no_model_loads, template, field
+):
+    monkeypatch.chdir(tmp_path)
+    write_files(
+        {
+            "s/mine.jsonl": [RECORD],
+            "s/task.yaml": task_yaml(templates={field: template + "{{ " + field + " }}"}),
+            "s/suite.yaml": {"tasks": ["mytask"]},
+        }
+    )
+    line = refused_run("--suite", "s/suite.yaml")
+    where = f"Error: {tmp_path}/s/task.yaml: template of {field!r} fails on record 1 of "
+    assert line.startswith(where), line
+    assert "SecurityError" in line or "unsafe" in line, line
+    assert not Path("PWNED").exists() and not Path("s/PWNED").exists()
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ title|upper }}: {{ context }}",
+        "{% for word in context.split() %}{{ word|lower }} {% endfor %}",
+        "{{ '%s (%d)' % (context, 3) }} {{ '{:>5}'.format(title) }} {{ context * 2 }} {{ 2 ** 10 }}",
+        "{{ context|center(80)|trim }} {{ range(10)|join(',') }}",
+    ],
+)
+def test_ordinary_templates_render_as_jinja_does(template):
+    import jinja2
+
+    from kvbench.core.templates import render_capped, sandboxed_environment
+
+    record = {**RECORD, "title": "Box"}
+    sandboxed = sandboxed_environment(undefined=jinja2.StrictUndefined).from_string(template)
+    plain = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template)
+    assert render_capped(sandboxed, record) == plain.render(record)
