@@ -88,7 +88,7 @@ def test_a_metric_that_raises_on_a_real_answer_is_one_line_and_keeps_the_rows_wr
     result = CliRunner().invoke(main, [str(arg) for arg in args])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     line = result.output.strip().splitlines()[-1]
-    assert line == f"Error: metric 'metrics.py:f' fails on sample mine/s1: {says}", result.output
+    assert line == f"Error: metric '{tmp_path}/metrics.py:f' fails on sample mine/s1: {says}", result.output
     rows = [json.loads(line) for line in Path("out/rows.jsonl").read_text().splitlines()]
     assert [row["sample_id"] for row in rows] == ["s0"]
 

@@ -36,7 +36,8 @@ class DataTask:
     answers, id) to the record's keys where they differ; `templates` renders context or question from the
     whole record instead (Jinja, e.g. "{{ title }}\\n{{ body }}"); `split` picks a split of a datasets
     folder that holds several. `source` is the task YAML that defines it (None: `--data` or Python), as
-    messages about its name or its templates name it."""
+    messages about its name or its templates name it; `metric_digest` that of the file of a user's metric
+    (set when it is registered)."""
 
     name: str
     path: Path
@@ -48,6 +49,7 @@ class DataTask:
     split: str | None = None
     description: str = ""
     source: Path | None = None
+    metric_digest: str | None = None  # of the user's metric file: the samples' key, so an edit scores anew
 
     def key(self, name: str) -> str:
         return dict(self.fields).get(name, name)
@@ -268,7 +270,11 @@ def make_samples(
                 references=record["answers"],
                 max_new_tokens=spec.max_new_tokens,
                 metric=spec.metric,
-                meta={"metric": spec.metric},  # rows record what scored them
+                # rows record what scored them, and are keyed by the user's metric file
+                meta={
+                    "metric": spec.metric,
+                    **({"metric_digest": spec.metric_digest} if spec.metric_digest else {}),
+                },
             )
         )
     if truncated:
