@@ -23,7 +23,7 @@ from kvbench.core.config import PROTOCOLS, Config, Protocol, protocol_of
 from kvbench.core.errors import BadInput
 from kvbench.core.registry import load_target
 from kvbench.engine.steps import Run, pressed_tree, run_alone
-from kvbench.presses import PRESSES, config_press, needs_eager
+from kvbench.presses import PRESSES, check_distinct_presses, config_press, needs_eager
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import tokenize_sample
 
@@ -58,6 +58,7 @@ def evaluate_sample(
         # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
         press = seed_press(config_press(sized), f"{sample.task}/{sample.id}/{config!r}")
         runs.append(Run(sized, press, needs_eager(config.press, dict(config.press_args)), prompt))
+    check_distinct_presses([run.config for run in runs], [run.press for run in runs])
     # Runs that prefill the same prompt under one protocol share a prefill and a batched decoding.
     groups: dict[tuple, list[Run]] = {}
     alone = []

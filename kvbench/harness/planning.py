@@ -22,6 +22,7 @@ from kvbench.core.validation import as_paths, parse_float, parse_int
 from kvbench.presses import (
     PRESSES,
     build_press,
+    check_distinct_presses,
     check_press_runnable,
     config_press,
     config_state,
@@ -265,6 +266,7 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
         build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
         for config in configs
     ]
+    check_distinct_presses(configs, presses)
     tried = set()  # one trial per press, arguments and protocol: at its highest ratio, where presses break
     for config in sorted(configs, key=lambda config: -config.ratio):
         group = (config.press, config.press_args, config.protocol, config.protocol_args)
@@ -297,6 +299,8 @@ def check_press_args_run(config: Config, tokens: int = TRIAL_TOKENS) -> None:
         except Exception as bare:
             if PRESSES[config.press].source is None:
                 return
+            if isinstance(bare, KvbenchError):  # what the engine refuses of it, as the engine says it
+                raise bare from None
             # A user's press that fails on its own: its bug, said before any model loads.
             raise BadInput(
                 f"press {config.press!r} fails on {where}: {type(bare).__name__}: {first_line(bare)}"
