@@ -118,3 +118,52 @@ def test_what_a_factory_returns_is_checked_per_config(tmp_path, monkeypatch, tin
     result = invoke(*args, "--length", 256, "--model", tiny_llama_dir, "--out", "out")
     assert result.exit_code == 2 and result.output.strip().splitlines() == [f"Error: {says}"], result.output
     assert not Path("out").exists()
+
+
+PRESS_CLASS = """
+from dataclasses import dataclass
+
+from kvpress import ScorerPress
+
+
+@dataclass
+class Norm(ScorerPress):
+    compression_ratio: float = 0.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return values.norm(dim=-1){edit}
+"""
+
+
+def test_a_press_is_keyed_by_every_file_of_the_users_it_runs(tmp_path, monkeypatch):
+    """A factory in one file building a press class of another: an edit to either is a new digest; a
+    `functools.partial` is keyed by its function's file and the arguments it binds."""
+    import functools
+
+    from kvbench.core.registry import load_target, source_of
+    from kvbench.presses import PRESSES, resolve_press
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    Path("norm_press.py").write_text(PRESS_CLASS.format(edit=""))
+    factory = "from norm_press import Norm\n\n\ndef make(ratio, power=1.0):\n    return Norm(ratio){edit}\n"
+    Path("factory.py").write_text(factory.format(edit=""))
+
+    def digest(target: str = "mk=factory.py:make") -> str:
+        return PRESSES[resolve_press(target)].source.digest
+
+    first = digest()
+    assert digest() == first
+    Path("norm_press.py").write_text(PRESS_CLASS.format(edit=" * 2"))
+    second = digest()
+    assert second != first
+    Path("factory.py").write_text(factory.format(edit="  # edited"))
+    assert digest() not in (first, second)
+
+    make = load_target(f"{tmp_path}/factory.py:make", "press")
+    two, three = (source_of(functools.partial(make, power=power)) for power in (2.0, 3.0))
+    assert two.file == str(tmp_path / "factory.py") and two.digest != three.digest
+    assert source_of(functools.partial(make, power=2.0)).digest == two.digest
+    Path("factory.py").write_text(factory.format(edit="  # edited again"))
+    edited = load_target(f"{tmp_path}/factory.py:make", "press")
+    assert source_of(functools.partial(edited, power=2.0)).digest != two.digest

@@ -9,6 +9,7 @@ or loads something that is not an entry of its kind, is a `PluginError`: one lin
 """
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -17,6 +18,7 @@ import inspect
 import os
 import re
 import sys
+import sysconfig
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -120,7 +122,9 @@ class Registry(Mapping[str, T], Generic[T]):
 class Source:
     """Where a user's object comes from, as rows record it: the target that loads it again
     (`file.py:Name` or `module:Name`), its module and qualified name, the file that defines it and that
-    file's sha256, and the version of the installed package it belongs to (None outside one)."""
+    file's sha256, the version of the installed package it belongs to (None outside one), the sha256 of the
+    user's other files it uses (`uses`: a factory's press class imported from another file), and the
+    arguments a `functools.partial` binds (`bound`)."""
 
     target: str
     module: str
@@ -129,15 +133,20 @@ class Source:
     sha256: str | None
     package: str | None = None
     version: str | None = None
+    uses: tuple[tuple[str, str], ...] = ()
+    bound: str | None = None
 
     @property
     def digest(self) -> str:
-        """A short digest of the defining file's bytes (else of the target): what results are keyed by, so
-        an edited file gives new rows."""
-        return (self.sha256 or hashlib.sha256(self.target.encode()).hexdigest())[:12]
+        """A short digest of the defining file's bytes (else of the target), of the files it uses and the
+        arguments it binds: what results are keyed by, so an edit to any of them gives new rows."""
+        own = self.sha256 or hashlib.sha256(self.target.encode()).hexdigest()
+        if not self.uses and self.bound is None:
+            return own[:12]  # as rows were keyed before `uses` and `bound` existed
+        return hashlib.sha256(repr((own, self.uses, self.bound)).encode()).hexdigest()[:12]
 
     def as_dict(self) -> dict:
-        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
+        return {key: value for key, value in dataclasses.asdict(self).items() if value not in (None, ())}
 
 
 def is_target(text: str) -> bool:
@@ -193,15 +202,16 @@ def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
 
 
 def source_of(obj: object, target: str | None = None) -> Source:
-    """Where `obj` (a class or function) is defined; `target` defaults to `module:qualname`, or
-    `file.py:qualname` for a class of a file loaded by `load_target` or of a script (`__main__`)."""
+    """Where `obj` (a class or function, or a `functools.partial` of one) is defined; `target` defaults to
+    `module:qualname`, or `file.py:qualname` for a class of a file loaded by `load_target` or of a script
+    (`__main__`)."""
+    bound = None
+    while isinstance(obj, functools.partial):
+        bound = repr((obj.args, sorted(obj.keywords.items()), bound))
+        obj = obj.func
     module_name = getattr(obj, "__module__", "") or ""
     qualname = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
-    try:
-        file = inspect.getsourcefile(obj)
-    except TypeError:  # built in, or defined where no file is (a notebook cell)
-        file = None
-    file = str(Path(file).resolve()) if file and Path(file).is_file() else None
+    file = defining_file(obj)
     sha = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else None
     by_file = module_name == "__main__" or module_name.startswith("kvbench_user_")
     if target is None:
@@ -213,4 +223,32 @@ def source_of(obj: object, target: str | None = None) -> Source:
         if distributions:
             package = distributions[0]
             version = importlib.metadata.version(package)
-    return Source(target, module_name, qualname, file, sha, package, version)
+    uses = tuple(
+        (used, hashlib.sha256(Path(used).read_bytes()).hexdigest()) for used in users_files_used(obj, file)
+    )
+    return Source(target, module_name, qualname, file, sha, package, version, uses, bound)
+
+
+def defining_file(obj: object) -> str | None:
+    """The resolved path of the file that defines `obj`; None where none does (built in, a notebook)."""
+    try:
+        file = inspect.getsourcefile(obj)  # ty: ignore[invalid-argument-type]
+    except TypeError:
+        return None
+    return str(Path(file).resolve()) if file and Path(file).is_file() else None
+
+
+def users_files_used(obj: object, own: str | None) -> list[str]:
+    """The user's files (outside Python's and the installed packages' folders) other than `own` that
+    define what the module of `obj` holds: a factory's press class, a press's helpers, from other files."""
+    installed = {Path(path).resolve() for path in sysconfig.get_paths().values()}
+    installed.add(Path(__file__).resolve().parents[1])  # kvbench itself
+    module = inspect.getmodule(obj)
+    files = set()
+    for value in (vars(module) if module is not None else {}).values():
+        if not (inspect.isclass(value) or inspect.isfunction(value) or inspect.ismodule(value)):
+            continue
+        file = defining_file(value)
+        if file and file != own and not any(Path(file).is_relative_to(folder) for folder in installed):
+            files.add(file)
+    return sorted(files)
