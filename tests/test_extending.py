@@ -240,6 +240,13 @@ BAD_PRESSES = {
     "syntax.py": ("class P(:\n", "fails to import: SyntaxError"),
     "nobase.py": ("class P:\n    pass\n", "P is not a kvpress press"),
     "exits.py": ("import sys\n\nsys.exit(0)\n", "fails to import: SystemExit: 0"),
+    "generator_exit.py": ("raise GeneratorExit('closed')\n", "fails to import: GeneratorExit: closed"),
+    "exits_in_score.py": (
+        PRESS_FILE.replace("return values", "raise SystemExit(0) or values")
+        .format(edit="")
+        .replace("ValueNormPress", "P"),
+        "a press exited on sample trial/0 (SystemExit: 0)",
+    ),
     "noratio.py": (
         "from dataclasses import dataclass\nfrom kvpress import BasePress\n\n"
         "@dataclass\nclass P(BasePress):\n    window: int = 4\n",

@@ -167,3 +167,47 @@ def test_a_press_is_keyed_by_every_file_of_the_users_it_runs(tmp_path, monkeypat
     Path("factory.py").write_text(factory.format(edit="  # edited again"))
     edited = load_target(f"{tmp_path}/factory.py:make", "press")
     assert source_of(functools.partial(edited, power=2.0)).digest != two.digest
+
+
+EXITS = """
+import sys
+from dataclasses import dataclass
+
+from kvpress import ScorerPress
+
+CALLS = []
+
+
+@dataclass
+class Exits(ScorerPress):
+    compression_ratio: float = 0.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        if module.layer_idx > 0:  # past the trial's one-layer model
+            CALLS.append(module.layer_idx)
+            if len(CALLS) >= module.config.num_hidden_layers:  # the real run's second sample
+                {exit}
+        return keys.norm(dim=-1)
+"""
+
+
+@pytest.mark.parametrize(
+    "exit", ["sys.exit(0)", "sys.exit()", "raise SystemExit('bye')", "raise GeneratorExit"]
+)
+def test_a_press_that_exits_mid_sweep_is_one_line_with_the_rows_written_kept(
+    tmp_path, monkeypatch, tiny_llama_dir, exit
+):
+    monkeypatch.chdir(tmp_path)
+    Path("exits.py").write_text(EXITS.format(exit=exit))
+    data = write_data(tmp_path, 2)
+    args = ["sweep", "--presses", "none,exits.py:Exits", "--ratios", "0.5", "--data", data, "--length", 256]
+    result = invoke(*args, "--model", tiny_llama_dir, "--out", "out")
+    last = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert last.startswith("Error: a press exited on sample mine/s1 ("), last
+    assert [(row["press"], row["sample_id"]) for row in rows_of(tmp_path / "out")] == [
+        ("none", "s0"),
+        ("Exits", "s0"),
+    ]
+    (record,) = [json.loads(path.read_text()) for path in (tmp_path / "out" / "runs").glob("*.json")]
+    assert not record.get("finished")

@@ -36,6 +36,11 @@ class PluginError(BadInput):
     not import, or what it names is not an entry of its kind."""
 
 
+# What a user's code may raise that kvbench says in one line: any error, and the exits a library never
+# means (sys.exit, a stray GeneratorExit); KeyboardInterrupt still stops the run.
+USER_CODE_FAILURES = (Exception, SystemExit, GeneratorExit)
+
+
 def first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
@@ -93,7 +98,7 @@ class Registry(Mapping[str, T], Generic[T]):
         where += f", from {point.dist.name})" if point.dist is not None else ")"
         try:
             loaded = point.load()
-        except (Exception, SystemExit) as error:  # a plugin may fail in any way, sys.exit too
+        except USER_CODE_FAILURES as error:  # a plugin may fail in any way, sys.exit too
             raise PluginError(f"{where} failed to load: {first_line(error)}") from None
         try:
             return self.adapt(name, loaded) if self.adapt else loaded
@@ -165,7 +170,7 @@ def load_target(target: str, kind: str) -> object:
     else:
         try:
             module = importlib.import_module(module_name)
-        except (Exception, SystemExit) as error:  # any failure, sys.exit too: one line
+        except USER_CODE_FAILURES as error:  # any failure, sys.exit too: one line
             raise PluginError(
                 f"{kind} {target!r}: cannot import {module_name!r}: {first_line(error)}"
             ) from None
@@ -195,7 +200,7 @@ def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as error:
+    except USER_CODE_FAILURES as error:
         del sys.modules[module_name]
         raise PluginError(f"{kind} {target!r}: {str(path)!r} fails to import: {first_line(error)}") from None
     return module

@@ -28,7 +28,16 @@ from pathlib import Path
 from kvbench.core import resources
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
-from kvbench.core.registry import PluginError, Registry, Source, first_line, is_target, load_target, source_of
+from kvbench.core.registry import (
+    USER_CODE_FAILURES,
+    PluginError,
+    Registry,
+    Source,
+    first_line,
+    is_target,
+    load_target,
+    source_of,
+)
 from kvbench.core.validation import parse_value
 
 DEFAULT_INNER = "snapkv"
@@ -725,7 +734,7 @@ def built_by_user(spec: PressSpec, ratio: float, press_args: dict):
         raise
     except TypeError as error:
         raise BadInput(f"bad press argument for {spec.name!r}: {error}") from None
-    except (Exception, SystemExit, GeneratorExit) as error:  # the user's code may fail in any way
+    except USER_CODE_FAILURES as error:  # the user's code may fail in any way
         raise BadInput(f"{where} fails to build: {first_line(error)}") from None
     if not isinstance(press, kvpress.BasePress):
         raise BadInput(f"{where}: its factory returned {type(press).__name__}, not a kvpress press")

@@ -18,7 +18,15 @@ from typing import Annotated, Any
 import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_mean
-from kvbench.core.registry import PluginError, Registry, first_line, is_target, load_target, source_of
+from kvbench.core.registry import (
+    USER_CODE_FAILURES,
+    PluginError,
+    Registry,
+    first_line,
+    is_target,
+    load_target,
+    source_of,
+)
 from kvbench.core.resources import suites_dir
 from kvbench.core.validation import STRICT, check_json, load_yaml
 from kvbench.tasks import (
@@ -98,7 +106,7 @@ class UserMetric:
     def __call__(self, prediction: str, sample: Sample) -> float:
         try:
             score = self.function(prediction, list(sample.references))
-        except (Exception, SystemExit) as error:  # the user's code may fail in any way: one line, naming it
+        except USER_CODE_FAILURES as error:  # the user's code may fail in any way: one line, naming it
             raise BadInput(
                 f"metric {self.name!r} fails on sample {sample.task}/{sample.id}: {first_line(error)}"
             ) from None
