@@ -466,3 +466,37 @@ def test_a_data_file_reads_alike_with_any_line_end_and_raw_u2028(tmp_path, end):
     path.write_bytes(end.join(lines).encode())
     records = jsonl.checked_records(jsonl.data_task(path))
     assert [record["context"] for record in records] == [f"box {i}\u2028line two" for i in range(3)]
+
+
+BROKEN_POINTS = ["kvplug.quits:P", "kvplug:NotAPress", "kvplug_missing:X", "kvplug:nothing_here"]
+
+
+@pytest.mark.parametrize("point", BROKEN_POINTS)
+@pytest.mark.parametrize("group", ["kvbench.tasks", "kvbench.presses"])
+def test_a_broken_plugin_stops_only_what_names_it(tmp_path, monkeypatch, point, group):
+    """`kvbench tasks` and `kvbench presses` list the rest with one warning line for it; a run that never
+    uses it passes its checks; naming it (its press, or a task no family that loads holds) says why."""
+    from kvbench.bridge import models
+
+    monkeypatch.syspath_prepend(str(install_plugin(tmp_path / "site", {group: f"broken = {point}"})))
+    PRESSES.points = tasks.TASK_FAMILIES.points = None
+    PRESSES.failed.clear(), tasks.TASK_FAMILIES.failed.clear()
+
+    def refuse(*args, **kwargs):
+        raise kvbench.BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    kind = "tasks" if group == "kvbench.tasks" else "presses"
+    for command, listed in (("tasks", "niah_single_1"), ("presses", "knorm")):
+        result = invoke(command)
+        warnings = [line for line in result.output.splitlines() if line.startswith("Warning: ")]
+        assert result.exit_code == 0 and listed in result.output, result.output
+        assert warnings == ([] if kind != command else [warnings[0]]), warnings
+        assert all(f"{kind} plugin 'broken' ({point}, from kvplug)" in line for line in warnings), warnings
+    run = ["run", "--ratio", "0.5", "--length", 512, "--samples", 1, "--out", tmp_path / "out"]
+    result = invoke(*run, "--press", "knorm", "--task", "niah_single_1")
+    assert result.output.strip() == "Error: the checks passed: the model would load now", result.output
+    named = ["--press", "broken", "--task", "niah_single_1"] if kind == "presses" else ["--task", "mine"]
+    result = invoke(*run, *(["--press", "knorm"] if kind == "tasks" else []), *named)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and f"{kind} plugin 'broken' ({point}" in lines[0], lines

@@ -105,6 +105,21 @@ class Registry(Mapping[str, T], Generic[T]):
         except BadInput as error:
             raise PluginError(f"{where}: {error}") from None
 
+    def loaded(self) -> dict[str, T]:
+        """Every entry that loads, by name: a plugin that fails is left out (`broken` says why), so one
+        broken plugin does not stop what never uses it."""
+        entries = {}
+        for name in list(self):
+            try:
+                entries[name] = self[name]
+            except PluginError:
+                continue
+        return entries
+
+    def broken(self) -> list[PluginError]:
+        """Why each plugin that failed to load failed, one line each."""
+        return [error for _, error in self.failed.values()]
+
     def __getitem__(self, name: str) -> T:
         if name in self.entries:
             return self.entries[name]

@@ -565,9 +565,9 @@ NOT_REGISTERED: dict[str, str] = {
 
 
 def list_presses() -> list[PressSpec]:
-    """Every press of the registry, plugins loaded: name, description, what it needs, whether it is a
-    codec, where it comes from."""
-    return list(PRESSES.values())
+    """Every press of the registry, plugins loaded (one that fails is left out: `PRESSES.broken()`): name,
+    description, what it needs, whether it is a codec, where it comes from."""
+    return list(PRESSES.loaded().values())
 
 
 def parse_press_args(pairs: list[str]) -> dict:

@@ -228,14 +228,17 @@ SUITE_PATHS: dict[str, Path] = {}  # suites from the user's folders (`include_pa
 
 
 def family_of(task: str):
-    for module in TASK_FAMILIES.values():
+    for module in TASK_FAMILIES.loaded().values():
         if task in module.TASKS:
             return module
     raise unknown_task(task)
 
 
 def unknown_task(name: str) -> UnknownTask:
-    return UnknownTask(f"unknown task {name!r}{did_you_mean(name, task_names())} (see `kvbench tasks`)")
+    """The task is in no family that loads; a family plugin that failed to load may hold it: say why."""
+    broken = "".join(f"; {error}" for error in TASK_FAMILIES.broken())
+    hint = did_you_mean(name, task_names())
+    return UnknownTask(f"unknown task {name!r}{hint} (see `kvbench tasks`){broken}")
 
 
 def unknown_suite(name: str) -> UnknownTask:
@@ -243,7 +246,7 @@ def unknown_suite(name: str) -> UnknownTask:
 
 
 def task_names() -> list[str]:
-    return [name for module in TASK_FAMILIES.values() for name in module.TASKS]
+    return [name for module in TASK_FAMILIES.loaded().values() for name in module.TASKS]
 
 
 def reads_data_dir(task: str) -> bool:
@@ -308,7 +311,7 @@ def task_owner(task: "jsonl.DataTask") -> str | None:
         return (
             None if (existing.path, existing.source) == (task.path, task.source) else jsonl.origin(existing)
         )
-    for family, module in TASK_FAMILIES.items():
+    for family, module in TASK_FAMILIES.loaded().items():
         if task.name in module.TASKS:
             return (
                 "kvbench's built-in task" if family in BUILT_IN_FAMILIES else f"a task of family {family!r}"
@@ -357,7 +360,7 @@ def list_tasks() -> list[TaskInfo]:
     """Every task, family by family."""
     return [
         TaskInfo(name, family, description, module.min_length(name))
-        for family, module in TASK_FAMILIES.items()
+        for family, module in TASK_FAMILIES.loaded().items()
         for name, description in module.TASKS.items()
     ]
 
