@@ -500,3 +500,46 @@ def test_a_broken_plugin_stops_only_what_names_it(tmp_path, monkeypatch, point, 
     result = invoke(*run, *(["--press", "knorm"] if kind == "tasks" else []), *named)
     lines = result.output.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1 and f"{kind} plugin 'broken' ({point}" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["perplexity", "--presses", "PRESS", "--ratios", "0.5", "--length", 256, "--texts", 1],
+            "checks passed",
+        ),
+        (["prefix-cache", "--press", "PRESS", "--ratio", "0.5"], "checks passed"),
+        (["lm-eval", "--press", "PRESS", "--ratio", "0.5", "--tasks", "nope_task"], "unknown lm-eval task"),
+    ],
+    ids=["perplexity", "prefix-cache", "lm-eval"],
+)
+@pytest.mark.parametrize("target", ["my_press.py:ValueNormPress", "mine=my_press.py:ValueNormPress"])
+def test_every_command_that_takes_a_press_takes_a_press_file(tmp_path, monkeypatch, args, says, target):
+    from kvbench.bridge import models
+
+    monkeypatch.chdir(tmp_path)
+    write_press(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise kvbench.BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    result = invoke(*[target if arg == "PRESS" else arg for arg in args], "--out", tmp_path / "out")
+    assert result.exit_code == 2 and says in result.output.strip().splitlines()[-1], result.output
+
+
+def test_lm_eval_kvbench_takes_a_press_file(tmp_path, monkeypatch):
+    from kvbench.bridge import models
+    from kvbench.harness.lmeval import KVBenchLM
+
+    monkeypatch.chdir(tmp_path)
+    write_press(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise kvbench.BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr("kvbench.harness.lmeval.load_model", refuse)
+    with pytest.raises(kvbench.BadInput, match="the checks passed"):
+        KVBenchLM("smollm2-135m", press="my_press.py:ValueNormPress", compression_ratio=0.5)
