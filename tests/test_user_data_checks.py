@@ -184,6 +184,16 @@ def test_empty_text_is_refused_before_the_model_loads(tmp_path, monkeypatch, no_
     assert says in line and str(tmp_path) in line, line
 
 
+@pytest.mark.parametrize("name", ["context", "question", "answers", "id"])
+def test_a_key_that_fields_names_and_a_record_lacks_is_refused(tmp_path, monkeypatch, no_model_loads, name):
+    """`fields` maps a sample's field to a record's key: a record without that key is refused, the id's
+    too (it would otherwise be numbered silently, and rows keyed by another id)."""
+    monkeypatch.chdir(tmp_path)
+    write_files({"mine.jsonl": [RECORD], "task.yaml": task_yaml(fields={name: "nope"})})
+    line = run("--include-path", ".", "--task", "mytask")
+    assert line == f"Error: {tmp_path}/mine.jsonl: record 1: no 'nope' field", line
+
+
 @pytest.mark.parametrize(
     ("spec", "says"),
     [

@@ -191,8 +191,9 @@ def render(task: DataTask, name: str, template, record: dict, number: int) -> st
 
 def checked_records(task: DataTask) -> list[dict]:
     """The task's records as sample fields (context, question, answers as a list, id as text), each checked
-    (`record_schema`); DataFileError naming the file and record for the first that does not fit, an id given
-    twice, or a file without records, and naming the task YAML for a template that fails."""
+    (`record_schema`); DataFileError naming the file and record for the first that does not fit, lacks a
+    key `fields` names (the id's too), gives an id twice, or a file without records, and naming the task
+    YAML for a template that fails."""
     templates = compiled_templates(task)
     records = read_records(task)
     if not records:
@@ -203,7 +204,7 @@ def checked_records(task: DataTask) -> list[dict]:
         values = {name: record[task.key(name)] for name in FIELD_NAMES if task.key(name) in record}
         for name, template in templates.items():
             values[name] = render(task, name, template, record, index + 1)
-        for name in ("context", "question", "answers"):
+        for name in ("context", "question", "answers", *dict(task.fields)):  # an id named by `fields` too
             if name not in values:
                 raise DataFileError(f"{where}: no {task.key(name)!r} field")
         data = check(record_schema(), values, where, DataFileError)
