@@ -349,6 +349,17 @@ def load_model(
         )
     except OSError as error:
         raise ModelNotFound(f"cannot load model {name!r}: {first_line(error)}") from None
+    except Exception as error:  # a weights file cut short: safetensors says so in its own type
+        if type(error).__name__ != "SafetensorError":
+            raise
+        advice = (
+            f"delete {path} and kvbench converts it again"
+            if name == EMBEDDED
+            else "copy or download it again (or delete it)"
+        )
+        raise ModelNotFound(
+            f"cannot load model {name!r}: a weights file in {path} is damaged ({first_line(error)}); {advice}"
+        ) from None
     model.config.kvbench_name = name
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # ty: ignore[invalid-assignment]
