@@ -189,3 +189,16 @@ def test_a_user_metric_keys_its_samples_by_its_file(tmp_path, monkeypatch, embed
     assert content_hash("b") != first
     Path(tmp_path / "a/m.py").write_text("def f(p, r):\n    return 0.5\n")
     assert content_hash("a") != first
+
+
+@pytest.mark.parametrize(("records", "asked"), [(2, 50), (1, 2), (3, 3)])
+def test_more_samples_than_records_is_said(tmp_path, caplog, embedded_tokenizer, records, asked):
+    data = tmp_path / f"few{records}{asked}.jsonl"
+    write_files({str(data): [{**RECORD, "id": f"s{i}"} for i in range(records)]})
+    name = tasks.register_data_task(jsonl.data_task(data))
+    with caplog.at_level("WARNING"):
+        made = jsonl.make_samples(name, 256, asked, 0, embedded_tokenizer, None)
+    assert len(made) == min(records, asked)
+    said = [record.getMessage() for record in caplog.records if "samples asked for" in record.getMessage()]
+    expected = f"{name}: {asked} samples asked for, {data} holds {records} records"
+    assert said == ([expected] if asked > records else [])

@@ -249,13 +249,19 @@ def record_schema():
 def make_samples(
     task: str, length: int, samples: int, seed: int, tokenizer, data_dir: Path | None
 ) -> list[Sample]:
-    """The first `samples` records of the task, in file order (`seed` plays no part: the data is fixed), each
-    context cut in the middle so that context and question fit in `length` tokens."""
+    """The first `samples` records of the task, in file order (`seed` plays no part: the data is fixed; fewer
+    records than asked for are said in a warning), each context cut in the middle so that context and
+    question fit in `length` tokens."""
     from kvbench.tasks.longbench import truncate_middle
 
     spec = DATA_TASKS[task]
     result, truncated = [], 0
-    for record in checked_records(spec)[:samples]:
+    records = checked_records(spec)
+    if samples > len(records):
+        logger.warning(
+            "%s: %d samples asked for, %s holds %d records", task, samples, spec.path, len(records)
+        )
+    for record in records[:samples]:
         context, question = record["context"], record["question"]
         room = max(length - len(tokenizer(question)["input_ids"]), MIN_LENGTH)
         cut = truncate_middle(context, room, tokenizer)
