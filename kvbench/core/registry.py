@@ -252,7 +252,7 @@ def source_of(obj: object, target: str | None = None) -> Source:
 def defining_file(obj: object) -> str | None:
     """The resolved path of the file that defines `obj`; None where none does (built in, a notebook)."""
     try:
-        file = inspect.getsourcefile(obj)  # ty: ignore[invalid-argument-type]
+        file = inspect.getsourcefile(obj)
     except TypeError:
         return None
     return str(Path(file).resolve()) if file and Path(file).is_file() else None

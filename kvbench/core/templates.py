@@ -84,8 +84,8 @@ def environment_class():
             super().__init__(**options)
             self.filters = {name: capped_filter(function) for name, function in self.filters.items()}
 
-        def call_binop(self, context, operator_name, left, right):
-            return self.binops[operator_name](left, right)
+        def call_binop(self, context, operator, left, right):
+            return self.binops[operator](left, right)
 
         def wrap_str_format(self, value):
             check_format_widths(value)
