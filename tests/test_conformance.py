@@ -242,6 +242,9 @@ def test_the_command_exits_1_when_a_check_fails():
         (["snapkv", "--press-arg", "window=3"], "has no argument 'window'"),
         (["snapkv", "--press-arg", "window_size=abc"], "window_size='abc' is not int"),
         (["none"], "compresses nothing"),
+        (["knorm", "--model", "nope/nope"], "--model applies without --quick"),
+        (["knorm", "--model", "smollm2-135m"], "--model applies without --quick"),
+        (["--all", "--model", "smollm2-135m"], "--model applies without --quick"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2_before_any_model(args, message, monkeypatch):

@@ -240,6 +240,13 @@ BAD_PRESSES = {
     "syntax.py": ("class P(:\n", "fails to import: SyntaxError"),
     "nobase.py": ("class P:\n    pass\n", "P is not a kvpress press"),
     "exits.py": ("import sys\n\nsys.exit(0)\n", "fails to import: SystemExit: 0"),
+    "generator_exit.py": ("raise GeneratorExit('closed')\n", "fails to import: GeneratorExit: closed"),
+    "exits_in_score.py": (
+        PRESS_FILE.replace("return values", "raise SystemExit(0) or values")
+        .format(edit="")
+        .replace("ValueNormPress", "P"),
+        "a press exited on sample trial/0 (SystemExit: 0)",
+    ),
     "noratio.py": (
         "from dataclasses import dataclass\nfrom kvpress import BasePress\n\n"
         "@dataclass\nclass P(BasePress):\n    window: int = 4\n",
@@ -394,17 +401,9 @@ def test_a_user_metric_scores_each_answer(tmp_path):
                 "d.jsonl": '{"context": "c", "question": "q", "answers": "a"}\n',
             },
             ["--data", "d.jsonl", "--metric", "m.py:f"],
-            "metric 'm.py:f' fails on ('a', ['a'])",
+            "m.py:f': a metric takes (prediction, references)",
         ),
-        (
-            {
-                "m.py": "def f(prediction, references):\n    return 7\n",
-                "d.jsonl": '{"context": "c", "question": "q", "answers": "a"}\n',
-            },
-            ["--data", "d.jsonl", "--metric", "m.py:f"],
-            "metric 'm.py:f' gave 7",
-        ),
-        ({}, ["--metric", "qa_f1"], "--metric applies to --data files"),
+        ({}, ["--metric", "qa_f1"], "--metric qa_f1 scores no task of the run"),
         ({"s.yaml": 'tasks: [niah_single_1]\nlength: "512"\n'}, ["--suite", "s.yaml"], "field 'length'"),
         ({"s.yaml": "tasks:\n"}, ["--suite", "s.yaml"], "field 'tasks'"),
         ({"s.yaml": "tasks: niah_single_1\n"}, ["--suite", "s.yaml"], "field 'tasks'"),
@@ -467,3 +466,80 @@ def test_a_data_file_reads_alike_with_any_line_end_and_raw_u2028(tmp_path, end):
     path.write_bytes(end.join(lines).encode())
     records = jsonl.checked_records(jsonl.data_task(path))
     assert [record["context"] for record in records] == [f"box {i}\u2028line two" for i in range(3)]
+
+
+BROKEN_POINTS = ["kvplug.quits:P", "kvplug:NotAPress", "kvplug_missing:X", "kvplug:nothing_here"]
+
+
+@pytest.mark.parametrize("point", BROKEN_POINTS)
+@pytest.mark.parametrize("group", ["kvbench.tasks", "kvbench.presses"])
+def test_a_broken_plugin_stops_only_what_names_it(tmp_path, monkeypatch, point, group):
+    """`kvbench tasks` and `kvbench presses` list the rest with one warning line for it; a run that never
+    uses it passes its checks; naming it (its press, or a task no family that loads holds) says why."""
+    from kvbench.bridge import models
+
+    monkeypatch.syspath_prepend(str(install_plugin(tmp_path / "site", {group: f"broken = {point}"})))
+    PRESSES.points = tasks.TASK_FAMILIES.points = None
+    PRESSES.failed.clear(), tasks.TASK_FAMILIES.failed.clear()
+
+    def refuse(*args, **kwargs):
+        raise kvbench.BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    kind = "tasks" if group == "kvbench.tasks" else "presses"
+    for command, listed in (("tasks", "niah_single_1"), ("presses", "knorm")):
+        result = invoke(command)
+        warnings = [line for line in result.output.splitlines() if line.startswith("Warning: ")]
+        assert result.exit_code == 0 and listed in result.output, result.output
+        assert warnings == ([] if kind != command else [warnings[0]]), warnings
+        assert all(f"{kind} plugin 'broken' ({point}, from kvplug)" in line for line in warnings), warnings
+    run = ["run", "--ratio", "0.5", "--length", 512, "--samples", 1, "--out", tmp_path / "out"]
+    result = invoke(*run, "--press", "knorm", "--task", "niah_single_1")
+    assert result.output.strip() == "Error: the checks passed: the model would load now", result.output
+    named = ["--press", "broken", "--task", "niah_single_1"] if kind == "presses" else ["--task", "mine"]
+    result = invoke(*run, *(["--press", "knorm"] if kind == "tasks" else []), *named)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and f"{kind} plugin 'broken' ({point}" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["perplexity", "--presses", "PRESS", "--ratios", "0.5", "--length", 256, "--texts", 1],
+            "checks passed",
+        ),
+        (["prefix-cache", "--press", "PRESS", "--ratio", "0.5"], "checks passed"),
+        (["lm-eval", "--press", "PRESS", "--ratio", "0.5", "--tasks", "nope_task"], "unknown lm-eval task"),
+    ],
+    ids=["perplexity", "prefix-cache", "lm-eval"],
+)
+@pytest.mark.parametrize("target", ["my_press.py:ValueNormPress", "mine=my_press.py:ValueNormPress"])
+def test_every_command_that_takes_a_press_takes_a_press_file(tmp_path, monkeypatch, args, says, target):
+    from kvbench.bridge import models
+
+    monkeypatch.chdir(tmp_path)
+    write_press(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise kvbench.BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    result = invoke(*[target if arg == "PRESS" else arg for arg in args], "--out", tmp_path / "out")
+    assert result.exit_code == 2 and says in result.output.strip().splitlines()[-1], result.output
+
+
+def test_lm_eval_kvbench_takes_a_press_file(tmp_path, monkeypatch):
+    from kvbench.bridge import models
+    from kvbench.harness.lmeval import KVBenchLM
+
+    monkeypatch.chdir(tmp_path)
+    write_press(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise kvbench.BadInput("the checks passed: the model would load now")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr("kvbench.harness.lmeval.load_model", refuse)
+    with pytest.raises(kvbench.BadInput, match="the checks passed"):
+        KVBenchLM("smollm2-135m", press="my_press.py:ValueNormPress", compression_ratio=0.5)

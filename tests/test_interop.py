@@ -187,3 +187,82 @@ def test_bad_inputs_are_refused_in_one_line_and_nothing_is_written(tmp_path):
     )
     assert not (tmp_path / "out").exists()
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
+
+
+KNORM = "ruler__4096__Qwen--Qwen3-8B__knorm__0.50"
+
+
+def replace_in(name: str, old: str, new: str):
+    def mutate(folder: Path) -> None:
+        path = folder / KNORM / name
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(old, new, 1))
+
+    return mutate
+
+
+def rerun(folder: Path) -> None:
+    """kvpress's get_results_dir: a config run again lands in a numbered subfolder of the first."""
+    again = folder / KNORM / "1"
+    again.mkdir()
+    for name in ("config.yaml", "metrics.json", "predictions.csv"):
+        (again / name).write_text((folder / KNORM / name).read_text())
+
+
+def short_row(folder: Path) -> None:
+    path = folder / KNORM / "predictions.csv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1].rsplit(",", 2)[0], *lines[2:]]) + "\n")
+
+
+# Each a kvpress folder damaged in one way, and words its one line says.
+DAMAGED = {
+    "data-dir-superscript": (replace_in("config.yaml", "data_dir: '4096'", "data_dir: '²'"), ["data_dir"]),
+    "data-dir-arabic-digits": (
+        replace_in("config.yaml", "data_dir: '4096'", "data_dir: '٤٠٩٦'"),
+        ["data_dir"],
+    ),
+    "data-dir-fullwidth": (
+        replace_in("config.yaml", "data_dir: '4096'", "data_dir: '４０９６'"),
+        ["data_dir"],
+    ),
+    "model-nul": (replace_in("config.yaml", "model: Qwen/Qwen3-8B", 'model: "Qwen\\0"'), ["model", "U+0000"]),
+    "model-rlo": (replace_in("config.yaml", "model: Qwen/Qwen3-8B", 'model: "Qwen\\u202e"'), ["U+202E"]),
+    "press-bell": (replace_in("config.yaml", "press_name: knorm", 'press_name: "kn\\a"'), ["U+0007"]),
+    "row-short": (short_row, ["predictions.csv line 2", "columns of its header"]),
+    "row-long": (replace_in("predictions.csv", '"What is', '"x","What is'), ["columns of its header"]),
+    "rerun": (rerun, ["kvpress reran it", KNORM + "/1"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED))
+def test_a_damaged_kvpress_folder_is_one_line_and_nothing_is_written(tmp_path, name):
+    mutate, words = DAMAGED[name]
+    kvpress = leaderboard_like(tmp_path / "lb")
+    mutate(kvpress)
+    refused(invoke("import", "--format", "kvpress", kvpress, tmp_path / "out"), *words)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSPC", "EFBIG", "EDQUOT"])
+def test_export_that_cannot_write_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, errno_name):
+    import builtins
+    import errno
+
+    results = reference_subset(tmp_path / "results")
+    real_open, written = builtins.open, []
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        if "w" in mode and "kvpress" in str(path):
+            written.append(path)
+            if len(written) == 3:  # past the first files: a disk that fills half way
+                raise OSError(getattr(errno, errno_name), "no room")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", failing_open)
+    outcome = invoke("export", "--format", "kvpress", results, tmp_path / "kvpress")
+    monkeypatch.undo()
+    assert outcome.exit_code == 1, outcome.output  # not the user's input: exit 1, as every write failure
+    assert outcome.output == f"Error: {tmp_path / 'kvpress'}: cannot write (no room); nothing was written\n"
+    assert not (tmp_path / "kvpress").exists() and len(written) == 3
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []

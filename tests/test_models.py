@@ -53,3 +53,18 @@ def test_unknown_models_fail_fast(monkeypatch):
         resolve("nobody/no-such-model")
     with pytest.raises(ValueError, match="unknown dtype"):
         load_model("smollm2-135m", dtype="int3")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.01, 0.999])
+def test_a_weights_file_cut_short_is_one_line_naming_the_folder(tmp_path, tiny_llama_dir, keep):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    (weights,) = folder.glob("*.safetensors")
+    data = weights.read_bytes()
+    weights.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ModelNotFound) as raised:
+        load_model(str(folder))
+    message = str(raised.value)
+    assert f"a weights file in {folder} is damaged" in message and "\n" not in message, message

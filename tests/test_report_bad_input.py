@@ -444,3 +444,14 @@ def test_a_report_file_that_is_a_folder_in_out_is_one_line_and_nothing_moves(tmp
         f"Error: cannot write the report to {out}: {out / 'index.html'} is not a file"
     ]
     assert sorted(path.name for path in out.iterdir()) == ["index.html"]
+
+
+@pytest.mark.parametrize("count", [1, 3, 7])
+@pytest.mark.parametrize("score", [0, 100])
+def test_a_config_of_one_ratio_whose_samples_all_score_alike_plots_its_interval(score, count, tmp_path):
+    """All 0 (or all 100): Wilson's bound lands a rounding error past the score (5.6e-15 above 0), which as
+    an error bar's length is negative; the bar is clipped to the score, not refused by matplotlib."""
+    scores = {("none", 0.0): {"t1": [100 - score] * count}, ("knorm", 0.5): {"t1": [score] * count}}
+    code, _, lines = report(write_results(tmp_path / "results", rows_of(scores)), tmp_path / "report")
+    assert code == 0, lines
+    assert "smollm2-135m-1024-scores.png" in image_files(tmp_path / "report" / "README.md")

@@ -86,6 +86,8 @@ def fail_if_loaded(*args, **kwargs):
         (["--lengths", "abc"], "--lengths"),
         (["--lengths", ","], "--lengths"),
         (["--lengths", "128,256,128"], "--lengths names 128 twice"),
+        (["--lengths", "100000"], "exceed the 8192-token context of model 'smollm2-135m'"),
+        (["--lengths", "128,8192"], "--lengths 8192 and 32 new tokens exceed the 8192-token context"),
         (["--repeats", "0"], "--repeats"),
         (["--new-tokens", "nan"], "--new-tokens"),
         (["--presses", "nope"], "nope"),

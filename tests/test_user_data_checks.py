@@ -88,7 +88,7 @@ def test_a_metric_that_raises_on_a_real_answer_is_one_line_and_keeps_the_rows_wr
     result = CliRunner().invoke(main, [str(arg) for arg in args])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     line = result.output.strip().splitlines()[-1]
-    assert line == f"Error: metric 'metrics.py:f' fails on sample mine/s1: {says}", result.output
+    assert line == f"Error: metric '{tmp_path}/metrics.py:f' fails on sample mine/s1: {says}", result.output
     rows = [json.loads(line) for line in Path("out/rows.jsonl").read_text().splitlines()]
     assert [row["sample_id"] for row in rows] == ["s0"]
 
@@ -182,6 +182,16 @@ def test_empty_text_is_refused_before_the_model_loads(tmp_path, monkeypatch, no_
         *(["--include-path", ".", "--task", "mytask"] if "task.yaml" in files else ["--data", "mine.jsonl"])
     )
     assert says in line and str(tmp_path) in line, line
+
+
+@pytest.mark.parametrize("name", ["context", "question", "answers", "id"])
+def test_a_key_that_fields_names_and_a_record_lacks_is_refused(tmp_path, monkeypatch, no_model_loads, name):
+    """`fields` maps a sample's field to a record's key: a record without that key is refused, the id's
+    too (it would otherwise be numbered silently, and rows keyed by another id)."""
+    monkeypatch.chdir(tmp_path)
+    write_files({"mine.jsonl": [RECORD], "task.yaml": task_yaml(fields={name: "nope"})})
+    line = run("--include-path", ".", "--task", "mytask")
+    assert line == f"Error: {tmp_path}/mine.jsonl: record 1: no 'nope' field", line
 
 
 @pytest.mark.parametrize(

@@ -172,7 +172,9 @@ def keep_cache_order(press: ScorerPress) -> None:
 def compress_for_each(model, runs):
     """Hooks that, after each attention layer of the prefill, let every run compress the full keys/values
     into its own cache. The shared cache, and so the hidden states of the next layers, stay uncompressed.
-    Each run has: press, needs_attentions, cache (a DynamicCache), compress_s (seconds, accumulated)."""
+    Each run has: config, press, needs_attentions, cache (a DynamicCache), compress_s (seconds, accumulated).
+    A press that writes into what the runs share (keys, values, hidden states, position embeddings, attention
+    output and weights, shared scores) is BadInput naming it, raised before any row of the sample exists."""
 
     def hook(module, args, kwargs, output):
         full = kwargs["past_key_values"].layers[module.layer_idx]
@@ -183,19 +185,35 @@ def compress_for_each(model, runs):
             )
             with_attentions = (output[0], weights)
         layer_scores = {}  # scores of this layer, shared by the configs of one scorer at different ratios
+        shared = [full.keys, full.values, kwargs["hidden_states"], *kwargs["position_embeddings"]]
+        shared += [tensor for tensor in with_attentions[:2] if isinstance(tensor, torch.Tensor)]
         for run in runs:
             run.cache.layers.append(layer_holding(full.keys, full.values))
             if run.press is not None:
                 start = clock(model)
                 run_kwargs = {**kwargs, "past_key_values": run.cache}
                 run_output = with_attentions if run.needs_attentions else output
+                watched = [*shared, *layer_scores.values()]
+                before = versions(watched)
                 with scores_shared(run.press, layer_scores):
                     run.press.forward_hook(module, args, run_kwargs, run_output)
+                if versions(watched) != before:
+                    raise BadInput(
+                        f"press {run.config.press!r} writes into the keys, values, hidden states or "
+                        "scores it is given, which other configs share: make it return new tensors "
+                        "(kvbench check-press shows where)"
+                    )
                 run.compress_s += clock(model) - start
         return output
 
     with attention_hooks(model, hook, rotary=True):
         yield
+
+
+def versions(tensors: list) -> list[int]:
+    """The version counters of `tensors`: torch counts every write into a tensor in place, so a press that
+    writes into what other configs share changes them (and nothing is copied)."""
+    return [tensor._version for tensor in tensors if isinstance(tensor, torch.Tensor)]
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvbench.bridge import builtin, gguf_files
 from kvbench.core.errors import BadInput, ModelNotFound
+from kvbench.core.templates import render_capped, sandboxed_environment
 from kvbench.core.validation import parse_json, read_text
 
 # torch and transformers are imported inside the functions that need them, so that the CLI's listings and
@@ -305,14 +306,12 @@ class TokenizerFiles:
         if tokenize or self.chat_template is None:
             raise ValueError("TokenizerFiles renders a chat template to text only")
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-        )
+        environment = sandboxed_environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         tokens = {key: token_text(value) for key, value in self.config.items() if key.endswith("_token")}
-        return environment.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables
+        return render_capped(
+            environment.from_string(self.chat_template),
+            dict(messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables),
         )
 
 
@@ -349,6 +348,17 @@ def load_model(
         )
     except OSError as error:
         raise ModelNotFound(f"cannot load model {name!r}: {first_line(error)}") from None
+    except Exception as error:  # a weights file cut short: safetensors says so in its own type
+        if type(error).__name__ != "SafetensorError":
+            raise
+        advice = (
+            f"delete {path} and kvbench converts it again"
+            if converted_folder(name) is not None
+            else "copy or download it again (or delete it)"
+        )
+        raise ModelNotFound(
+            f"cannot load model {name!r}: a weights file in {path} is damaged ({first_line(error)}); {advice}"
+        ) from None
     model.config.kvbench_name = name
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # ty: ignore[invalid-assignment]

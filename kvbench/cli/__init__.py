@@ -486,9 +486,11 @@ def sweep(
 @main.command(name="presses")
 def list_presses():
     """List every press: name, what it does, what it needs."""
-    from kvbench.presses import NOT_REGISTERED, list_presses
+    from kvbench.presses import NOT_REGISTERED, PRESSES, list_presses
 
     specs = list_presses()
+    for error in PRESSES.broken():
+        click.echo(f"Warning: {error}", err=True)
     width = max(len(spec.name) for spec in specs)
     for spec in specs:
         needs = f"  [needs: {', '.join(spec.needs)}]" if spec.needs else ""
@@ -507,14 +509,17 @@ def list_presses():
 )
 def list_tasks(include_path):
     """List task families, tasks and suites."""
+    from kvbench.tasks import TASK_FAMILIES, list_suites, list_tasks
     from kvbench.tasks import include_path as include
-    from kvbench.tasks import list_suites, list_tasks
 
     for folder in include_path:
         include(folder)
 
+    tasks = list_tasks()
+    for error in TASK_FAMILIES.broken():
+        click.echo(f"Warning: {error}", err=True)
     family = None
-    for task in list_tasks():
+    for task in tasks:
         if task.family != family:
             family = task.family
             click.echo(f"{family}:")

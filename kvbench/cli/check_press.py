@@ -16,7 +16,11 @@ from kvbench.harness.conformance import board, check_press, checkable_presses, f
 @click.option(
     "--press-arg", "press_args", multiple=True, metavar="KEY=VALUE", help="Press parameter (repeatable)."
 )
-@click.option("--model", default=EMBEDDED, show_default=True, help="The model checked beside the tiny ones.")
+@click.option(
+    "--model",
+    default=None,
+    help=f"The model checked beside the tiny ones (without --quick). [default: {EMBEDDED}]",
+)
 @click.option("--quick", is_flag=True, help="The tiny random-init models only (under a minute).")
 @click.option(
     "--out",
@@ -54,6 +58,9 @@ def check_press_command(press, press_args, model, quick, out, every, markdown):
 
     if every == (press is not None):
         raise BadInput("give PRESS or --all")
+    if quick and model is not None:
+        raise BadInput("--model applies without --quick (--quick checks the tiny random-init models only)")
+    model = EMBEDDED if model is None else model
     if markdown is not None and not every:
         raise BadInput("--markdown applies to --all")
     if every and (press_args or out is not None):

@@ -126,7 +126,7 @@ def lm_eval_command(
     from kvbench.core.errors import BadInput, TaskUnavailable
     from kvbench.harness.lmeval_checks import check_length
     from kvbench.harness.planning import check_configs, parse_ratio
-    from kvbench.presses import check_press_runnable, parse_press_args
+    from kvbench.presses import check_press_runnable, parse_press_args, resolve_press
     from kvbench.store.results import ResultsStore, check_writable
 
     started = datetime.now(timezone.utc).isoformat()
@@ -136,6 +136,7 @@ def lm_eval_command(
         raise BadInput("--tasks must name at least one task")
     # Cheap checks first, so that a typo fails in a second, not after torch and lm-eval import (15-20 s) or
     # the model loads; the press's own checks (check_configs) need the engine, so they come after them.
+    press = resolve_press(press)  # a registered name, or a user's press given by its target
     config = Config(press, ratio, tuple(sorted(parse_press_args(press_args).items())))
     check_press_runnable(press)
     check_writable(out)

@@ -9,6 +9,7 @@ or loads something that is not an entry of its kind, is a `PluginError`: one lin
 """
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -17,6 +18,7 @@ import inspect
 import os
 import re
 import sys
+import sysconfig
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -32,6 +34,11 @@ T = TypeVar("T")
 class PluginError(BadInput):
     """A plugin (an entry point, a `module:Class` or `file.py:Class` target) that cannot be used: it does
     not import, or what it names is not an entry of its kind."""
+
+
+# What a user's code may raise that kvbench says in one line: any error, and the exits a library never
+# means (sys.exit, a stray GeneratorExit); KeyboardInterrupt still stops the run.
+USER_CODE_FAILURES = (Exception, SystemExit, GeneratorExit)
 
 
 def first_line(error: BaseException) -> str:
@@ -91,12 +98,27 @@ class Registry(Mapping[str, T], Generic[T]):
         where += f", from {point.dist.name})" if point.dist is not None else ")"
         try:
             loaded = point.load()
-        except (Exception, SystemExit) as error:  # a plugin may fail in any way, sys.exit too
+        except USER_CODE_FAILURES as error:  # a plugin may fail in any way, sys.exit too
             raise PluginError(f"{where} failed to load: {first_line(error)}") from None
         try:
             return self.adapt(name, loaded) if self.adapt else loaded
         except BadInput as error:
             raise PluginError(f"{where}: {error}") from None
+
+    def loaded(self) -> dict[str, T]:
+        """Every entry that loads, by name: a plugin that fails is left out (`broken` says why), so one
+        broken plugin does not stop what never uses it."""
+        entries = {}
+        for name in list(self):
+            try:
+                entries[name] = self[name]
+            except PluginError:
+                continue
+        return entries
+
+    def broken(self) -> list[PluginError]:
+        """Why each plugin that failed to load failed, one line each."""
+        return [error for _, error in self.failed.values()]
 
     def __getitem__(self, name: str) -> T:
         if name in self.entries:
@@ -120,7 +142,9 @@ class Registry(Mapping[str, T], Generic[T]):
 class Source:
     """Where a user's object comes from, as rows record it: the target that loads it again
     (`file.py:Name` or `module:Name`), its module and qualified name, the file that defines it and that
-    file's sha256, and the version of the installed package it belongs to (None outside one)."""
+    file's sha256, the version of the installed package it belongs to (None outside one), the sha256 of the
+    user's other files it uses (`uses`: a factory's press class imported from another file), and the
+    arguments a `functools.partial` binds (`bound`)."""
 
     target: str
     module: str
@@ -129,15 +153,20 @@ class Source:
     sha256: str | None
     package: str | None = None
     version: str | None = None
+    uses: tuple[tuple[str, str], ...] = ()
+    bound: str | None = None
 
     @property
     def digest(self) -> str:
-        """A short digest of the defining file's bytes (else of the target): what results are keyed by, so
-        an edited file gives new rows."""
-        return (self.sha256 or hashlib.sha256(self.target.encode()).hexdigest())[:12]
+        """A short digest of the defining file's bytes (else of the target), of the files it uses and the
+        arguments it binds: what results are keyed by, so an edit to any of them gives new rows."""
+        own = self.sha256 or hashlib.sha256(self.target.encode()).hexdigest()
+        if not self.uses and self.bound is None:
+            return own[:12]  # as rows were keyed before `uses` and `bound` existed
+        return hashlib.sha256(repr((own, self.uses, self.bound)).encode()).hexdigest()[:12]
 
     def as_dict(self) -> dict:
-        return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
+        return {key: value for key, value in dataclasses.asdict(self).items() if value not in (None, ())}
 
 
 def is_target(text: str) -> bool:
@@ -156,7 +185,7 @@ def load_target(target: str, kind: str) -> object:
     else:
         try:
             module = importlib.import_module(module_name)
-        except (Exception, SystemExit) as error:  # any failure, sys.exit too: one line
+        except USER_CODE_FAILURES as error:  # any failure, sys.exit too: one line
             raise PluginError(
                 f"{kind} {target!r}: cannot import {module_name!r}: {first_line(error)}"
             ) from None
@@ -186,22 +215,23 @@ def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as error:
+    except USER_CODE_FAILURES as error:
         del sys.modules[module_name]
         raise PluginError(f"{kind} {target!r}: {str(path)!r} fails to import: {first_line(error)}") from None
     return module
 
 
 def source_of(obj: object, target: str | None = None) -> Source:
-    """Where `obj` (a class or function) is defined; `target` defaults to `module:qualname`, or
-    `file.py:qualname` for a class of a file loaded by `load_target` or of a script (`__main__`)."""
+    """Where `obj` (a class or function, or a `functools.partial` of one) is defined; `target` defaults to
+    `module:qualname`, or `file.py:qualname` for a class of a file loaded by `load_target` or of a script
+    (`__main__`)."""
+    bound = None
+    while isinstance(obj, functools.partial):
+        bound = repr((obj.args, sorted(obj.keywords.items()), bound))
+        obj = obj.func
     module_name = getattr(obj, "__module__", "") or ""
     qualname = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
-    try:
-        file = inspect.getsourcefile(obj)
-    except TypeError:  # built in, or defined where no file is (a notebook cell)
-        file = None
-    file = str(Path(file).resolve()) if file and Path(file).is_file() else None
+    file = defining_file(obj)
     sha = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else None
     by_file = module_name == "__main__" or module_name.startswith("kvbench_user_")
     if target is None:
@@ -213,4 +243,32 @@ def source_of(obj: object, target: str | None = None) -> Source:
         if distributions:
             package = distributions[0]
             version = importlib.metadata.version(package)
-    return Source(target, module_name, qualname, file, sha, package, version)
+    uses = tuple(
+        (used, hashlib.sha256(Path(used).read_bytes()).hexdigest()) for used in users_files_used(obj, file)
+    )
+    return Source(target, module_name, qualname, file, sha, package, version, uses, bound)
+
+
+def defining_file(obj: object) -> str | None:
+    """The resolved path of the file that defines `obj`; None where none does (built in, a notebook)."""
+    try:
+        file = inspect.getsourcefile(obj)
+    except TypeError:
+        return None
+    return str(Path(file).resolve()) if file and Path(file).is_file() else None
+
+
+def users_files_used(obj: object, own: str | None) -> list[str]:
+    """The user's files (outside Python's and the installed packages' folders) other than `own` that
+    define what the module of `obj` holds: a factory's press class, a press's helpers, from other files."""
+    installed = {Path(path).resolve() for path in sysconfig.get_paths().values()}
+    installed.add(Path(__file__).resolve().parents[1])  # kvbench itself
+    module = inspect.getmodule(obj)
+    files = set()
+    for value in (vars(module) if module is not None else {}).values():
+        if not (inspect.isclass(value) or inspect.isfunction(value) or inspect.ismodule(value)):
+            continue
+        file = defining_file(value)
+        if file and file != own and not any(Path(file).is_relative_to(folder) for folder in installed):
+            files.add(file)
+    return sorted(files)

@@ -21,9 +21,9 @@ from kvbench.bridge.adapter import (
 )
 from kvbench.core.config import PROTOCOLS, Config, Protocol, protocol_of
 from kvbench.core.errors import BadInput
-from kvbench.core.registry import load_target
+from kvbench.core.registry import first_line, load_target
 from kvbench.engine.steps import Run, pressed_tree, run_alone
-from kvbench.presses import PRESSES, config_press, needs_eager
+from kvbench.presses import PRESSES, check_distinct_presses, config_press, needs_eager
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import tokenize_sample
 
@@ -31,6 +31,21 @@ logger = logging.getLogger(__name__)
 
 
 def evaluate_sample(
+    model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int = 16
+) -> list[dict]:
+    """`answer_sample`, where a press's code that exits (sys.exit, GeneratorExit: what a library never
+    means) is BadInput naming the sample, so that the run stops in one line with its rows kept."""
+    try:
+        return answer_sample(model, tokenizer, sample, configs, batch_configs=batch_configs)
+    except (SystemExit, GeneratorExit) as error:
+        presses = ", ".join(sorted({config.press for config in configs if config.press != "none"}))
+        raise BadInput(
+            f"a press exited on sample {sample.task}/{sample.id} ({first_line(error)}); of {presses}, "
+            "kvbench check-press says which"
+        ) from None
+
+
+def answer_sample(
     model, tokenizer, sample: Sample, configs: list[Config], *, batch_configs: int = 16
 ) -> list[dict]:
     """Answer `sample` under every config; one dict per config and question (config by config, each
@@ -58,6 +73,7 @@ def evaluate_sample(
         # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
         press = seed_press(config_press(sized), f"{sample.task}/{sample.id}/{config!r}")
         runs.append(Run(sized, press, needs_eager(config.press, dict(config.press_args)), prompt))
+    check_distinct_presses([run.config for run in runs], [run.press for run in runs])
     # Runs that prefill the same prompt under one protocol share a prefill and a batched decoding.
     groups: dict[tuple, list[Run]] = {}
     alone = []

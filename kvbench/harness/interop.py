@@ -111,6 +111,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -118,7 +119,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.core.config import DEFAULT_PROTOCOL
-from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning
+from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning, WriteError
+from kvbench.core.registry import first_line
 from kvbench.core.validation import check_fields, check_json, load_yaml, open_plain, read_text
 from kvbench.store.results import ROWS_FILE, Row, check_folder_writable, config_id, load_rows, results_files
 from kvbench.tasks import infinitebench, longbench, longbench_v2, loogle, needle, ruler, score_sample
@@ -294,8 +296,13 @@ def text_of(line: dict[str, str], column: str, where: str) -> str:
     return line[column]
 
 
+def is_whole(text) -> bool:
+    """Whether `text` is a whole number in ASCII digits (`isdigit` also takes '²', which int() refuses)."""
+    return re.fullmatch(r"[0-9]+", str(text or "")) is not None
+
+
 def whole(text: str, column: str, where: str) -> int:
-    if not str(text or "").isdigit():
+    if not is_whole(text):
         raise DataFileError(f"{where}: field {column!r}: not a whole number (got {text!r})")
     return int(text)
 
@@ -375,7 +382,7 @@ class Ruler(Dataset):
         return {task: {"string_match": mean2([r["score"] for r in tasks[task]])} for task in sorted(tasks)}
 
     def check_config(self, config, path):
-        if not str(config.data_dir or "").isdigit():
+        if not is_whole(config.data_dir):
             raise DataFileError(
                 f"{path}: field 'data_dir': ruler's is its context length (got {config.data_dir!r})"
             )
@@ -983,6 +990,14 @@ def read_config(path: Path) -> KvpressConfig:
         )
     if not 0.0 <= ratio < 1.0:
         raise DataFileError(f"{path}: field 'compression_ratio': not in [0, 1) (got {ratio})")
+    for name in ("model", "press_name", "dataset"):
+        hidden = next(
+            (char for char in getattr(config, name) if unicodedata.category(char).startswith("C")), None
+        )
+        if hidden is not None:  # a NUL or a direction mark: no folder, row or report can carry it
+            raise DataFileError(
+                f"{path}: field {name!r}: holds U+{ord(hidden):04X}, a character that shows as nothing"
+            )
     DATASETS[config.dataset].check_config(config, path)
     return config
 
@@ -1011,7 +1026,15 @@ def read_predictions(path: Path, required: tuple[str, ...]) -> list[dict[str, st
             for name in required:
                 if name not in (reader.fieldnames or []):
                     raise DataFileError(f"{path}: field {name!r}: missing (not kvpress's predictions.csv)")
-            return list(reader)
+            lines = []
+            for line in reader:
+                if None in line or None in line.values():  # more cells than columns, or fewer
+                    raise DataFileError(
+                        f"{path} line {reader.line_num}: not as many cells as the "
+                        f"{len(reader.fieldnames or [])} columns of its header"
+                    )
+                lines.append(line)
+            return lines
     except FileNotFoundError:
         raise DataFileError(
             f"{path}: no such file (a kvpress folder holds {PREDICTIONS}, {METRICS}, {CONFIG})"
@@ -1095,9 +1118,24 @@ def import_kvpress(folder: Path, out: Path) -> Summary:
     if not folders:
         raise BadInput(f"{folder}: not kvpress's evaluation output (no {CONFIG} at or below it)")
     rows = [row for each in folders for row in folder_rows(each, folder)]
+    check_distinct_runs(rows)
     text = "".join(json.dumps(row.to_dict()) + "\n" for row in rows)
     write_folder(out, {Path(ROWS_FILE): text})
     return Summary(len(folders), len(rows))
+
+
+def check_distinct_runs(rows: list[Row]) -> None:
+    """DataFileError when two kvpress folders hold the same config's same samples: kvpress's rerun layout
+    (`X/` and `X/1/`, a run made again) would import as duplicate rows, one run hiding the other."""
+    folder_of: dict[tuple, str] = {}
+    for row in rows:
+        folder = row.meta["kvpress_folder"]
+        first = folder_of.setdefault(row.key, folder)
+        if first != folder:
+            raise DataFileError(
+                f"{first} and {folder} hold the same run (config {row.press} at {row.ratio}, sample "
+                f"{row.task}/{row.sample_id}): kvpress reran it into a numbered folder; import one of them"
+            )
 
 
 # ---- writing a folder whole ----
@@ -1126,6 +1164,11 @@ def write_folder(out: Path, files: dict[Path, str]) -> None:
                 file.flush()
                 os.fsync(file.fileno())
         os.replace(staging, out)
+    except OSError as error:  # a full disk, a file size limit: one line, nothing left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise WriteError(
+            f"{out}: cannot write ({error.strerror or first_line(error)}); nothing was written"
+        ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -54,11 +54,7 @@ from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.core.resources import lm_eval_tasks_dir
 from kvbench.engine.steps import Run, answer_question, cache_entries, kv_counts, prefill_shared, run_alone
 from kvbench.harness.planning import check_configs, check_learned_state, check_uncompressed, parse_ratio
-from kvbench.presses import (
-    config_press,
-    needs_eager,
-    press_state,
-)
+from kvbench.presses import config_press, config_state, needs_eager, resolve_press
 from kvbench.store.results import ResultsStore, Row, config_id
 from kvbench.tasks import ruler
 from kvbench.tasks.prompt import Prompt
@@ -107,7 +103,8 @@ class KVBenchLM(HFLM):
             raise BadInput(
                 f"the kvbench model answers one request at a time: batch_size must be 1, not {batch_size}"
             )
-        self.press_name = "none" if press is None else press  # lm-eval's parser reads press=none as None
+        # lm-eval's parser reads press=none as None; a user's press may be given by its target (file.py:Class)
+        self.press_name = "none" if press is None else resolve_press(press)
         self.compression_ratio = parse_ratio(compression_ratio)
         check_uncompressed(self.press_name, self.compression_ratio, "compression_ratio")
         self.press_args = {**(press_args or {}), **more_press_args}
@@ -127,7 +124,7 @@ class KVBenchLM(HFLM):
         super().__init__(pretrained=model, tokenizer=model_tokenizer, batch_size=1, max_length=max_length)
         if probe is not None:
             probe.post_init_from_model(model)  # e.g. KVP agents made for another model fail here
-        self.press_state = press_state(probe)
+        self.press_state = config_state(self.press_name, self.press_args, probe)  # a user's files' digest too
         self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
         self.protocols: dict[str, str] = {}  # task -> the protocol its requests ran under
 

@@ -64,7 +64,7 @@ from kvbench.harness.planning import (
     parse_ratio,
     split,
 )
-from kvbench.presses import build_press, check_press_runnable
+from kvbench.presses import build_press, check_press_runnable, resolve_press
 from kvbench.store.results import ResultsStore, Row, check_writable, config_id_of
 
 PROTOCOL = "perplexity"
@@ -131,7 +131,7 @@ def perplexity_configs(
         raise BadInput("give one of --ratios, --memory or --budget")
     if not isinstance(every, int) or every < 1:
         raise BadInput(f"--every must be a whole number of at least 1, got {every}")
-    names = [name.strip() for name in split(presses) if name.strip()]
+    names = [resolve_press(name.strip()) for name in split(presses) if name.strip()]  # file.py:Class too
     ratio_values = [parse_ratio(value) for value in split(ratios) if str(value).strip()]
     memory_values = [parse_memory(value) for value in split(memory) if str(value).strip()]
     budget_values = [parse_budget(value) for value in split(budgets) if str(value).strip()]

@@ -23,6 +23,7 @@ from kvbench.core.validation import as_paths, parse_float, parse_int
 from kvbench.presses import (
     PRESSES,
     build_press,
+    check_distinct_presses,
     check_press_runnable,
     config_press,
     config_state,
@@ -266,6 +267,7 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
         build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
         for config in configs
     ]
+    check_distinct_presses(configs, presses)
     tried = set()  # one trial per press, arguments and protocol: at its highest ratio, where presses break
     for config in sorted(configs, key=lambda config: -config.ratio):
         group = (config.press, config.press_args, config.protocol, config.protocol_args)
@@ -298,6 +300,8 @@ def check_press_args_run(config: Config, tokens: int = TRIAL_TOKENS) -> None:
         except Exception as bare:
             if PRESSES[config.press].source is None:
                 return
+            if isinstance(bare, KvbenchError):  # what the engine refuses of it, as the engine says it
+                raise bare from None
             # A user's press that fails on its own: its bug, said before any model loads.
             raise BadInput(
                 f"press {config.press!r} fails on {where}: {type(bare).__name__}: {first_line(bare)}"
@@ -403,7 +407,8 @@ def plan_tasks(
     tokenizer: str | None = None,
 ) -> TaskPlan:
     """The suite's tasks (the default suite without tasks, data or suite), or the tasks named and the
-    user's data files (`data`, scored by `metric`, default qa_f1); the suite's length, samples and tokenizer
+    user's data files (`data`, scored by `metric`, default qa_f1; a `metric` given as code is also what a
+    task YAML may name); the suite's length, samples and tokenizer
     unless given. `include_path`: folders whose task YAMLs are registered first (a suite given by its path
     includes its own folder). Checked against the registry and each task's minimum length."""
     tokenizer = str(tokenizer) if isinstance(tokenizer, Path) else tokenizer
@@ -411,9 +416,8 @@ def plan_tasks(
         raise BadInput(f"--tokenizer must name a tokenizer, got {tokenizer!r}")
     task_list = [task_list] if isinstance(task_list, str) else list(task_list)
     data = [str(path) for path in as_paths(data, "data")]
-    if metric is not None and not data:
-        raise BadInput("--metric applies to --data files (a task YAML names its own metric)")
-    metric = tasks.resolve_metric(metric) if metric is not None else "qa_f1"  # `--metric ''` names none
+    given_metric = metric is not None
+    metric = tasks.resolve_metric(metric) if given_metric else "qa_f1"  # `--metric ''` names none
     for folder in as_paths(include_path, "include_path"):
         tasks.include_path(folder)
     task_list += [tasks.register_data_task(tasks.jsonl.data_task(path, metric)) for path in data]
@@ -427,6 +431,12 @@ def plan_tasks(
     for name in names:
         if name not in tasks.task_names():
             raise tasks.unknown_task(name)
+    scored_by = {tasks.jsonl.DATA_TASKS[name].metric for name in names if name in tasks.jsonl.DATA_TASKS}
+    if given_metric and metric not in scored_by:
+        raise BadInput(
+            f"--metric {metric} scores no task of the run: it applies to --data files, and allows the code "
+            "a task YAML names as its metric"
+        )
     length = parse_int(length, "--length", 1) if length is not None else None
     length = length if length is not None else (suite_spec.length if suite_spec else None)
     samples = samples if samples is not None else (suite_spec.samples if suite_spec else 5)

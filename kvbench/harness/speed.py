@@ -200,16 +200,28 @@ def measure_cost(model, config: Config, press, input_ids, plan: SpeedPlan, devic
     )
 
 
+def check_context(model_name: str, plan: SpeedPlan, limit: int | None) -> None:
+    """BadInput when the longest length and its new tokens do not fit the model's context (`limit`, None:
+    not known yet: checked again once the model loads)."""
+    longest = max(plan.lengths) + plan.new_tokens
+    if limit is not None and longest > limit:
+        raise BadInput(
+            f"--lengths {max(plan.lengths)} and {plan.new_tokens} new tokens exceed the {limit}-token "
+            f"context of model {model_name!r}"
+        )
+
+
 def run_speed(plan: SpeedPlan, model_name: str, device: str = "cpu", dtype: str = "float32") -> list[Cost]:
     """Measure every (config, length) of `plan` not yet in its folder, appending each Cost to costs.jsonl as
     it is measured (a stopped run resumes where it stopped), and write a run record; all costs back."""
     from tqdm.auto import tqdm
 
-    from kvbench.bridge.models import load_model
+    from kvbench.bridge.models import context_limit, load_model
     from kvbench.core.provenance import run_record
     from kvbench.harness.planning import check_configs, check_learned_state
 
     started = datetime.now(timezone.utc).isoformat()
+    check_context(model_name, plan, context_limit(model_name))
     presses = check_configs(plan.configs, max(plan.lengths))
     check_learned_state(presses, model_name)
     todo = [
@@ -224,6 +236,7 @@ def run_speed(plan: SpeedPlan, model_name: str, device: str = "cpu", dtype: str 
         import torch
 
         model, _ = load_model(model_name, device=device, dtype=dtype)
+        check_context(model_name, plan, model.config.get_text_config().max_position_embeddings)
         plan.out.mkdir(parents=True, exist_ok=True)
         inputs = {}
         with open(plan.out / COSTS_FILE, "a") as file:

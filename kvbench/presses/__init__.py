@@ -29,7 +29,16 @@ from kvbench.core import resources
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, KvbenchError, UnknownPress, did_you_mean
 from kvbench.core.press_hooks import declared
-from kvbench.core.registry import PluginError, Registry, Source, is_target, load_target, source_of
+from kvbench.core.registry import (
+    USER_CODE_FAILURES,
+    PluginError,
+    Registry,
+    Source,
+    first_line,
+    is_target,
+    load_target,
+    source_of,
+)
 from kvbench.core.validation import parse_value
 
 DEFAULT_INNER = "snapkv"
@@ -557,9 +566,9 @@ NOT_REGISTERED: dict[str, str] = {
 
 
 def list_presses() -> list[PressSpec]:
-    """Every press of the registry, plugins loaded: name, description, what it needs, whether it is a
-    codec, where it comes from."""
-    return list(PRESSES.values())
+    """Every press of the registry, plugins loaded (one that fails is left out: `PRESSES.broken()`): name,
+    description, what it needs, whether it is a codec, where it comes from."""
+    return list(PRESSES.loaded().values())
 
 
 def parse_press_args(pairs: list[str]) -> dict:
@@ -702,6 +711,8 @@ def build_press(name: str, ratio: float, /, memory: float | None = None, **press
         raise BadInput(f"press {name!r} needs --press-arg {spec.knob}= (it sets how much the press removes)")
     if spec.codec:
         press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
+    if spec.source is not None:
+        return built_by_user(spec, ratio, press_args)
     try:
         return spec.factory(ratio, **press_args)
     except KvbenchError:
@@ -710,6 +721,40 @@ def build_press(name: str, ratio: float, /, memory: float | None = None, **press
         raise BadInput(f"bad press argument for {name!r}: {error}") from None
     except (ValueError, AssertionError) as error:  # the press's own check of its arguments (kvpress asserts)
         raise BadInput(str(error) or f"bad press arguments for {name!r}: {press_args}") from None
+
+
+def built_by_user(spec: PressSpec, ratio: float, press_args: dict):
+    """The press a user's class or factory builds at `ratio`; BadInput in one line when it raises anything
+    (sys.exit included) or returns what is not a kvpress press (None would run uncompressed)."""
+    import kvpress
+
+    where = f"press {spec.name!r} at ratio {ratio}"
+    try:
+        press = spec.factory(ratio, **press_args)
+    except KvbenchError:
+        raise
+    except TypeError as error:
+        raise BadInput(f"bad press argument for {spec.name!r}: {error}") from None
+    except USER_CODE_FAILURES as error:  # the user's code may fail in any way
+        raise BadInput(f"{where} fails to build: {first_line(error)}") from None
+    if not isinstance(press, kvpress.BasePress):
+        raise BadInput(f"{where}: its factory returned {type(press).__name__}, not a kvpress press")
+    return press
+
+
+def check_distinct_presses(configs: list[Config], presses: list) -> None:
+    """BadInput when a user's factory returned one press object for two configs (a cached press): the
+    configs would share its ratio and state, the last built setting them for all."""
+    seen: dict[int, Config] = {}
+    for config, press in zip(configs, presses, strict=True):
+        if press is None or PRESSES[config.press].source is None:
+            continue
+        first = seen.setdefault(id(press), config)
+        if first is not config:
+            raise BadInput(
+                f"press {config.press!r}: its factory returned one press object for ratios {first.ratio} and "
+                f"{config.ratio}; build a new press on each call"
+            )
 
 
 def config_press(config: Config):

@@ -21,7 +21,7 @@ from kvbench.core.validation import parse_json, read_text
 from kvbench.harness.speed import Cost, load_costs
 from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, file_stem, fmt_interval
 from kvbench.reporting.boards import Leaderboard
-from kvbench.reporting.plots import Style, new_figure, plain_ticks, save, wrapped_title
+from kvbench.reporting.plots import Style, error_bars, new_figure, plain_ticks, save, wrapped_title
 from kvbench.reporting.read import config_label
 
 
@@ -122,8 +122,7 @@ def cost_figure(board: Leaderboard, points: pd.DataFrame, styles: dict[str, Styl
     prefill_ax, decode_ax = figure.subplots(1, 2, sharey=True)
     for point in points.to_dict("records"):  # one per press and budget
         style = styles[point["press"]]
-        error = [[point["average"] - point["low"]], [point["high"] - point["average"]]]
-        error = [[0.0 if pd.isna(side[0]) else side[0]] for side in error]
+        error = error_bars([point["average"]], [point["low"]], [point["high"]])
         for ax, x in ((prefill_ax, 100 * point["prefill_overhead"]), (decode_ax, point["decode_speed"])):
             ax.errorbar(
                 [x],

@@ -110,8 +110,17 @@ def draw_press(ax, x: pd.Series, score: pd.Series, low: pd.Series, high: pd.Seri
     if len(x) > 1:
         ax.fill_between(x, low, high, color=style.color, alpha=0.15, linewidth=0)
     else:
-        error = [(score - low).fillna(0).tolist(), (high - score).fillna(0).tolist()]
+        error = error_bars(score, low, high)
         ax.errorbar(x, score, yerr=error, color=style.color, capsize=3, linestyle="none")
+
+
+def error_bars(score, low, high) -> list[list[float]]:
+    """Matplotlib's [below, above] lengths of the intervals [low, high] around `score` (series or lists),
+    each at least 0: a bound that misses its estimate by rounding (a Wilson lower bound of 5.6e-15 at a
+    score of 0) or a missing interval draws no bar, where a negative length would make matplotlib raise."""
+    below = (pd.Series(score, dtype=float) - pd.Series(low, dtype=float)).fillna(0).clip(lower=0)
+    above = (pd.Series(high, dtype=float) - pd.Series(score, dtype=float)).fillna(0).clip(lower=0)
+    return [below.tolist(), above.tolist()]
 
 
 def finish_score_axes(ax, board: Leaderboard, title: str) -> None:

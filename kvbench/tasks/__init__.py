@@ -6,6 +6,7 @@ groups `kvbench.tasks` and `kvbench.metrics`; suites are the YAML files of tasks
 with `include_path`, or a suite YAML given by its path.
 """
 
+import inspect
 import json
 import numbers
 import unicodedata
@@ -17,7 +18,15 @@ from typing import Annotated, Any
 import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask, did_you_mean
-from kvbench.core.registry import PluginError, Registry, first_line, is_target, load_target
+from kvbench.core.registry import (
+    USER_CODE_FAILURES,
+    PluginError,
+    Registry,
+    first_line,
+    is_target,
+    load_target,
+    source_of,
+)
 from kvbench.core.resources import suites_dir
 from kvbench.core.validation import STRICT, check_json, load_yaml
 from kvbench.tasks import (
@@ -87,15 +96,17 @@ def is_score(value: object) -> bool:
 class UserMetric:
     """A user's metric `function(prediction, references) -> score in [0, 1]`, called as kvbench's metrics
     are, `(prediction, sample) -> score in [0, 100]`; a function that raises, or a score that is not a
-    number in [0, 1], is BadInput naming the metric and the sample."""
+    number in [0, 1], is BadInput naming the metric and the sample. `digest`: of the file that defines it,
+    which the samples it scores are keyed by (an edited metric scores again)."""
 
     name: str
     function: Callable
+    digest: str | None = None
 
     def __call__(self, prediction: str, sample: Sample) -> float:
         try:
             score = self.function(prediction, list(sample.references))
-        except Exception as error:  # the user's code may fail in any way: one line, naming it
+        except USER_CODE_FAILURES as error:  # the user's code may fail in any way: one line, naming it
             raise BadInput(
                 f"metric {self.name!r} fails on sample {sample.task}/{sample.id}: {first_line(error)}"
             ) from None
@@ -107,22 +118,17 @@ class UserMetric:
 
 
 def metric_from_plugin(name: str, function: object) -> UserMetric:
-    """A metric of a plugin or target: a function `(prediction, references) -> score in [0, 1]`, tried on
-    one answer first so that a wrong signature fails before any model loads."""
+    """A metric of a plugin or target: a function `(prediction, references) -> score in [0, 1]`, its
+    signature checked (never called: what it does runs only on answers)."""
     if not callable(function):
         raise PluginError(f"metric {name!r} is {type(function).__name__}, not a function")
     try:
-        score = function("a", ["a"])
-    except Exception as error:
+        inspect.signature(function).bind("a", ["a"])
+    except (TypeError, ValueError):
         raise PluginError(
-            f"metric {name!r} fails on ('a', ['a']): {first_line(error)}; a metric takes "
-            "(prediction, references) and returns a score in [0, 1]"
+            f"metric {name!r}: a metric takes (prediction, references) and returns a score in [0, 1]"
         ) from None
-    if not is_score(score):
-        raise PluginError(
-            f"metric {name!r} gave {score!r} on ('a', ['a']): a metric returns a score in [0, 1]"
-        )
-    return UserMetric(name, function)
+    return UserMetric(name, function, source_of(function).digest)
 
 
 def exact_match(prediction: str, sample: Sample) -> float:
@@ -159,16 +165,30 @@ def register_metric(name: str, function) -> str:
     return name
 
 
-def resolve_metric(metric: str) -> str:
-    """The registry's name of `metric`: a name as it is, a target `module:function` (or
-    `file.py:function`) registered under the target; BadInput naming the known metrics if neither."""
+def metric_target(metric: str, folder: Path | None = None) -> str:
+    """`metric` as the registry names it: a `file.py:function` target with its file resolved from `folder`
+    (the file that names it; default the working folder), anything else as it is."""
+    module, _, function = metric.rpartition(":")
+    if is_target(metric) and (module.endswith(".py") or "/" in module):
+        return f"{(Path(folder or '.') / module).resolve()}:{function}"
+    return metric
+
+
+def resolve_metric(metric: str, folder: Path | None = None) -> str:
+    """The registry's name of `metric`: a name as it is; a target `module:function` (or `file.py:function`,
+    from `folder`) loaded and registered under the target (`metric_target`), again when its file changed;
+    BadInput naming the known metrics if neither."""
     if not isinstance(metric, str) or not metric.strip():
         raise BadInput(f"--metric must name a metric, got {metric!r}")
+    if is_target(metric):
+        target = metric_target(metric, folder)
+        function = load_target(target, "metric")
+        held = METRICS.entries.get(target)
+        if not (isinstance(held, UserMetric) and held.function is function):
+            register_metric(target, function)
+        return target
     if metric in METRICS:
         METRICS[metric]  # a plugin's metric loads (and is checked) now
-        return metric
-    if is_target(metric):
-        register_metric(metric, load_target(metric, "metric"))
         return metric
     raise BadInput(f"unknown metric {metric!r}{did_you_mean(metric, METRICS)} (one of {', '.join(METRICS)})")
 
@@ -187,19 +207,38 @@ def register_user_metrics(targets: dict[str, str]) -> None:
         resolve_metric(target)
 
 
+def task_file_metric(task: "jsonl.DataTask") -> str:
+    """The registry's name of a data task's metric. A task YAML is data that people share, so the code it
+    names (`module:function`, `file.py:function` from the YAML's folder) is never imported from it: only a
+    metric the user gave as code (`--metric`, `register_metric`) or installed (a plugin) is taken; else
+    BadInput saying how to allow it."""
+    if task.source is None or not is_target(task.metric):
+        return resolve_metric(task.metric)
+    target = metric_target(task.metric, task.source.parent)
+    if target not in user_metrics():
+        raise BadInput(
+            f"{task.source}: metric {task.metric!r} is code, which a task YAML never runs; to run it, "
+            f"give it on the command line: --metric {target}"
+        )
+    return resolve_metric(target)
+
+
 SUITES_DIR = suites_dir()  # tasks/*.yaml: any YAML file there is a suite
 SUITE_PATHS: dict[str, Path] = {}  # suites from the user's folders (`include_path`) and paths, by name
 
 
 def family_of(task: str):
-    for module in TASK_FAMILIES.values():
+    for module in TASK_FAMILIES.loaded().values():
         if task in module.TASKS:
             return module
     raise unknown_task(task)
 
 
 def unknown_task(name: str) -> UnknownTask:
-    return UnknownTask(f"unknown task {name!r}{did_you_mean(name, task_names())} (see `kvbench tasks`)")
+    """The task is in no family that loads; a family plugin that failed to load may hold it: say why."""
+    broken = "".join(f"; {error}" for error in TASK_FAMILIES.broken())
+    hint = did_you_mean(name, task_names())
+    return UnknownTask(f"unknown task {name!r}{hint} (see `kvbench tasks`){broken}")
 
 
 def unknown_suite(name: str) -> UnknownTask:
@@ -207,7 +246,7 @@ def unknown_suite(name: str) -> UnknownTask:
 
 
 def task_names() -> list[str]:
-    return [name for module in TASK_FAMILIES.values() for name in module.TASKS]
+    return [name for module in TASK_FAMILIES.loaded().values() for name in module.TASKS]
 
 
 def reads_data_dir(task: str) -> bool:
@@ -237,7 +276,10 @@ def register_data_task(task: "jsonl.DataTask") -> str:
             "choose another `task:`" if task.source else "rename the file or name its task in a task YAML"
         )
         raise BadInput(f"{jsonl.origin(task)}: task name {task.name!r} is taken by {owner}; {advice}")
-    jsonl.register_data_task(replace(task, metric=resolve_metric(task.metric)))
+    metric = task_file_metric(task)
+    jsonl.register_data_task(
+        replace(task, metric=metric, metric_digest=getattr(METRICS[metric], "digest", None))
+    )
     return task.name
 
 
@@ -269,7 +311,7 @@ def task_owner(task: "jsonl.DataTask") -> str | None:
         return (
             None if (existing.path, existing.source) == (task.path, task.source) else jsonl.origin(existing)
         )
-    for family, module in TASK_FAMILIES.items():
+    for family, module in TASK_FAMILIES.loaded().items():
         if task.name in module.TASKS:
             return (
                 "kvbench's built-in task" if family in BUILT_IN_FAMILIES else f"a task of family {family!r}"
@@ -318,7 +360,7 @@ def list_tasks() -> list[TaskInfo]:
     """Every task, family by family."""
     return [
         TaskInfo(name, family, description, module.min_length(name))
-        for family, module in TASK_FAMILIES.items()
+        for family, module in TASK_FAMILIES.loaded().items()
         for name, description in module.TASKS.items()
     ]
 

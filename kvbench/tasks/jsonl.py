@@ -19,6 +19,7 @@ import annotated_types
 
 from kvbench.core.errors import BadInput, DataFileError
 from kvbench.core.registry import first_line
+from kvbench.core.templates import render_capped, sandboxed_environment
 from kvbench.core.validation import STRICT, check, check_json, jsonl_lines, load_yaml, parse_json
 from kvbench.tasks.base import Sample
 
@@ -35,7 +36,8 @@ class DataTask:
     answers, id) to the record's keys where they differ; `templates` renders context or question from the
     whole record instead (Jinja, e.g. "{{ title }}\\n{{ body }}"); `split` picks a split of a datasets
     folder that holds several. `source` is the task YAML that defines it (None: `--data` or Python), as
-    messages about its name or its templates name it."""
+    messages about its name or its templates name it; `metric_digest` that of the file of a user's metric
+    (set when it is registered)."""
 
     name: str
     path: Path
@@ -47,6 +49,7 @@ class DataTask:
     split: str | None = None
     description: str = ""
     source: Path | None = None
+    metric_digest: str | None = None  # of the user's metric file: the samples' key, so an edit scores anew
 
     def key(self, name: str) -> str:
         return dict(self.fields).get(name, name)
@@ -150,11 +153,12 @@ def templates_origin(task: DataTask) -> str:
 
 
 def compiled_templates(task: DataTask) -> dict:
-    """The task's templates as Jinja templates (a name they use that the record lacks is an error), by the
-    field they render; DataFileError naming the task's YAML for one that is not Jinja."""
+    """The task's templates as Jinja templates of the sandbox (`core.templates`: they run no code and are
+    capped in size; a name they use that the record lacks is an error), by the field they render;
+    DataFileError naming the task's YAML for one that is not Jinja."""
     import jinja2
 
-    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    environment = sandboxed_environment(undefined=jinja2.StrictUndefined)
     compiled = {}
     for name, template in task.templates:
         try:
@@ -171,8 +175,8 @@ def render(task: DataTask, name: str, template, record: dict, number: int) -> st
     DataFileError naming the task's YAML and the record when it raises (any exception: Jinja's own, or an
     expression's, `{{ 1/0 }}`) or renders no text."""
     try:
-        text = template.render(record)
-    except Exception as error:  # a template runs the user's expressions, which may fail in any way
+        text = render_capped(template, record)
+    except Exception as error:  # a template's expressions may fail in any way, or break the sandbox's caps
         raise DataFileError(
             f"{templates_origin(task)}: template of {name!r} fails on record {number} of {task.path}: "
             + first_line(error)
@@ -187,8 +191,9 @@ def render(task: DataTask, name: str, template, record: dict, number: int) -> st
 
 def checked_records(task: DataTask) -> list[dict]:
     """The task's records as sample fields (context, question, answers as a list, id as text), each checked
-    (`record_schema`); DataFileError naming the file and record for the first that does not fit, an id given
-    twice, or a file without records, and naming the task YAML for a template that fails."""
+    (`record_schema`); DataFileError naming the file and record for the first that does not fit, lacks a
+    key `fields` names (the id's too), gives an id twice, or a file without records, and naming the task
+    YAML for a template that fails."""
     templates = compiled_templates(task)
     records = read_records(task)
     if not records:
@@ -199,7 +204,7 @@ def checked_records(task: DataTask) -> list[dict]:
         values = {name: record[task.key(name)] for name in FIELD_NAMES if task.key(name) in record}
         for name, template in templates.items():
             values[name] = render(task, name, template, record, index + 1)
-        for name in ("context", "question", "answers"):
+        for name in ("context", "question", "answers", *dict(task.fields)):  # an id named by `fields` too
             if name not in values:
                 raise DataFileError(f"{where}: no {task.key(name)!r} field")
         data = check(record_schema(), values, where, DataFileError)
@@ -244,13 +249,19 @@ def record_schema():
 def make_samples(
     task: str, length: int, samples: int, seed: int, tokenizer, data_dir: Path | None
 ) -> list[Sample]:
-    """The first `samples` records of the task, in file order (`seed` plays no part: the data is fixed), each
-    context cut in the middle so that context and question fit in `length` tokens."""
+    """The first `samples` records of the task, in file order (`seed` plays no part: the data is fixed; fewer
+    records than asked for are said in a warning), each context cut in the middle so that context and
+    question fit in `length` tokens."""
     from kvbench.tasks.longbench import truncate_middle
 
     spec = DATA_TASKS[task]
     result, truncated = [], 0
-    for record in checked_records(spec)[:samples]:
+    records = checked_records(spec)
+    if samples > len(records):
+        logger.warning(
+            "%s: %d samples asked for, %s holds %d records", task, samples, spec.path, len(records)
+        )
+    for record in records[:samples]:
         context, question = record["context"], record["question"]
         room = max(length - len(tokenizer(question)["input_ids"]), MIN_LENGTH)
         cut = truncate_middle(context, room, tokenizer)
@@ -266,7 +277,11 @@ def make_samples(
                 references=record["answers"],
                 max_new_tokens=spec.max_new_tokens,
                 metric=spec.metric,
-                meta={"metric": spec.metric},  # rows record what scored them
+                # rows record what scored them, and are keyed by the user's metric file
+                meta={
+                    "metric": spec.metric,
+                    **({"metric_digest": spec.metric_digest} if spec.metric_digest else {}),
+                },
             )
         )
     if truncated:

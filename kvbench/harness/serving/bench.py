@@ -64,8 +64,9 @@ def check_budgets(text: str, block: int, bytes_per_token: int | None) -> list[in
 def check_compression(press: str, ratio, press_args: dict):
     """The press that compresses the stored entries (None for `none`), checked without torch: a known press
     of the registry that evicts (not a codec), a ratio in [0, 1)."""
-    from kvbench.presses import PRESSES, check_press_runnable
+    from kvbench.presses import PRESSES, check_press_runnable, resolve_press
 
+    press = resolve_press(press)  # a registered name, or a user's press given by its target
     if press == "none":
         if ratio is not None or press_args:
             raise BadInput("--ratio and --press-arg need --press (the press that compresses stored entries)")
