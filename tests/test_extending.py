@@ -467,3 +467,28 @@ def test_a_data_file_reads_alike_with_any_line_end_and_raw_u2028(tmp_path, end):
     path.write_bytes(end.join(lines).encode())
     records = jsonl.checked_records(jsonl.data_task(path))
     assert [record["context"] for record in records] == [f"box {i}\u2028line two" for i in range(3)]
+
+
+@pytest.mark.parametrize("route", ["data", "suite"])
+def test_the_report_names_the_runs_and_press_sources_of_own_data(tmp_path, tiny_llama_dir, route):
+    """A sweep of a press file on the user's data, through --data or a suite YAML without a length (each
+    task at its own length, which the run records only per task): the report names the run record, its
+    command, and the press file with its sha256."""
+    press, data = write_press(tmp_path), write_data(tmp_path, 2)
+    if route == "data":
+        where = ["--data", data]
+    else:
+        (tmp_path / "mine.yaml").write_text("task: mine\ndata: mine.jsonl\nmetric: exact_match\n")
+        (tmp_path / "my_suite.yaml").write_text("tasks: [mine]\nsamples: 2\n")
+        where = ["--suite", tmp_path / "my_suite.yaml"]
+    out = tmp_path / "out"
+    args = ["sweep", "--presses", f"mine={press}:ValueNormPress,knorm", "--ratios", "0.5", *where]
+    result = invoke(*args, "--model", tiny_llama_dir, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert invoke("report", out, "--out", tmp_path / "report").exit_code == 0
+    readme = (tmp_path / "report" / "README.md").read_text()
+    digest = __import__("hashlib").sha256(press.read_bytes()).hexdigest()
+    assert "No runs/*.json" not in readme
+    assert f"`{out}` (1 run record)" in readme and f"Run 1: `{out}`" in readme
+    assert f"mine: {press}:ValueNormPress (file {press.resolve()}, sha256 {digest}); run 1" in readme
+    assert "knorm: kvbench's registry (see kvbench presses); run 1" in readme

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from kvbench.core.config import budget_label
-from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, slug, unique_stems
+from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, provenance_blocks, slug, unique_stems
+from kvbench.reporting.boards import press_sources, runs_for
 from kvbench.reporting.plots import Style, new_figure, plain_ticks
-from kvbench.reporting.read import REFERENCE_PRESS, with_report_columns
+from kvbench.reporting.read import REFERENCE_PRESS, Run, with_report_columns
 
 PROTOCOL = "perplexity"
 
@@ -115,11 +116,15 @@ def draw_spans(ax, rows: pd.DataFrame, label: str, color: str, linestyle: str) -
     ax.plot(ends, mean, color=color, linestyle=linestyle, label=label, linewidth=1.2)
 
 
-def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style]) -> list:
-    """The section's blocks for the perplexity rows of a report (none: no section)."""
+def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style], runs: list[Run]) -> list:
+    """The section's blocks for the perplexity rows of a report (none: no section), its presses' sources and
+    the runs of its rows last."""
     if rows.empty:
         return []
     rows = with_report_columns(rows)
+    keys = ["model", "length", "protocol_label"]
+    matched = [run for _, group in rows.groupby(keys, dropna=False) for run in runs_for(group, runs)]
+    shown = [run for index, run in enumerate(matched) if all(run is not seen for seen in matched[:index])]
     rows["label"] = [
         budget_label(r, m, b) for r, m, b in zip(rows["ratio"], rows["memory"], rows["budget"], strict=True)
     ]
@@ -183,4 +188,4 @@ def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style
             group, labels, styles, f"{title}: NLL by position", out_dir / f"{stem}-position.png"
         )
         blocks.append(Image(path, "mean NLL per span of tokens against position, a panel per budget"))
-    return blocks
+    return blocks + provenance_blocks(shown, press_sources(rows))

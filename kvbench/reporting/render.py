@@ -128,7 +128,8 @@ def render_report(
     names = sorted({press for board in boards for press in board.presses})
     if versus and versus not in names:
         raise BadInput(f"--versus {versus!r} is not a press of these results (they hold {', '.join(names)})")
-    blocks = [Paragraph("Results folders: " + ", ".join(f"`{d}`" for d in collected.dirs))]
+    folders = ", ".join(folder_label(folder, collected.runs) for folder in collected.dirs)
+    blocks = [Paragraph(f"Results folders: {folders}")]
     notes = [*collected.notes, unscored_note(scored)]
     blocks += [Paragraph(note) for note in notes if note]
     styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
@@ -137,10 +138,16 @@ def render_report(
         for board in boards:
             costed = cost_blocks(board, costs, stage, styles) if costs is not None else []
             blocks += leaderboard_blocks(board, stage, styles, costed + conformance_blocks(board, checked))
-        blocks += perplexity_blocks(collected.rows[perplexity], stage, styles)
+        blocks += perplexity_blocks(collected.rows[perplexity], stage, styles, collected.runs)
         (stage / "README.md").write_text(to_markdown(TITLE, blocks))
         (stage / "index.html").write_text(to_html(TITLE, blocks))
     return out
+
+
+def folder_label(folder: str, runs: list) -> str:
+    """A results folder as the report names it, with how many run records (runs/*.json) it holds."""
+    count = sum(run.results_dir == folder for run in runs)
+    return f"`{folder}` ({count or 'no'} run record{'' if count == 1 else 's'})"
 
 
 @contextmanager

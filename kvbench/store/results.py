@@ -753,6 +753,7 @@ class RunConfig:
     tasks: list[str] | None = None
     suite: str | None = None
     length: Positive | None = None
+    lengths: dict[str, Positive] | None = None  # per task, where it differs from `length`
     samples: Count | None = None
     protocol: str | None = None
     protocol_args: Arguments | None = None
