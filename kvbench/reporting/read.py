@@ -229,6 +229,7 @@ def collect(paths: list[Path], recursive: bool = False, every_state: bool = Fals
         warnings.warn(message, stacklevel=2)
     if rows.empty:
         raise NoResults(f"no result rows in {', '.join(str(file) for file in files)}")
+    rows["press_name"] = rows["press"]  # as the run was given it: `report --versus NAME` takes it too
     rows["press"] = [config_label(p, a) for p, a in zip(rows["press"], rows["press_args"], strict=True)]
     rows, notes = keep_latest_press_state(rows, every_state)
     models = sorted(rows["model"].unique())
@@ -254,13 +255,41 @@ def press_list(text: str) -> list[str]:
     return presses
 
 
+def press_labels(rows: pd.DataFrame, name: str) -> list[str]:
+    """The presses (as the leaderboard labels them) that `name` names in `rows`: the label itself, else
+    every label of the press the run was given as `name` (`outlier8` for `outlier8(window=8)`); none when
+    it names none."""
+    held = set(rows["press"])
+    if name in held:
+        return [name]
+    names = rows["press_name"] if "press_name" in rows else rows["press"]
+    return sorted(set(rows.loc[names == name, "press"]))
+
+
+def held_presses(rows: pd.DataFrame) -> str:
+    return ", ".join(sorted(set(rows["press"]) - {REFERENCE_PRESS}))
+
+
 def only_presses(collected: Collected, presses: list[str]) -> Collected:
-    """`collected` with the rows of `presses` (as the leaderboard names them) and the reference only."""
-    held = set(collected.rows["press"])
-    unknown = [press for press in presses if press not in held]
-    if unknown:
-        raise BadInput(
-            f"--presses {unknown[0]!r} is not a press of these results (they hold {', '.join(sorted(held))})"
-        )
-    rows = collected.rows[collected.rows["press"].isin([*presses, REFERENCE_PRESS])]
+    """`collected` with the rows of `presses` (as the leaderboard names them, or as the run was given them:
+    `press_labels`) and the reference only."""
+    chosen = []
+    for press in presses:
+        labels = press_labels(collected.rows, press)
+        if not labels:
+            held = held_presses(collected.rows)
+            raise BadInput(f"--presses {press!r} is not a press of these results (they hold {held})")
+        chosen += labels
+    rows = collected.rows[collected.rows["press"].isin([*chosen, REFERENCE_PRESS])]
     return replace(collected, rows=rows.reset_index(drop=True))
+
+
+def versus_press(rows: pd.DataFrame, name: str) -> str:
+    """The one press (as the leaderboard labels it) that `report --versus NAME` names (`press_labels`);
+    BadInput when it names none, the reference, or several (then the labels to choose from)."""
+    labels = [label for label in press_labels(rows, name) if label != REFERENCE_PRESS]
+    if not labels:
+        raise BadInput(f"--versus {name!r} is not a press of these results (they hold {held_presses(rows)})")
+    if len(labels) > 1:
+        raise BadInput(f"--versus {name!r} names {len(labels)} presses: give one of {', '.join(labels)}")
+    return labels[0]
