@@ -129,9 +129,10 @@ def fmt_p(value: float) -> str:
 
 
 SIGNIFICANCE = (
-    "a sign-flip test of the paired differences (each unit's sign flipped: all 2^n "
-    f"assignments up to {EXACT_UNITS} units, {RESAMPLES:,} seeded random ones beyond) gives p < 0.05 and the "
-    "interval, where there is one, excludes 0 (a difference the same on every pair has no interval)"
+    "a sign-flip test of the paired differences (each unit's sign flipped: all 2^n assignments up to "
+    f"{EXACT_UNITS} units, {RESAMPLES:,} seeded random ones beyond) gives p < 0.05. The interval is the same "
+    "test inverted (the differences it does not reject), so it excludes 0 exactly where the difference is "
+    "significant; with 5 pairs or fewer nothing can be, and the interval is the whole range"
 )
 
 
@@ -402,14 +403,14 @@ def budget_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> l
     ]
 
 
-def versus_blocks(view: ScoreView, baseline: str | None) -> list:
-    """With `report --versus`: each press minus the baseline, paired by sample, per column of the view, in
-    its order; strong where significant (`stats.significant`)."""
+def versus_blocks(view: ScoreView, named: str | None) -> list:
+    """With `report --versus`: the named press minus each other press, paired by sample, per column of the
+    view, in its order; strong where significant (`stats.significant`)."""
     versus = view.versus
     if versus is None or versus.empty:
         return []
     cells = [
-        Cell(fmt_interval(d, low, high, signed=True), strong=significant(p, low, high))
+        Cell(fmt_interval(d, low, high, signed=True), strong=significant(p))
         for d, low, high, p in zip(
             versus["difference"], versus["low"], versus["high"], versus["p"], strict=True
         )
@@ -430,13 +431,13 @@ def versus_blocks(view: ScoreView, baseline: str | None) -> list:
     )
     return [
         Paragraph(
-            f"Each press minus `{baseline}`, paired by sample (same task and sample), averaged as the "
-            "leaderboard averages, [95 % t interval]; in bold where "
+            f"`{named}` minus each press, paired by sample (same task and sample), averaged as the "
+            f"leaderboard averages, [95 % interval]: above 0, `{named}` scored higher. In bold where "
             + SIGNIFICANCE
             + ". "
             + (f"Each cell holds {typical} pairs unless it says otherwise (n=...)." if typical else "")
         ),
-        Table(view_columns(table, axis)),
+        Table(view_columns(table, axis).rename_axis(index=f"{named} minus")),
     ]
 
 
@@ -455,10 +456,7 @@ def lead_blocks(view: ScoreView) -> list:
                 for value, low, high in zip(lead["lead"], lead["low"], lead["high"], strict=True)
             ],
             "p (sign-flip)": [fmt_p(p) for p in lead["p"]],
-            "significant": [
-                "" if pd.isna(p) else ("yes" if significant(p, low, high) else "no")
-                for p, low, high in zip(lead["p"], lead["low"], lead["high"], strict=True)
-            ],
+            "significant": ["" if pd.isna(p) else ("yes" if significant(p) else "no") for p in lead["p"]],
             "pairs": lead["pairs"].astype(str),
         }
     )
@@ -466,7 +464,7 @@ def lead_blocks(view: ScoreView) -> list:
         Paragraph(
             "The leader's lead over the runner-up, paired: score differences on the samples both scored "
             "(same task and sample), averaged as the leaderboard averages (mean of the per-task means), "
-            "[95 % t interval]. Pairing takes out what the two share (how hard each sample is), so it can "
+            "[95 % interval]. Pairing takes out what the two share (how hard each sample is), so it can "
             "tell two presses apart where their intervals above overlap. It is significant where "
             + SIGNIFICANCE
             + "."

@@ -61,6 +61,7 @@ def plot_against(
             color=style.color,
             marker=style.marker,
             linestyle=style.linestyle,
+            linewidth=style.linewidth,
             label=press,
         )
     if reference is not None:
@@ -92,9 +93,9 @@ def plot_by_position(rows: pd.DataFrame, labels: list[str], styles, title: str, 
     reference = rows[rows["press"] == REFERENCE_PRESS]
     for ax, label in zip(axes, labels, strict=False):
         for press, mine in rows[rows["label"] == label].groupby("press"):
-            draw_spans(ax, mine, press, styles[press].color, styles[press].linestyle)
+            draw_spans(ax, mine, press, styles[press])
         if not reference.empty:
-            draw_spans(ax, reference, "none (no compression)", "black", "--")
+            draw_spans(ax, reference, "none (no compression)", Style("black", "", "--"))
         ax.set_title(label, fontsize="small")
         ax.set_xlabel("position (tokens)")
         ax.grid(alpha=0.3)
@@ -108,12 +109,13 @@ def plot_by_position(rows: pd.DataFrame, labels: list[str], styles, title: str, 
     return path
 
 
-def draw_spans(ax, rows: pd.DataFrame, label: str, color: str, linestyle: str) -> None:
+def draw_spans(ax, rows: pd.DataFrame, label: str, style: Style) -> None:
     spans = [meta["span_nll"] for meta in rows["meta"]]
     span = rows["meta"].iloc[0]["span"]
     mean = np.mean([values[: min(map(len, spans))] for values in spans], axis=0)
     ends = [min((k + 1) * span + 1, rows["length"].iloc[0]) for k in range(len(mean))]
-    ax.plot(ends, mean, color=color, linestyle=linestyle, label=label, linewidth=1.2)
+    width = 1.2 if style.linewidth == Style.linewidth else style.linewidth
+    ax.plot(ends, mean, color=style.color, linestyle=style.linestyle, label=label, linewidth=width)
 
 
 def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style], runs: list[Run]) -> list:
