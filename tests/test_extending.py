@@ -3,6 +3,7 @@ installed plugins through entry points; and the one-line refusals of what cannot
 tests/test_ray_sweep.py.)"""
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -492,3 +493,10 @@ def test_the_report_names_the_runs_and_press_sources_of_own_data(tmp_path, tiny_
     assert f"`{out}` (1 run record)" in readme and f"Run 1: `{out}`" in readme
     assert f"mine: {press}:ValueNormPress (file {press.resolve()}, sha256 {digest}); run 1" in readme
     assert "knorm: kvbench's registry (see kvbench presses); run 1" in readme
+    assert re.search(r"length \d+ \(a cap: contexts of \d+-\d+ tokens\)", readme)  # not the contexts' length
+    write_press(tmp_path, edit=" + 0.0")  # an edit: the press's rows again, under its new source
+    assert invoke(*args, "--model", tiny_llama_dir, "--out", out).exit_code == 0
+    assert invoke("report", out, "--out", tmp_path / "report").exit_code == 0
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert f"mine on {tiny_llama_dir}: rows of 2 versions of its source ({press.resolve()})" in readme
+    assert "learned state" not in readme

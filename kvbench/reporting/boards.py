@@ -12,6 +12,9 @@ from kvbench.reporting.read import REFERENCE_PRESS, Run, config_label, protocol_
 from kvbench.reporting.stats import config_stats, paired_lead, paired_versus
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
 
+# A length whose tasks' contexts all stay below this share of it is a cap, not their length (a user's
+# --data contexts are cut to it, never filled): the title says what they measured.
+CAP_SHARE = 0.9
 CODEC_GAP = 0.01  # a config whose memory fraction differs from its kept-entry fraction by more is a codec
 # The rows' column each view's configs are keyed by, and whether its columns go least compressed first by
 # ascending value (ratios) or by descending value (memory fractions, entries per head).
@@ -57,6 +60,7 @@ class Leaderboard:
     part_counts: pd.DataFrame | None  # same shape: samples behind each mean
     part_name: str  # "question" or "turn"
     context_tokens: pd.Series  # task: mean context length in tokens
+    context_range: tuple[float, float]  # the shortest and longest context of its rows, in tokens (NaN: none)
     runs: list[Run]
     longbench: dict[str, pd.DataFrame]  # "longbench" / "longbench-e" -> (press, ratio) x category averages
     longbench_e_buckets: pd.DataFrame | None  # (press, ratio) x length bucket; None without LongBench-E meta
@@ -69,6 +73,9 @@ class Leaderboard:
     @property
     def title(self) -> str:
         length = "each task's own length" if self.length is None else f"length {self.length}"
+        shortest, longest = self.context_range
+        if self.length is not None and longest < CAP_SHARE * self.length:
+            length += f" (a cap: contexts of {shortest:.0f}-{longest:.0f} tokens)"
         return f"{self.model}, {self.suite}, {length}, {self.protocol}"
 
     @property
@@ -319,6 +326,7 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = 
         part_counts=part_counts,
         part_name="turn" if turns else "question",
         context_tokens=rows.groupby("task")["context_tokens"].mean(),
+        context_range=(rows["context_tokens"].min(), rows["context_tokens"].max()),
         runs=runs,
         longbench=longbench_tables(task_scores),
         longbench_e_buckets=bucket_means(ratio_rows),

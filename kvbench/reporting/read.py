@@ -167,9 +167,10 @@ def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tu
     state = rows["press_state"].fillna("unrecorded")
     latest = state.groupby([rows["model"], rows["press"]]).transform("last")
     older = state != latest
+    sources = rows["press_source"] if "press_source" in rows else pd.Series(None, index=rows.index)
     notes = [
-        f"{press} on {model}: rows of {group.nunique()} versions of its learned state; the report uses the "
-        f"latest ({latest[group.index[0]]}) and "
+        f"{press} on {model}: rows of {group.nunique()} versions of its {state_kind(sources[group.index])}; "
+        f"the report uses the latest ({latest[group.index[0]]}) and "
         + (
             f"reports the older ones as {press}@STATE."
             if every_state
@@ -183,6 +184,13 @@ def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tu
         rows.loc[older, "press"] = rows.loc[older, "press"] + "@" + state[older]
         return rows, notes
     return rows[~older].reset_index(drop=True), notes
+
+
+def state_kind(sources: pd.Series) -> str:
+    """What a press's state digest is a digest of: a user's press is keyed by its source file (and any
+    learned state it loads), kvbench's learned presses by their learned state."""
+    files = sorted({source["file"] for source in sources if isinstance(source, dict) and source.get("file")})
+    return f"source ({', '.join(files)})" if files else "learned state"
 
 
 # Past this NLL per token, a perplexity (exp(nll)) overflows a float: no measurement of a language model.
