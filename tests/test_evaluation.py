@@ -79,3 +79,20 @@ def test_rows_another_live_writer_claimed_are_waited_for(tmp_path):
         writer.join()
     assert mine.computed == [("ab", "a"), ("ab", "b")]  # not xyz: the other writer's
     assert sorted(frame[frame["sample_id"] == "xyz"]["score"]) == [99.0, 99.0]
+
+
+def test_a_resumed_run_says_what_it_reuses_and_counts_only_what_it_computes(tmp_path, capsys):
+    with ResultsStore(tmp_path) as store:
+        run_evaluator(WordLength(["ab", "abc"]), store, progress=False)
+    with ResultsStore(tmp_path) as store:
+        run_evaluator(WordLength(["ab", "abc", "abcd"]), store, progress=True)
+    said = capsys.readouterr().err
+    assert f"4 of 6 rows reused from {tmp_path}, 2 to compute (2 new samples)" in said
+    assert "2/2" in said and "/6" not in said  # the bar counts the rows it computes
+    changed = WordLength(["ab"])
+    changed.unit_rows = lambda unit: [
+        replace(row, content_hash="new") for row in WordLength.unit_rows(changed, unit)
+    ]
+    with ResultsStore(tmp_path) as store:
+        run_evaluator(changed, store, progress=True)
+    assert "0 of 2 rows reused" in (said := capsys.readouterr().err) and "(2 changed samples)" in said

@@ -94,6 +94,11 @@ def test_a_press_file_runs_beside_a_built_in_and_an_edit_is_scored_again(tmp_pat
     rows = rows_of(out)
     states = {row["press_state"] for row in rows if row["press"] == "ValueNormPress"}
     assert len(rows) == 12 and len(states) == 2
+    # Said before the work, counted by the bar, named in the summary: what was reused, why, which version.
+    said = f"6 of 9 rows reused from {out}, 3 to compute (3 edited press); edited since their rows were"
+    assert said in result.output and "3/3" in result.output and "/9" not in result.output
+    edited = __import__("hashlib").sha256(press.read_bytes()).hexdigest()[:12]
+    assert f"version of ValueNormPress: {press.resolve()}, sha256 {edited}" in result.output
 
 
 def test_the_api_takes_press_objects_factories_and_targets(tmp_path, tiny_llama_dir, monkeypatch):
