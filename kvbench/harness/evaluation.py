@@ -17,6 +17,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -107,6 +108,37 @@ def resume_line(rows: int, todo: list[Row], store: ResultsStore, force: bool) ->
     )
 
 
+REFERENCE_PRESS = "none"  # the uncompressed reference every sweep runs
+FIRST_SAMPLES = 5  # the uncompressed rows a run looks at before it says where they sit
+FLOOR, CEILING = 20.0, 95.0  # an uncompressed mean score at or past these leaves presses little to separate
+
+
+@dataclass
+class ReferenceCheck:
+    """Says once, after the first uncompressed rows a run scores (`FIRST_SAMPLES`, or all it has when
+    fewer), whether their mean sits near the floor or the ceiling, where compressed presses have little
+    room to differ; the run goes on."""
+
+    expected: int  # the uncompressed rows the run computes
+    scores: list[float] = field(default_factory=list)
+
+    def line(self, rows: list[Row]) -> str | None:
+        if len(self.scores) >= min(FIRST_SAMPLES, self.expected):
+            return None
+        self.scores += [row.score for row in rows if row.press == REFERENCE_PRESS and row.score is not None]
+        if not self.scores or len(self.scores) < min(FIRST_SAMPLES, self.expected):
+            return None
+        mean = sum(self.scores) / len(self.scores)
+        where = "the floor" if mean <= FLOOR else "the ceiling" if mean >= CEILING else None
+        if where is None:
+            return None
+        return (
+            f"note: uncompressed (none) scores {mean:.1f} on its first {len(self.scores)} samples, near "
+            f"{where}: presses have little room to differ here (probe a task with kvbench run --press none "
+            "--ratio 0); going on"
+        )
+
+
 def run_evaluator(evaluator: Evaluator, store: ResultsStore, progress: bool = True) -> pd.DataFrame:
     """Compute what `store` lacks of `evaluator`'s units, appending each row once scored; all rows of
     these units, as the store holds them. With `progress`, says first what it reuses and what it computes
@@ -121,6 +153,7 @@ def run_evaluator(evaluator: Evaluator, store: ResultsStore, progress: bool = Tr
     if progress:
         print(resume_line(len(every), todo, store, evaluator.force), file=sys.stderr)
     uncounted = {row.key for row in todo}  # keys of the rows the bar counts, until they are done
+    reference = ReferenceCheck(sum(row.press == REFERENCE_PRESS for row in todo))
     with tqdm(total=len(uncounted), desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
 
         def count_done(rows: Iterable[Row]) -> None:
@@ -148,6 +181,8 @@ def run_evaluator(evaluator: Evaluator, store: ResultsStore, progress: bool = Tr
                             store.append(row, force=evaluator.force)
                     count_done(scored)
                     bar.set_postfix_str(scored[0].task)
+                    if progress and (line := reference.line(scored)):
+                        bar.write(line, file=sys.stderr)
                 for index in batch:
                     count_done(rows_of[index])
                     if any(row.key in uncounted for row in rows_of[index]):  # claimed by another writer
