@@ -16,7 +16,7 @@ from kvbench.store.results import check_folder_writable
 
 
 @click.command()
-@click.argument("result_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("result_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",
     type=Folder(),

@@ -12,7 +12,7 @@ import pandas as pd
 from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.core.errors import BadInput, NoResults
 from kvbench.reporting.stats import SCORE_RANGE
-from kvbench.store.results import load_rows, load_runs, results_files
+from kvbench.store.results import check_results_path, load_rows, load_runs, results_files
 
 REFERENCE_PRESS = "none"  # ratio 0.0: the no-compression reference
 
@@ -53,6 +53,7 @@ def result_files(paths: list[Path], recursive: bool = False) -> list[Path]:
     is bad input."""
     files = []
     for path in paths:
+        check_results_path(path)
         found = results_files([path], recursive=recursive)
         if not found:
             nested = results_files([path], recursive=True)
