@@ -459,7 +459,12 @@ CASES = [
     (["tasks", "--bogus"], 2, "No such option '--bogus'"),
     (["nope"], 2, "No such command 'nope'"),
     # report
-    (["report", "{tmp}/nope", *OUT], 2, "nope' does not exist"),
+    (["report", "{tmp}/nope", *OUT], 2, "no results at '{tmp}/nope': no such file or folder"),
+    (
+        ["export", "--format", "kvpress", "{tmp}/nope", "{tmp}/x"],
+        2,
+        "no results at '{tmp}/nope': no such file",
+    ),
     (["report", "{tmp}/empty", *OUT], 2, "empty holds no results"),
     (["report", "{tmp}/garbage", *OUT], 2, "garbage/rows.jsonl"),
     (["report", *OUT], 2, "Missing argument 'RESULT_DIRS"),

@@ -254,6 +254,16 @@ def test_bad_input_is_one_line_and_exit_code_2_before_any_model(args, message, m
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_a_markdown_folder_that_cannot_be_written_is_refused_before_the_battery(tmp_path, monkeypatch):
+    monkeypatch.setattr(conformance, "tiny_subjects", lambda: pytest.fail("a model was built"))
+    (tmp_path / "docs").write_text("a file where a folder should be")
+    markdown = tmp_path / "docs" / "conformance.md"
+    result = CliRunner().invoke(main, ["check-press", "--all", "--quick", "--markdown", str(markdown)])
+    assert result.exit_code == 2, result.output
+    assert "--markdown folder" in result.output and "is a file" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 def test_the_committed_board_is_what_the_command_writes(tmp_path):
     """docs/conformance.md is regenerated whenever a press or the battery changes what it finds."""
     out = tmp_path / "board.md"

@@ -6,6 +6,8 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+import pytest
+
 from kvbench.harness.evaluation import run_evaluator
 from kvbench.store.results import ResultsStore, Row, load_runs
 
@@ -79,3 +81,50 @@ def test_rows_another_live_writer_claimed_are_waited_for(tmp_path):
         writer.join()
     assert mine.computed == [("ab", "a"), ("ab", "b")]  # not xyz: the other writer's
     assert sorted(frame[frame["sample_id"] == "xyz"]["score"]) == [99.0, 99.0]
+
+
+def test_a_resumed_run_says_what_it_reuses_and_counts_only_what_it_computes(tmp_path, capsys):
+    with ResultsStore(tmp_path) as store:
+        run_evaluator(WordLength(["ab", "abc"]), store, progress=False)
+    with ResultsStore(tmp_path) as store:
+        run_evaluator(WordLength(["ab", "abc", "abcd"]), store, progress=True)
+    said = capsys.readouterr().err
+    assert f"4 of 6 rows reused from {tmp_path}, 2 to compute (2 new samples)" in said
+    assert "2/2" in said and "/6" not in said  # the bar counts the rows it computes
+    changed = WordLength(["ab"])
+    changed.unit_rows = lambda unit: [
+        replace(row, content_hash="new") for row in WordLength.unit_rows(changed, unit)
+    ]
+    with ResultsStore(tmp_path) as store:
+        run_evaluator(changed, store, progress=True)
+    assert "0 of 2 rows reused" in (said := capsys.readouterr().err) and "(2 changed samples)" in said
+
+
+@dataclass
+class Uncompressed(WordLength):
+    """Each word scored `score` by the uncompressed press."""
+
+    score: float = 0.0
+
+    def unit_rows(self, unit):
+        return [replace(row, press="none", ratio=0.0) for row in super().unit_rows(unit)]
+
+    def evaluate(self, units):
+        for rows in super().evaluate(units):
+            yield [replace(row, score=self.score) for row in rows]
+
+
+@pytest.mark.parametrize("score, said", [(10.0, "near the floor"), (100.0, "near the ceiling"), (50.0, None)])
+def test_uncompressed_rows_near_the_floor_or_ceiling_are_said_once_and_the_run_goes_on(
+    tmp_path, capsys, score, said
+):
+    evaluator = Uncompressed([f"w{i}" for i in range(4)], score=score)  # 8 uncompressed rows
+    with ResultsStore(tmp_path) as store:
+        frame = run_evaluator(evaluator, store, progress=True)
+    err = capsys.readouterr().err
+    assert len(frame) == 8  # it went on
+    if said is None:
+        assert "note:" not in err
+    else:
+        assert err.count("note:") == 1
+        assert f"uncompressed (none) scores {score:.1f} on its first 6 samples, {said}" in err  # 2 a unit

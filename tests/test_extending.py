@@ -3,6 +3,7 @@ installed plugins through entry points; and the one-line refusals of what cannot
 tests/test_ray_sweep.py.)"""
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -93,6 +94,11 @@ def test_a_press_file_runs_beside_a_built_in_and_an_edit_is_scored_again(tmp_pat
     rows = rows_of(out)
     states = {row["press_state"] for row in rows if row["press"] == "ValueNormPress"}
     assert len(rows) == 12 and len(states) == 2
+    # Said before the work, counted by the bar, named in the summary: what was reused, why, which version.
+    said = f"6 of 9 rows reused from {out}, 3 to compute (3 edited press); edited since their rows were"
+    assert said in result.output and "3/3" in result.output and "/9" not in result.output
+    edited = __import__("hashlib").sha256(press.read_bytes()).hexdigest()[:12]
+    assert f"version of ValueNormPress: {press.resolve()}, sha256 {edited}" in result.output
 
 
 def test_the_api_takes_press_objects_factories_and_targets(tmp_path, tiny_llama_dir, monkeypatch):
@@ -543,3 +549,35 @@ def test_lm_eval_kvbench_takes_a_press_file(tmp_path, monkeypatch):
     monkeypatch.setattr("kvbench.harness.lmeval.load_model", refuse)
     with pytest.raises(kvbench.BadInput, match="the checks passed"):
         KVBenchLM("smollm2-135m", press="my_press.py:ValueNormPress", compression_ratio=0.5)
+
+
+@pytest.mark.parametrize("route", ["data", "suite"])
+def test_the_report_names_the_runs_and_press_sources_of_own_data(tmp_path, tiny_llama_dir, route):
+    """A sweep of a press file on the user's data, through --data or a suite YAML without a length (each
+    task at its own length, which the run records only per task): the report names the run record, its
+    command, and the press file with its sha256."""
+    press, data = write_press(tmp_path), write_data(tmp_path, 2)
+    if route == "data":
+        where = ["--data", data]
+    else:
+        (tmp_path / "mine.yaml").write_text("task: mine\ndata: mine.jsonl\nmetric: exact_match\n")
+        (tmp_path / "my_suite.yaml").write_text("tasks: [mine]\nsamples: 2\n")
+        where = ["--suite", tmp_path / "my_suite.yaml"]
+    out = tmp_path / "out"
+    args = ["sweep", "--presses", f"mine={press}:ValueNormPress,knorm", "--ratios", "0.5", *where]
+    result = invoke(*args, "--model", tiny_llama_dir, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert invoke("report", out, "--out", tmp_path / "report").exit_code == 0
+    readme = (tmp_path / "report" / "README.md").read_text()
+    digest = __import__("hashlib").sha256(press.read_bytes()).hexdigest()
+    assert "No runs/*.json" not in readme
+    assert f"`{out}` (1 run record)" in readme and f"Run 1: `{out}`" in readme
+    assert f"mine: {press}:ValueNormPress (file {press.resolve()}, sha256 {digest}); run 1" in readme
+    assert "knorm: kvbench's registry (see kvbench presses); run 1" in readme
+    assert re.search(r"length \d+ \(a cap: contexts of \d+-\d+ tokens\)", readme)  # not the contexts' length
+    write_press(tmp_path, edit=" + 0.0")  # an edit: the press's rows again, under its new source
+    assert invoke(*args, "--model", tiny_llama_dir, "--out", out).exit_code == 0
+    assert invoke("report", out, "--out", tmp_path / "report").exit_code == 0
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert f"mine on {tiny_llama_dir}: rows of 2 versions of its source ({press.resolve()})" in readme
+    assert "learned state" not in readme

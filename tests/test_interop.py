@@ -56,6 +56,7 @@ def test_export_then_import_gives_back_the_scores(tmp_path):
     assert (tmp_path / "kvpress" / "ruler__1024__smollm2-135m__no_press__0.00").is_dir()
     metrics = json.loads((folder / "metrics.json").read_text())
     original = load_rows(results)
+    assert set(original["seed"]) == {0} and "\nseed: 0\n" in (folder / "config.yaml").read_text()  # not 42
     knorm = original[(original["press"] == "knorm") & (original["ratio"] == 0.5)]
     assert metrics == {
         task: {"string_match": round(knorm[knorm["task"] == task]["score"].mean(), 2)}

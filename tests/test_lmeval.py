@@ -341,3 +341,29 @@ def test_the_public_import_registers_the_model_type():
         "assert r.get_model('kvbench') is kvbench.lmeval.KVBenchLM\n"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_lm_eval_says_nothing_of_git_outside_a_checkout(tmp_path, monkeypatch, capfd):
+    """lm-eval asks git for the working folder's commit; outside a checkout git's 'fatal: not a git
+    repository' reached the user's terminal on every run."""
+    import types
+
+    import lm_eval
+    import lm_eval.evaluator
+
+    from kvbench.harness import lmeval
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    asked = []
+    monkeypatch.setattr(
+        lm_eval, "simple_evaluate", lambda **_: asked.append(lm_eval.evaluator.get_git_commit_hash()) or {}
+    )
+    monkeypatch.setattr(lmeval, "tokenizer_folder", lambda model: tmp_path / "tokenizer")
+    lm = types.SimpleNamespace(
+        model=types.SimpleNamespace(config=types.SimpleNamespace(kvbench_name="m")),
+        tokenizer=types.SimpleNamespace(save_pretrained=lambda folder: None, chat_template=None),
+        run_config={"model": "m", "press": "none", "ratio": 0.0, "press_args": {}},
+    )
+    lmeval.evaluate(lm, None, ["t"])
+    assert asked == [None] and "fatal" not in capfd.readouterr().err

@@ -13,14 +13,21 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from scipy.stats import ttest_1samp, ttest_ind
+from scipy.stats import permutation_test, ttest_1samp, ttest_ind
 
 from kvbench.cli.report import report
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
-from kvbench.reporting.plots import PRESS_LOOKS, heatmap_figure, press_style, press_styles, scores_figure
+from kvbench.reporting.plots import (
+    HIGHLIGHT,
+    PRESS_LOOKS,
+    heatmap_figure,
+    press_style,
+    press_styles,
+    scores_figure,
+)
 from kvbench.reporting.read import collect, split_press_labels
-from kvbench.reporting.stats import sign_flip_p
+from kvbench.reporting.stats import SignFlip, sign_flip_p
 from kvbench.store.results import ResultsStore, Row, config_id
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -342,7 +349,7 @@ def test_every_state_reports_older_agents_as_a_press_of_their_own(tmp_path):
     [board] = build_leaderboards(collect([results], every_state=True).rows, [], versus="kvp@old-agents")
     assert board.ratio.average[0.5].to_dict() == {"kvp": 100.0, "kvp@old-agents": 50.0}
     versus = board.ratio.versus.set_index(["press", "ratio"])
-    assert versus.at[("kvp", 0.5), "difference"] == pytest.approx(50.0)  # new minus old, paired by sample
+    assert versus.at[("kvp", 0.5), "difference"] == pytest.approx(-50.0)  # old (named) minus new, paired
     readme = (render_report([results], tmp_path / "report", every_state=True) / "README.md").read_text()
     assert "reports the older ones as kvp@STATE" in readme and "sets aside" not in readme
 
@@ -580,17 +587,15 @@ def test_the_leaders_lead_is_paired_by_sample(tmp_path):
     [lead] = board.ratio.lead.to_dict("records")
     assert (lead["ratio"], lead["best"], lead["runner-up"], lead["pairs"]) == (0.5, "a", "b", 8)
     assert lead["lead"] == pytest.approx(11.0)  # t2's fifth sample (a only) left out
-    # The t interval of the mean of the two tasks' mean differences: half Welch's half-width for theirs.
-    welch = ttest_ind(gaps, gaps, equal_var=False).confidence_interval()
-    half_width = (welch.high - welch.low) / 4
-    assert (lead["low"], lead["high"]) == pytest.approx((11.0 - half_width, 11.0 + half_width))
+    assert_inverts_the_test(gaps + gaps, [1 / 8] * 8, lead["low"], lead["high"], lead["p"])
     assert board.ratio.low.at["a", 0.5] < board.ratio.high.at["b", 0.5]  # the intervals overlap
     assert lead["low"] > 0  # the paired lead stays clear of zero
 
 
 def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
-    """b and c against a: b trails a by the same 10-12 on every sample (beyond noise though the intervals
-    overlap); c is a plus a little noise. The CLI writes the table and refuses an unknown baseline."""
+    """a against b and c: b trails a by the same 10-12 on every sample (beyond noise though the intervals
+    overlap); c is a plus a little noise. The table reads a minus each (the press named first), and the
+    CLI refuses an unknown press."""
     a = {"t1": [90, 30, 80, 20], "t2": [70, 12, 60, 12]}  # b, 10-12 lower, stays in [0, 100]
     gaps = {"t1": [10, 12, 10, 12], "t2": [12, 10, 12, 10]}
     b = {task: [s - g for s, g in zip(a[task], gaps[task], strict=True)] for task in a}
@@ -600,21 +605,19 @@ def test_versus_compares_every_press_to_the_baseline_paired_by_sample(tmp_path):
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="a")
     versus = board.ratio.versus.set_index(["press", "ratio"])
     assert set(versus.index) == {("b", 0.5), ("c", 0.5)}  # only where a was scored too; not a itself
-    assert versus.at[("b", 0.5), "difference"] == pytest.approx(-11.0)
-    welch = ttest_ind(gaps["t1"], gaps["t2"], equal_var=False).confidence_interval()
-    half_width = (welch.high - welch.low) / 4
-    assert versus.loc[("b", 0.5), ["low", "high"]].tolist() == pytest.approx(
-        [-11 - half_width, -11 + half_width]
-    )
-    # c - a: t1 +5, -5, 0, 0 (mean 0), t2 0, 0, +5, 0 (mean 1.25): the mean of the task means
-    assert versus.at[("c", 0.5), "difference"] == pytest.approx(0.625)
+    assert versus.at[("b", 0.5), "difference"] == pytest.approx(11.0)
+    low, high, p = versus.loc[("b", 0.5), ["low", "high", "p"]]
+    assert_inverts_the_test(gaps["t1"] + gaps["t2"], [1 / 8] * 8, low, high, p)
+    # a - c: t1 -5, +5, 0, 0 (mean 0), t2 0, 0, -5, 0 (mean -1.25): the mean of the task means
+    assert versus.at[("c", 0.5), "difference"] == pytest.approx(-0.625)
     assert versus.at[("b", 0.5), "pairs"] == 8
 
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r"), "--versus", "a"])
     assert outcome.exit_code == 0, outcome.output
     readme = (tmp_path / "r" / "README.md").read_text()
-    assert f"| b | **-11.0 [{-11 - half_width:+.1f}, {-11 + half_width:+.1f}]** |" in readme  # excludes 0
-    assert "| c | +0.6 [" in readme and "| c | **" not in readme
+    assert f"| b | **+11.0 [{low:+.1f}, {high:+.1f}]** |" in readme and low > 0  # excludes 0
+    assert "| c | -0.6 [" in readme and "| c | **" not in readme
+    assert "\n| a minus | 0.5 |\n" in readme
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r2"), "--versus", "z"])
     assert outcome.exit_code != 0 and "--versus 'z' is not a press of these results" in str(outcome.exception)
     assert not (tmp_path / "r2" / "README.md").exists()
@@ -630,6 +633,68 @@ def brute_force_p(differences, weights):
     return sum(extreme) / len(extreme)
 
 
+def assert_inverts_the_test(differences, weights, low, high, p):
+    """[low, high] is the sign-flip test inverted, by enumeration: its ends are not rejected at 5 %, a shift
+    just past an end is (unless the end is the range's), and it excludes 0 exactly where p < 0.05."""
+    differences, weights = np.asarray(differences, dtype=float), np.asarray(weights, dtype=float)
+
+    def shifted(shift):
+        return brute_force_p(differences - shift, weights)
+
+    assert p == pytest.approx(shifted(0.0))
+    inside = min(1e-6, (high - low) / 2)  # an end sits on a tie, where rounding decides: just inside
+    assert shifted(low + inside) >= 0.05 and shifted(high - inside) >= 0.05
+    assert low == -100 or shifted(low - 1e-6) < 0.05
+    assert high == 100 or shifted(high + 1e-6) < 0.05
+    assert (low > 0 or high < 0) == (p < 0.05)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_paired_interval_is_the_sign_flip_test_inverted(seed):
+    """Random small samples (ties, zeros, unequal weights as unequal tasks give): the interval's ends are
+    where the brute-force test's verdict changes, and it excludes 0 exactly where p < 0.05."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    differences = rng.choice([-50.0, -10.0, 0.0, 5.0, 10.0, 20.0, 50.0], size=n) + rng.integers(0, 3, n)
+    weights = rng.choice([1.0, 0.5, 0.25], size=n)
+    weights = weights / weights.sum()
+    test = SignFlip(differences, weights)
+    low, high = test.interval()
+    assert low <= test.estimate <= high
+    assert_inverts_the_test(differences, weights, low, high, test.p(0.0))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_report_line_calls_an_interval_clear_of_zero_not_significant(tmp_path, seed):
+    """Random sweeps of 3 presses on 2 tasks, 3 to 12 samples each: on every line of the lead table and of
+    the --versus table, the interval excludes 0 exactly where the line says significant (yes, or bold)."""
+    rng = np.random.default_rng(seed)
+    counts = {"t1": int(rng.integers(3, 13)), "t2": int(rng.integers(3, 13))}
+    shift = {"a": 0, "b": int(rng.integers(0, 30)), "c": int(rng.integers(-30, 5))}
+    base = {task: rng.integers(20, 80, size=count) for task, count in counts.items()}
+    scores = {
+        (press, ratio): {
+            task: np.clip(values + gap + rng.integers(-15, 16, len(values)), 0, 100).tolist()
+            for task, values in base.items()
+        }
+        for press, gap in shift.items()
+        for ratio in (0.25, 0.5)
+    }
+    results = write_results(tmp_path / "results", rows_of(scores))
+    readme = (render_report([results], tmp_path / "r", versus="a") / "README.md").read_text()
+    interval = r"([+-]\d+\.\d) \[([+-]\d+\.\d), ([+-]\d+\.\d)\]"
+    leads = re.findall(rf"\| {interval} \| [<\d.]+ \| (yes|no) \|", readme)
+    lines = [line for line in readme.splitlines() if line.startswith(("| b | ", "| c | "))]
+    cells = [cell for line in lines for cell in line.strip("| ").split(" | ")]
+    versus = [re.fullmatch(rf"(\*\*)?{interval}(\*\*)?", cell) for cell in cells]
+    versus = [match.groups() for match in versus if match]
+    assert len(leads) == 2 and len(versus) == 4
+    for _, low, high, verdict in leads:
+        assert (float(low) > 0 or float(high) < 0) == (verdict == "yes")
+    for bold, _, low, high, _ in versus:
+        assert (float(low) > 0 or float(high) < 0) == (bold == "**")
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_sign_flip_p_matches_enumeration_on_small_samples(seed):
     """Random small samples (ties, zeros, unequal weights as unequal tasks give): scipy's exact test equals
@@ -640,6 +705,9 @@ def test_sign_flip_p_matches_enumeration_on_small_samples(seed):
     differences = rng.choice([-50.0, -10.0, 0.0, 5.0, 10.0, 50.0], size=n)
     weights = rng.choice([1.0, 0.5, 0.25], size=n)
     assert sign_flip_p(differences, weights) == pytest.approx(brute_force_p(differences, weights))
+    statistic = lambda x, axis=-1: np.sum(weights * x, axis=axis)  # noqa: E731
+    scipys = permutation_test((differences,), statistic, permutation_type="samples", vectorized=True)
+    assert sign_flip_p(differences, weights) == pytest.approx(scipys.pvalue)
     many = rng.normal(1.0, 3.0, size=40)
     first = sign_flip_p(many, np.ones(40) / 40)
     assert first == sign_flip_p(many, np.ones(40) / 40)  # seeded
@@ -648,32 +716,34 @@ def test_sign_flip_p_matches_enumeration_on_small_samples(seed):
 
 @pytest.mark.parametrize("pairs, gap", [(4, 50), (5, 50), (3, 1), (4, -20)])
 def test_a_few_identical_differences_are_not_called_significant(tmp_path, pairs, gap):
-    """4 pairs all +50: the t interval is [+50, +50] (zero width), yet 2 of the 2^4 sign assignments are as
-    extreme, p = 0.125. The report shows the value alone, p, and calls it significant nowhere (not in the
-    lead table, not in bold in --versus); 5 pairs (p = 0.0625) neither. Smaller gaps the same."""
+    """4 pairs all +50: a t interval would be [+50, +50] (zero width), yet 2 of the 2^4 sign assignments are
+    as extreme, p = 0.125. With 5 pairs or fewer the sign-flip test rejects no difference, so its interval
+    is the whole range: the report calls it significant nowhere (not in the lead table, not in bold in
+    --versus); 5 pairs (p = 0.0625) neither. Smaller gaps the same."""
     a = {"t1": [60.0] * pairs}
     b = {"t1": [60.0 - gap] * pairs}
     results = write_results(tmp_path / "results", rows_of({("a", 0.5): a, ("b", 0.5): b}))
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs, versus="b")
     [lead] = board.ratio.lead.to_dict("records")
     assert lead["p"] == pytest.approx(2 / 2**pairs) and lead["p"] > 0.05
-    assert pd.isna(lead["low"]) and pd.isna(lead["high"])  # no zero-width interval
+    assert (lead["low"], lead["high"]) == (-100.0, 100.0)  # no difference is rejected
     outcome = CliRunner().invoke(report, [str(results), "--out", str(tmp_path / "r"), "--versus", "b"])
     assert outcome.exit_code == 0, outcome.output
     readme = (tmp_path / "r" / "README.md").read_text()
-    assert f"| {abs(gap):+.1f} | {2 / 2**pairs:.3f} | no | {pairs} |\n" in readme  # the lead table
-    assert f"\n| a | {gap:+.1f} |\n" in readme and "**" not in readme  # --versus b: a - b, not in bold
+    assert f"| {abs(gap):+.1f} [-100.0, +100.0] | {2 / 2**pairs:.3f} | no | {pairs} |\n" in readme  # lead
+    assert f"\n| a | {-gap:+.1f} [-100.0, +100.0] |\n" in readme and "**" not in readme  # b - a, not bold
     assert "excludes 0: yes" not in readme and "| yes |" not in readme
 
 
-def test_many_identical_differences_are_significant_without_an_interval(tmp_path):
-    """20 pairs all +50: no t interval to show (zero width), but the sign-flip p is 2 / 2^20: significant."""
+def test_many_identical_differences_are_significant_with_a_point_interval(tmp_path):
+    """20 pairs all +50: the sign-flip test rejects every difference but +50 itself (p about 1 / 10,001 by
+    its Monte-Carlo), so the interval is that point, and the difference is significant."""
     results = write_results(
         tmp_path / "results", rows_of({("a", 0.5): {"t1": [90.0] * 20}, ("b", 0.5): {"t1": [40.0] * 20}})
     )
     readme = (render_report([results], tmp_path / "r", versus="b") / "README.md").read_text()
-    assert "| +50.0 | <0.001 | yes | 20 |" in readme
-    assert "\n| a | **+50.0** |\n" in readme
+    assert "| +50.0 [+50.0, +50.0] | <0.001 | yes | 20 |" in readme
+    assert "\n| a | **-50.0 [-50.0, -50.0]** |\n" in readme  # b (named) minus a
 
 
 def test_presses_keeps_only_the_named_presses_and_the_reference(tmp_path):
@@ -705,7 +775,7 @@ def test_versus_covers_the_memory_view(tmp_path):
     assert (compared["press"], compared["memory"], compared["difference"]) == (
         "b",
         0.25,
-        pytest.approx(-10.0),
+        pytest.approx(10.0),  # a (named) minus b
     )
 
 
@@ -847,3 +917,43 @@ def test_the_html_page_renders_the_markdown_tables_cell_for_cell(tmp_path):
     assert "<strong>" in page
     text = "".join(parsed.text)
     assert "**" not in text and "`" not in text and "](" not in text
+
+
+def test_versus_and_presses_take_the_name_the_sweep_was_given_and_highlight_it(tmp_path):
+    """`outlier8=outlier_press.py:KeyOutlierPress` with `--press-arg outlier8.window=8` is labelled
+    `outlier8(window=8)`; `--versus outlier8` and `--presses outlier8` name it, the table reads
+    outlier8 minus each press, and every plot draws it thick, solid, in the highlight colour. A name that
+    two labels share is refused with both."""
+    a = {"t1": [90, 30, 80, 20, 60, 70], "t2": [70, 12, 60, 12, 50, 40]}
+    b = {task: [score - 10 for score in scores] for task, scores in a.items()}
+    rows = rows_of({("outlier8", 0.5): a, ("knorm", 0.5): b, ("none", 0.0): a})
+    for row in rows:
+        if row["press"] == "outlier8":
+            row["press_args"] = {"window": 8}
+    results = write_results(tmp_path / "results", rows)
+    outcome = CliRunner().invoke(
+        report,
+        [str(results), "--out", str(tmp_path / "r"), "--versus", "outlier8", "--presses", "outlier8,knorm"],
+    )
+    assert outcome.exit_code == 0, outcome.output
+    readme = (tmp_path / "r" / "README.md").read_text()
+    assert "`outlier8(window=8)` minus each press" in readme
+    assert "| outlier8(window=8) minus | 0.5 |" in readme and "| knorm | **+10.0 [" in readme
+
+    [board] = build_leaderboards(collect([results]).rows, [], versus="outlier8(window=8)")
+    styles = press_styles(board.presses, "outlier8(window=8)")
+    assert styles["outlier8(window=8)"].color == HIGHLIGHT.color != styles["knorm"].color
+    lines = {line.get_label(): line for line in scores_figure(board, styles).axes[0].get_lines()}
+    mine = lines["outlier8(window=8)"]
+    assert (mine.get_linewidth(), mine.get_linestyle(), mine.get_color()) == (3.0, "-", HIGHLIGHT.color)
+    assert lines["knorm"].get_linewidth() < 3.0
+
+    other = {
+        "press_args": {"window": 4},
+        "config_id": config_id("smollm2-135m", "outlier8", 0.5, {"window": 4}),
+    }
+    rows += [row | other for row in rows if row["press"] == "outlier8"]
+    twice = write_results(tmp_path / "twice", rows)
+    outcome = CliRunner().invoke(report, [str(twice), "--out", str(tmp_path / "r2"), "--versus", "outlier8"])
+    assert outcome.exit_code != 0
+    assert "names 2 presses: give one of outlier8(window=4), outlier8(window=8)" in str(outcome.exception)

@@ -48,7 +48,8 @@ def test_budget_configs_get_their_own_view_plot_and_labels(tmp_path):
     assert board.budget.missing == {("knorm", 256.0): ["t1 0/2"]}
     [lead_128, lead_64] = board.budget.lead.to_dict("records")
     assert (lead_128["best"], lead_128["lead"], lead_64["lead"]) == ("tova", 20.0, 20.0)
-    assert board.budget.versus.set_index(["press", "budget"]).at[("tova", 64.0), "difference"] == 20.0
+    # knorm (named) minus tova
+    assert board.budget.versus.set_index(["press", "budget"]).at[("tova", 64.0), "difference"] == -20.0
 
     axes = budget_figure(board, press_styles(board.presses)).axes[0]
     assert axes.get_xscale() == "log" and sorted(axes.get_xticks()) == [64, 128]
@@ -56,8 +57,8 @@ def test_budget_configs_get_their_own_view_plot_and_labels(tmp_path):
     readme = (out / "README.md").read_text()
     assert "### Leaderboard by budget (KV entries per head)" in readme
     assert "| press | budget=128 | budget=64 | mean rank |" in readme
-    # 2 pairs both +20: no zero-width interval, and p = 2 / 2^2: not significant
-    assert "| budget=128 | tova | knorm | +20.0 | 0.500 | no | 2 |" in readme
+    # 2 pairs both +20: p = 2 / 2^2, and the test rejects no difference: not significant
+    assert "| budget=128 | tova | knorm | +20.0 [-100.0, +100.0] | 0.500 | no | 2 |" in readme
     assert "knorm @ budget=256: t1 0/2" in readme
     kept = readme.split("### KV cache kept at each budget")[1].split("###")[0]
     assert (

@@ -354,7 +354,7 @@ SETTINGS = {
 
 
 def print_summary(frame, out: Path) -> None:
-    from kvbench.harness.runner import summarize
+    from kvbench.harness.runner import press_versions, summarize
 
     table = summarize(frame)
     if table.empty:
@@ -364,6 +364,8 @@ def print_summary(frame, out: Path) -> None:
         click.echo(
             "; ".join(f"{name}: {SETTINGS[name]}" for name in table.index.names[1:]) + "; scores 0-100"
         )
+        for line in press_versions(frame):
+            click.echo(f"version of {line}")
     click.echo(f"results: {out}/rows.jsonl  (kvbench report {out} --out reports/NAME)")
 
 

@@ -67,6 +67,8 @@ def check_press_command(press, press_args, model, quick, out, every, markdown):
         raise BadInput("--press-arg and --out apply to one PRESS, not --all")
     if out is not None:
         check_folder_writable(out, "--out folder")
+    if markdown is not None:
+        check_folder_writable(markdown.parent, "--markdown folder")  # before the battery, not after it
     if not every:
         args = parse_press_args(list(press_args))
         checks = check_press(press, args, model=model, quick=quick)
@@ -86,6 +88,7 @@ def check_press_command(press, press_args, model, quick, out, every, markdown):
     text = board(results, {name: why for name, why in reasons.items() if why})
     click.echo(text)
     if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(text)
     if any(failed(checks) for checks in results.values()):
         raise SystemExit(1)

@@ -16,7 +16,7 @@ from kvbench.store.results import check_folder_writable
 
 
 @click.command()
-@click.argument("result_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("result_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--out",
     type=Folder(),
@@ -31,14 +31,16 @@ from kvbench.store.results import check_folder_writable
 @click.option(
     "--versus",
     metavar="PRESS",
-    help="Add a table of every press minus PRESS, paired by sample, e.g. --versus streaming_llm or --versus "
-    "'kvp(agents=agents/old)' (as the leaderboard names it).",
+    help="Add a table of PRESS minus every other press, paired by sample, and draw PRESS prominent in every "
+    "plot: the name the run was given (e.g. --versus outlier8 for outlier8(window=8)) or the leaderboard's "
+    "label (e.g. --versus 'kvp(agents=agents/old)').",
 )
 @click.option(
     "--presses",
     metavar="LIST",
-    help="Report only these presses, comma-separated as the leaderboard names them (and the no-compression "
-    "reference), e.g. --presses kvp,streaming_llm,'kvp(agents=agents/old)'. Default: every press.",
+    help="Report only these presses, comma-separated as the run was given them or as the leaderboard names "
+    "them (and the no-compression reference), e.g. --presses kvp,streaming_llm,'kvp(agents=agents/old)'. "
+    "Default: every press.",
 )
 @click.option(
     "--every-state",

@@ -54,6 +54,17 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
+def working_folder_commit() -> str | None:
+    """`git describe --always` of the working folder, as lm-eval records it in its results; None outside a
+    git checkout, where git's own complaint ("fatal: not a git repository") is not shown."""
+    try:
+        return subprocess.run(
+            ["git", "describe", "--always"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def command_line() -> str:
     """The command this process runs, as a shell would take it back (each argument quoted where needed)."""
     return shlex.join(["kvbench", *sys.argv[1:]])

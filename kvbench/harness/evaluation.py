@@ -11,15 +11,19 @@ A new evaluator is one module: a class with the five members of `Evaluator`.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+import warnings
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm.auto import tqdm
 
-from kvbench.store.results import SAMPLE_FIELDS, ResultsStore, Row, load_rows
+from kvbench.store.results import SAMPLE_FIELDS, ResultsStore, Row, load_rows, rows_files
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,21 +57,108 @@ class Evaluator(Protocol):
         ...
 
 
+def config_settings(row: Row) -> tuple:
+    """A row's config without the digest of its press's state or source: what an edit to the press keeps."""
+    return (row.model, row.press, json.dumps(row.press_args, sort_keys=True, default=str), row.ratio)
+
+
+def why_computed(rows: list[Row], store: ResultsStore, force: bool) -> list[str]:
+    """Why each row of `rows` (those `store` lacks) is computed: --force; changed samples (the store holds
+    the sample under other content: its data edited); new samples of a config the store holds; an edited
+    press (the store holds its config under another source or learned state); a new config."""
+    samples, configs, settings = set(), set(), set()
+    if rows_files(store.folder):
+        with warnings.catch_warnings():  # the store said what it skipped when it opened
+            warnings.simplefilter("ignore")
+            held = load_rows(rows_files(store.folder))
+        samples = set(zip(*(held[name] for name in SAMPLE_FIELDS), strict=True))
+        configs = set(held["config_id"])
+        settings = {
+            (model, press, json.dumps(args, sort_keys=True, default=str), ratio)
+            for model, press, args, ratio in zip(
+                held["model"], held["press"], held["press_args"], held["ratio"], strict=True
+            )
+        }
+    return [
+        "--force"
+        if force
+        else "changed samples"
+        if row.sample_key in samples
+        else "new samples"
+        if row.config_id in configs
+        else "edited press"
+        if config_settings(row) in settings
+        else "new config"
+        for row in rows
+    ]
+
+
+def resume_line(rows: int, todo: list[Row], store: ResultsStore, force: bool) -> str:
+    """What a run will do, said before it starts: the rows it reuses and those it computes, and why."""
+    reasons = why_computed(todo, store, force)
+    counts = Counter(reasons)
+    why = ", ".join(f"{count} {reason}" for reason, count in counts.items())
+    edited = sorted(
+        {row.press for row, reason in zip(todo, reasons, strict=True) if reason == "edited press"}
+    )
+    return (
+        f"{rows - len(todo)} of {rows} rows reused from {store.folder}, {len(todo)} to compute"
+        + (f" ({why})" if why else "")
+        + (f"; edited since their rows were written: {', '.join(sorted(edited))}" if edited else "")
+    )
+
+
+REFERENCE_PRESS = "none"  # the uncompressed reference every sweep runs
+FIRST_SAMPLES = 5  # the uncompressed rows a run looks at before it says where they sit
+FLOOR, CEILING = 20.0, 95.0  # an uncompressed mean score at or past these leaves presses little to separate
+
+
+@dataclass
+class ReferenceCheck:
+    """Says once, after the first uncompressed rows a run scores (`FIRST_SAMPLES`, or all it has when
+    fewer), whether their mean sits near the floor or the ceiling, where compressed presses have little
+    room to differ; the run goes on."""
+
+    expected: int  # the uncompressed rows the run computes
+    scores: list[float] = field(default_factory=list)
+
+    def line(self, rows: list[Row]) -> str | None:
+        if len(self.scores) >= min(FIRST_SAMPLES, self.expected):
+            return None
+        self.scores += [row.score for row in rows if row.press == REFERENCE_PRESS and row.score is not None]
+        if not self.scores or len(self.scores) < min(FIRST_SAMPLES, self.expected):
+            return None
+        mean = sum(self.scores) / len(self.scores)
+        where = "the floor" if mean <= FLOOR else "the ceiling" if mean >= CEILING else None
+        if where is None:
+            return None
+        return (
+            f"note: uncompressed (none) scores {mean:.1f} on its first {len(self.scores)} samples, near "
+            f"{where}: presses have little room to differ here (probe a task with kvbench run --press none "
+            "--ratio 0); going on"
+        )
+
+
 def run_evaluator(evaluator: Evaluator, store: ResultsStore, progress: bool = True) -> pd.DataFrame:
     """Compute what `store` lacks of `evaluator`'s units, appending each row once scored; all rows of
-    these units, as the store holds them."""
+    these units, as the store holds them. With `progress`, says first what it reuses and what it computes
+    and why (`resume_line`), and counts on its bar only the rows it computes."""
     started = datetime.now(timezone.utc).isoformat()
     units = evaluator.units()
     rows_of = [evaluator.unit_rows(unit) for unit in units]
     record_path = store.write_run(evaluator.run_record(None, started))
     step = len(units) if evaluator.all_at_once else 1
-    counted: set[tuple] = set()  # keys of the rows the bar counts as done
-    total = sum(len(rows) for rows in rows_of)
-    with tqdm(total=total, desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
+    every = [row for rows in rows_of for row in rows]
+    todo = [row for row in every if not store.is_done(row, evaluator.force)]
+    if progress:
+        print(resume_line(len(every), todo, store, evaluator.force), file=sys.stderr)
+    uncounted = {row.key for row in todo}  # keys of the rows the bar counts, until they are done
+    reference = ReferenceCheck(sum(row.press == REFERENCE_PRESS for row in todo))
+    with tqdm(total=len(uncounted), desc="rows", unit="row", disable=not progress, file=sys.stderr) as bar:
 
         def count_done(rows: Iterable[Row]) -> None:
-            done = {row.key for row in rows if store.is_done(row, evaluator.force)} - counted
-            counted.update(done)
+            done = {row.key for row in rows if row.key in uncounted and store.is_done(row, evaluator.force)}
+            uncounted.difference_update(done)
             bar.update(len(done))
 
         pending = list(range(len(units)))
@@ -90,9 +181,11 @@ def run_evaluator(evaluator: Evaluator, store: ResultsStore, progress: bool = Tr
                             store.append(row, force=evaluator.force)
                     count_done(scored)
                     bar.set_postfix_str(scored[0].task)
+                    if progress and (line := reference.line(scored)):
+                        bar.write(line, file=sys.stderr)
                 for index in batch:
                     count_done(rows_of[index])
-                    if any(row.key not in counted for row in rows_of[index]):  # claimed by another writer
+                    if any(row.key in uncounted for row in rows_of[index]):  # claimed by another writer
                         waiting.append(index)
             store.release()
             if waiting:

@@ -122,7 +122,15 @@ from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.core.errors import BadInput, DataFileError, KvbenchWarning, WriteError
 from kvbench.core.registry import first_line
 from kvbench.core.validation import check_fields, check_json, load_yaml, open_plain, read_text
-from kvbench.store.results import ROWS_FILE, Row, check_folder_writable, config_id, load_rows, results_files
+from kvbench.store.results import (
+    ROWS_FILE,
+    Row,
+    check_folder_writable,
+    check_results_path,
+    config_id,
+    load_rows,
+    results_files,
+)
 from kvbench.tasks import infinitebench, longbench, longbench_v2, loogle, needle, ruler, score_sample
 from kvbench.tasks.base import Sample
 
@@ -855,6 +863,7 @@ def press_label(press: str, press_args: dict) -> str:
 def export_rows(results: Path) -> list[dict]:
     """The rows of the results folder `results` (load_rows: the last written of a config on a sample), each
     checked to have a kvpress counterpart; BadInput naming the first that has none."""
+    check_results_path(Path(results))
     files = results_files([Path(results)])
     if not files:
         raise BadInput(f"{results} holds no results (no rows.jsonl or rows.jsonl.gz)")
@@ -891,6 +900,7 @@ def export_config(row: dict, out: Path) -> KvpressConfig:
         needle_depth=target.needle_depth,
         output_dir=str(out),
         press_init_command=f"kvbench {row['press']} (config {row['config_id']}{state})",
+        seed=int(row["seed"]),  # the seed kvbench's samples were made with, not kvpress's default
     )
 
 

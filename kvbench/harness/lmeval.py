@@ -363,19 +363,25 @@ def evaluate(lm: KVBenchLM, manager, names: list[str], *, limit: int | None = No
     The chat template is applied whenever the tokenizer has one, as `kvbench run` does. Responses are cached
     per config under the kvbench cache, so a rerun only computes what is missing.
     """
+    from unittest import mock
+
     import lm_eval
+    import lm_eval.evaluator
 
     lm.tokenizer.save_pretrained(tokenizer_folder(model_name(lm.model)))
-    return lm_eval.simple_evaluate(
-        model=lm,
-        tasks=names,
-        limit=limit,
-        task_manager=manager,
-        use_cache=str(cache_dir() / "lm_eval" / "requests" / config_id(**lm.run_config)),
-        apply_chat_template=lm.tokenizer.chat_template is not None,
-        log_samples=True,
-        bootstrap_iters=0,
-    )
+    # lm-eval's own lookup lets git print "fatal: not a git repository" outside a checkout.
+    quiet = mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", provenance.working_folder_commit)
+    with quiet:
+        return lm_eval.simple_evaluate(
+            model=lm,
+            tasks=names,
+            limit=limit,
+            task_manager=manager,
+            use_cache=str(cache_dir() / "lm_eval" / "requests" / config_id(**lm.run_config)),
+            apply_chat_template=lm.tokenizer.chat_template is not None,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
 
 
 def protocol_of(task: str, sample: dict) -> str:

@@ -590,6 +590,23 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def press_versions(frame: pd.DataFrame) -> list[str]:
+    """Which version of each press the frame's rows show, one line each: a user's press by its file and
+    sha256 (its source digest), a learned press by its state's digest; none for kvbench's other presses."""
+    versions = []
+    for press in dict.fromkeys(frame["press"]) if not frame.empty else ():
+        mine = frame[frame["press"] == press]
+        sources = [s for s in mine.get("press_source", ()) if isinstance(s, dict)]
+        states = sorted({state for state in mine.get("press_state", ()) if isinstance(state, str) and state})
+        if sources:
+            source = sources[-1]
+            where = source.get("file") or source.get("package") or source["target"]
+            versions.append(f"{press}: {where}, sha256 {str(source.get('sha256') or '?')[:12]}")
+        elif states:
+            versions.append(f"{press}: learned state {', '.join(states)}")
+    return versions
+
+
 def setting_label(name: str, value) -> str:
     """A config's ratio, memory or budget as the summary shows it; "-" where it was not given."""
     if value is None or value != value:  # None or NaN

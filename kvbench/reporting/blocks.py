@@ -12,7 +12,7 @@ from typing import ClassVar
 import pandas as pd
 
 from kvbench.core.config import DEFAULT_PROTOCOL
-from kvbench.reporting.boards import Leaderboard, ScoreView
+from kvbench.reporting.boards import Leaderboard, ScoreView, pairs_as_dict
 from kvbench.reporting.plots import (
     Style,
     breakdown,
@@ -22,7 +22,7 @@ from kvbench.reporting.plots import (
     save,
     scores_figure,
 )
-from kvbench.reporting.read import REFERENCE_PRESS, Run
+from kvbench.reporting.read import REFERENCE_PRESS, Run, config_label
 from kvbench.reporting.stats import EXACT_UNITS, RESAMPLES, significant
 
 # ---- document: one list of blocks rendered to markdown and to HTML --------------------------------------
@@ -129,9 +129,10 @@ def fmt_p(value: float) -> str:
 
 
 SIGNIFICANCE = (
-    "a sign-flip test of the paired differences (each unit's sign flipped: all 2^n "
-    f"assignments up to {EXACT_UNITS} units, {RESAMPLES:,} seeded random ones beyond) gives p < 0.05 and the "
-    "interval, where there is one, excludes 0 (a difference the same on every pair has no interval)"
+    "a sign-flip test of the paired differences (each unit's sign flipped: all 2^n assignments up to "
+    f"{EXACT_UNITS} units, {RESAMPLES:,} seeded random ones beyond) gives p < 0.05. The interval is the same "
+    "test inverted (the differences it does not reject), so it excludes 0 exactly where the difference is "
+    "significant; with 5 pairs or fewer nothing can be, and the interval is the whole range"
 )
 
 
@@ -316,7 +317,7 @@ def leaderboard_blocks(
             ),
             Code("\n".join(f"{p} @ {at}: " + ", ".join(gaps) for (p, at), gaps in missing.items())),
         ]
-    return blocks + provenance_blocks(board.runs)
+    return blocks + provenance_blocks(board.runs, board.sources)
 
 
 def interval_cells(view: ScoreView) -> pd.DataFrame:
@@ -402,14 +403,14 @@ def budget_blocks(board: Leaderboard, plot: Path, styles: dict[str, Style]) -> l
     ]
 
 
-def versus_blocks(view: ScoreView, baseline: str | None) -> list:
-    """With `report --versus`: each press minus the baseline, paired by sample, per column of the view, in
-    its order; strong where significant (`stats.significant`)."""
+def versus_blocks(view: ScoreView, named: str | None) -> list:
+    """With `report --versus`: the named press minus each other press, paired by sample, per column of the
+    view, in its order; strong where significant (`stats.significant`)."""
     versus = view.versus
     if versus is None or versus.empty:
         return []
     cells = [
-        Cell(fmt_interval(d, low, high, signed=True), strong=significant(p, low, high))
+        Cell(fmt_interval(d, low, high, signed=True), strong=significant(p))
         for d, low, high, p in zip(
             versus["difference"], versus["low"], versus["high"], versus["p"], strict=True
         )
@@ -430,13 +431,13 @@ def versus_blocks(view: ScoreView, baseline: str | None) -> list:
     )
     return [
         Paragraph(
-            f"Each press minus `{baseline}`, paired by sample (same task and sample), averaged as the "
-            "leaderboard averages, [95 % t interval]; in bold where "
+            f"`{named}` minus each press, paired by sample (same task and sample), averaged as the "
+            f"leaderboard averages, [95 % interval]: above 0, `{named}` scored higher. In bold where "
             + SIGNIFICANCE
             + ". "
             + (f"Each cell holds {typical} pairs unless it says otherwise (n=...)." if typical else "")
         ),
-        Table(view_columns(table, axis)),
+        Table(view_columns(table, axis).rename_axis(index=f"{named} minus")),
     ]
 
 
@@ -455,10 +456,7 @@ def lead_blocks(view: ScoreView) -> list:
                 for value, low, high in zip(lead["lead"], lead["low"], lead["high"], strict=True)
             ],
             "p (sign-flip)": [fmt_p(p) for p in lead["p"]],
-            "significant": [
-                "" if pd.isna(p) else ("yes" if significant(p, low, high) else "no")
-                for p, low, high in zip(lead["p"], lead["low"], lead["high"], strict=True)
-            ],
+            "significant": ["" if pd.isna(p) else ("yes" if significant(p) else "no") for p in lead["p"]],
             "pairs": lead["pairs"].astype(str),
         }
     )
@@ -466,7 +464,7 @@ def lead_blocks(view: ScoreView) -> list:
         Paragraph(
             "The leader's lead over the runner-up, paired: score differences on the samples both scored "
             "(same task and sample), averaged as the leaderboard averages (mean of the per-task means), "
-            "[95 % t interval]. Pairing takes out what the two share (how hard each sample is), so it can "
+            "[95 % interval]. Pairing takes out what the two share (how hard each sample is), so it can "
             "tell two presses apart where their intervals above overlap. It is significant where "
             + SIGNIFICANCE
             + "."
@@ -693,17 +691,61 @@ def describe_hardware(hardware: dict) -> str:
     return f", on {gpu}{hardware['cpus']} CPUs"
 
 
-def provenance_blocks(runs: list[Run]) -> list:
+def ran_press(run: Run, press: str) -> bool:
+    """Whether a run record's configs name `press` as the report labels it (`PRESS@STATE` as `PRESS`)."""
+    configs = run.config.get("configs")
+    return isinstance(configs, list) and any(
+        isinstance(config, dict)
+        and config_label(str(config.get("press")), pairs_as_dict(config.get("press_args")))
+        == press.partition("@")[0]
+        for config in configs
+    )
+
+
+def describe_source(source: dict) -> str:
+    """Where a press's code comes from, as its rows record it: a user's target, file (or package) and
+    sha256; kvbench's registry otherwise; and its learned state's digest, where it loads one."""
+    if source.get("target"):
+        where = [f"file {source['file']}"] if source.get("file") else []
+        if source.get("package"):
+            where.append(f"package {source['package']} {source.get('version') or ''}".strip())
+        where.append(f"sha256 {source['sha256']}" if source.get("sha256") else "sha256 not recorded")
+        text = f"{source['target']} ({', '.join(where)})"
+    else:
+        text = "kvbench's registry (see kvbench presses)"
+    own = (source.get("sha256") or "")[:12]  # a user's press is keyed by its file's digest too
+    states = [part for part in (source.get("state") or "").split("+") if part and part != own]
+    return text + (f", learned state {'+'.join(states)}" if states else "")
+
+
+def press_blocks(runs: list[Run], sources: dict[str, list[dict]]) -> list:
+    """Each press's source, sha256 and the runs (numbered as Provenance numbers them) that ran it."""
+    if not sources:
+        return []
+    lines = []
+    for press, found in sources.items():
+        numbers = [str(number) for number, run in enumerate(runs, 1) if ran_press(run, press)]
+        ran = f"; run {', '.join(numbers)}" if numbers else "; no run record names it"
+        lines += [f"{press}: {describe_source(source)}{ran}" for source in found]
+    return [
+        Paragraph("Presses: where each press's code comes from, and the runs below that ran it."),
+        Code("\n".join(lines)),
+    ]
+
+
+def provenance_blocks(runs: list[Run], sources: dict[str, list[dict]] | None = None) -> list:
+    presses = press_blocks(runs, sources or {})
     if not runs:
         return [
             Heading("Provenance", 3),
+            *presses,
             Paragraph(
                 "No runs/*.json (a run still going, or interrupted?): the commands, versions and "
                 "requested sample counts are unknown."
             ),
         ]
-    blocks = [Heading("Provenance", 3), Paragraph("The runs that produced these results:")]
-    for run in runs:
+    blocks = [Heading("Provenance", 3), *presses, Paragraph("The runs that produced these results:")]
+    for number, run in enumerate(runs, 1):
         ended = (
             f"finished {fmt_time(run.finished)}"
             if run.finished
@@ -711,8 +753,8 @@ def provenance_blocks(runs: list[Run]) -> list:
         )
         blocks += [  # when and where first, then the command it describes
             Paragraph(
-                f"`{run.results_dir}`, git `{run.git_commit}`{describe_hardware(run.hardware)}, "
-                f"started {fmt_time(run.started)}, {ended}:"
+                f"Run {number}: `{run.results_dir}`, git `{run.git_commit}`"
+                f"{describe_hardware(run.hardware)}, started {fmt_time(run.started)}, {ended}:"
             ),
             Code(wrap_command(run.command) if run.command else "(command not recorded)"),
         ]

@@ -12,6 +12,9 @@ from kvbench.reporting.read import REFERENCE_PRESS, Run, config_label, protocol_
 from kvbench.reporting.stats import config_stats, paired_lead, paired_versus
 from kvbench.tasks.longbench import longbench_average, longbench_e_buckets
 
+# A length whose tasks' contexts all stay below this share of it is a cap, not their length (a user's
+# --data contexts are cut to it, never filled): the title says what they measured.
+CAP_SHARE = 0.9
 CODEC_GAP = 0.01  # a config whose memory fraction differs from its kept-entry fraction by more is a codec
 # The rows' column each view's configs are keyed by, and whether its columns go least compressed first by
 # ascending value (ratios) or by descending value (memory fractions, entries per head).
@@ -57,17 +60,22 @@ class Leaderboard:
     part_counts: pd.DataFrame | None  # same shape: samples behind each mean
     part_name: str  # "question" or "turn"
     context_tokens: pd.Series  # task: mean context length in tokens
+    context_range: tuple[float, float]  # the shortest and longest context of its rows, in tokens (NaN: none)
     runs: list[Run]
     longbench: dict[str, pd.DataFrame]  # "longbench" / "longbench-e" -> (press, ratio) x category averages
     longbench_e_buckets: pd.DataFrame | None  # (press, ratio) x length bucket; None without LongBench-E meta
     codecs: list[str]  # presses run with a ratio that store fewer bytes than their kept entries
     has_bytes: bool  # rows record kv_bytes, or ran with a memory budget: the memory view is shown
+    sources: dict[str, list[dict]] | None = None  # press -> where its code comes from (`press_sources`)
     baseline: str | None = None  # with `report --versus`: the press every view compares to
     stem: str = ""  # its plots' file stem where another board's would be the same (`blocks.unique_stems`)
 
     @property
     def title(self) -> str:
         length = "each task's own length" if self.length is None else f"length {self.length}"
+        shortest, longest = self.context_range
+        if self.length is not None and longest < CAP_SHARE * self.length:
+            length += f" (a cap: contexts of {shortest:.0f}-{longest:.0f} tokens)"
         return f"{self.model}, {self.suite}, {length}, {self.protocol}"
 
     @property
@@ -255,6 +263,24 @@ def suite_of(rows: pd.DataFrame, runs: list[Run]) -> str:
     return ", ".join(suites) if suites else f"{tasks} task{'s' if tasks > 1 else ''}"
 
 
+def press_sources(rows: pd.DataFrame) -> dict[str, list[dict]]:
+    """Per press of the rows (the reference left out): each source its rows record, a user's press's target,
+    file, sha256 and package (`registry.Source`), and its learned state's digest where it loads one; an
+    empty dict for a press of kvbench's registry that loads none."""
+    sources = {}
+    states = rows["press_state"] if "press_state" in rows else pd.Series(None, index=rows.index)
+    found = rows["press_source"] if "press_source" in rows else pd.Series(None, index=rows.index)
+    for press, source, state in zip(rows["press"], found, states, strict=True):
+        if press == REFERENCE_PRESS:
+            continue
+        entry = dict(source) if isinstance(source, dict) else {}
+        if isinstance(state, str) and state:
+            entry["state"] = state
+        if entry not in sources.setdefault(press, []):
+            sources[press].append(entry)
+    return dict(sorted(sources.items()))
+
+
 def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = None) -> Leaderboard:
     """Leaderboard of the scored rows of one (model, length, protocol), which carry the columns
     `with_report_columns` adds."""
@@ -300,35 +326,51 @@ def build_leaderboard(rows: pd.DataFrame, runs: list[Run], versus: str | None = 
         part_counts=part_counts,
         part_name="turn" if turns else "question",
         context_tokens=rows.groupby("task")["context_tokens"].mean(),
+        context_range=(rows["context_tokens"].min(), rows["context_tokens"].max()),
         runs=runs,
         longbench=longbench_tables(task_scores),
         longbench_e_buckets=bucket_means(ratio_rows),
         codecs=sorted(codecs),
         has_bytes=bool(len(memory_rows)) or bool(rows["kv_bytes"].notna().any()),
+        sources=press_sources(rows),
         baseline=versus,
     )
 
 
 def runs_for(rows: pd.DataFrame, runs: list[Run]) -> list[Run]:
-    """The runs recorded next to these rows that ran their model at their length with their protocol."""
+    """The runs recorded next to these rows that ran their model with their protocol on one of their tasks
+    at their length (`ran_at`): what identifies a run's rows, whatever the run was asked (a `--data` task or
+    a suite without a length records no `length`, only each task's own in `lengths`)."""
     model, length, protocol = rows["model"].iloc[0], rows["length"].iloc[0], rows["protocol_label"].iloc[0]
     length = None if pd.isna(length) else int(length)
-    sources = set(rows["source"])
+    sources, tasks = set(rows["source"]), set(rows["task"])
     return [
         run
         for run in runs
         if run.results_dir in sources
         and run.config.get("model") == model
-        and run.config.get("length") == length
         and protocol in run_protocols(run.config)
+        and ran_at(run.config, tasks, length)
     ]
 
 
+def ran_at(config: dict, tasks: set[str], length: int | None) -> bool:
+    """Whether a run record's config ran one of `tasks` at `length`: a task's length is its entry in
+    `lengths`, else the run's `length`; a run that names no length for a task (lm-eval's tasks size their
+    own) ran it at any. A record that names no tasks is matched on its length alone."""
+    named = config.get("tasks")
+    lengths = config.get("lengths") or {}
+    candidates = [task for task in named if task in tasks] if isinstance(named, list) else [None]
+    return any(
+        (ran := lengths.get(task, config.get("length"))) is None or ran == length for task in candidates
+    )
+
+
 def run_protocols(config: dict) -> set[str]:
-    """The protocol labels a run's configs ran under: a sweep records the protocol in each config, not
-    beside them (a run record without configs, as perplexity's, names one at the top)."""
+    """The protocol labels a run's configs ran under: a sweep records the protocol in each config; a run
+    record that names one at the top (perplexity's) ran every config under it."""
     configs = config.get("configs")
-    configs = configs if isinstance(configs, list) and configs else [config]
+    configs = configs if isinstance(configs, list) and configs and not config.get("protocol") else [config]
     return {
         protocol_label(c.get("protocol"), pairs_as_dict(c.get("protocol_args")))
         for c in configs

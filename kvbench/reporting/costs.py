@@ -132,7 +132,7 @@ def cost_figure(board: Leaderboard, points: pd.DataFrame, styles: dict[str, Styl
                 marker=style.marker,
                 capsize=3,
                 linestyle="none",
-                markersize=7,
+                markersize=7 if style.linewidth == Style.linewidth else 11,
                 label=f"{point['press']} ({point['axis']} {point['budget']:g})",
             )
     if board.reference is not None:

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from kvbench.core.config import budget_label
-from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, slug, unique_stems
+from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, provenance_blocks, slug, unique_stems
+from kvbench.reporting.boards import press_sources, runs_for
 from kvbench.reporting.plots import Style, new_figure, plain_ticks
-from kvbench.reporting.read import REFERENCE_PRESS, with_report_columns
+from kvbench.reporting.read import REFERENCE_PRESS, Run, with_report_columns
 
 PROTOCOL = "perplexity"
 
@@ -60,6 +61,7 @@ def plot_against(
             color=style.color,
             marker=style.marker,
             linestyle=style.linestyle,
+            linewidth=style.linewidth,
             label=press,
         )
     if reference is not None:
@@ -91,9 +93,9 @@ def plot_by_position(rows: pd.DataFrame, labels: list[str], styles, title: str, 
     reference = rows[rows["press"] == REFERENCE_PRESS]
     for ax, label in zip(axes, labels, strict=False):
         for press, mine in rows[rows["label"] == label].groupby("press"):
-            draw_spans(ax, mine, press, styles[press].color, styles[press].linestyle)
+            draw_spans(ax, mine, press, styles[press])
         if not reference.empty:
-            draw_spans(ax, reference, "none (no compression)", "black", "--")
+            draw_spans(ax, reference, "none (no compression)", Style("black", "", "--"))
         ax.set_title(label, fontsize="small")
         ax.set_xlabel("position (tokens)")
         ax.grid(alpha=0.3)
@@ -107,19 +109,24 @@ def plot_by_position(rows: pd.DataFrame, labels: list[str], styles, title: str, 
     return path
 
 
-def draw_spans(ax, rows: pd.DataFrame, label: str, color: str, linestyle: str) -> None:
+def draw_spans(ax, rows: pd.DataFrame, label: str, style: Style) -> None:
     spans = [meta["span_nll"] for meta in rows["meta"]]
     span = rows["meta"].iloc[0]["span"]
     mean = np.mean([values[: min(map(len, spans))] for values in spans], axis=0)
     ends = [min((k + 1) * span + 1, rows["length"].iloc[0]) for k in range(len(mean))]
-    ax.plot(ends, mean, color=color, linestyle=linestyle, label=label, linewidth=1.2)
+    width = 1.2 if style.linewidth == Style.linewidth else style.linewidth
+    ax.plot(ends, mean, color=style.color, linestyle=style.linestyle, label=label, linewidth=width)
 
 
-def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style]) -> list:
-    """The section's blocks for the perplexity rows of a report (none: no section)."""
+def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style], runs: list[Run]) -> list:
+    """The section's blocks for the perplexity rows of a report (none: no section), its presses' sources and
+    the runs of its rows last."""
     if rows.empty:
         return []
     rows = with_report_columns(rows)
+    keys = ["model", "length", "protocol_label"]
+    matched = [run for _, group in rows.groupby(keys, dropna=False) for run in runs_for(group, runs)]
+    shown = [run for index, run in enumerate(matched) if all(run is not seen for seen in matched[:index])]
     rows["label"] = [
         budget_label(r, m, b) for r, m, b in zip(rows["ratio"], rows["memory"], rows["budget"], strict=True)
     ]
@@ -183,4 +190,4 @@ def perplexity_blocks(rows: pd.DataFrame, out_dir: Path, styles: dict[str, Style
             group, labels, styles, f"{title}: NLL by position", out_dir / f"{stem}-position.png"
         )
         blocks.append(Image(path, "mean NLL per span of tokens against position, a panel per budget"))
-    return blocks
+    return blocks + provenance_blocks(shown, press_sources(rows))

@@ -4,7 +4,7 @@ look it has in every report, and heatmaps of per-task scores. Titles are wrapped
 
 import hashlib
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +58,7 @@ class Style:
     color: str
     marker: str
     linestyle: str
+    linewidth: float = 1.5  # matplotlib's default
 
 
 def press_style(press: str) -> Style:
@@ -74,8 +75,16 @@ def press_style(press: str) -> Style:
     return Style(*looks[digest % len(looks)], "--" if variant else "-")
 
 
-def press_styles(presses: list[str]) -> dict[str, Style]:
-    return {press: press_style(press) for press in presses}
+# The press a report is about (`report --versus`): a colour no other press has, solid and thick, on top.
+HIGHLIGHT = Style("#E8000B", "o", "-", 3.0)
+
+
+def press_styles(presses: list[str], highlight: str | None = None) -> dict[str, Style]:
+    """Each press's look (`press_style`); `highlight` drawn prominent (`HIGHLIGHT`, its own marker kept)."""
+    styles = {press: press_style(press) for press in presses}
+    if highlight in styles:
+        styles[highlight] = replace(HIGHLIGHT, marker=styles[highlight].marker)
+    return styles
 
 
 def wrapped_title(text: str, width_inches: float, points: float = 10) -> str:
@@ -105,7 +114,15 @@ def plain_ticks(axis) -> None:
 def draw_press(ax, x: pd.Series, score: pd.Series, low: pd.Series, high: pd.Series, label: str, style: Style):
     """One press: its line and markers, and its 95 % interval as a band (a bar for a lone point)."""
     ax.plot(
-        x, score, color=style.color, marker=style.marker, linestyle=style.linestyle, label=label, markersize=6
+        x,
+        score,
+        color=style.color,
+        marker=style.marker,
+        linestyle=style.linestyle,
+        linewidth=style.linewidth,
+        label=label,
+        markersize=6,
+        zorder=3 if style.linewidth > Style.linewidth else 2,
     )
     if len(x) > 1:
         ax.fill_between(x, low, high, color=style.color, alpha=0.15, linewidth=0)

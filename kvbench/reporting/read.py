@@ -12,7 +12,7 @@ import pandas as pd
 from kvbench.core.config import DEFAULT_PROTOCOL
 from kvbench.core.errors import BadInput, NoResults
 from kvbench.reporting.stats import SCORE_RANGE
-from kvbench.store.results import load_rows, load_runs, results_files
+from kvbench.store.results import check_results_path, load_rows, load_runs, results_files
 
 REFERENCE_PRESS = "none"  # ratio 0.0: the no-compression reference
 
@@ -53,6 +53,7 @@ def result_files(paths: list[Path], recursive: bool = False) -> list[Path]:
     is bad input."""
     files = []
     for path in paths:
+        check_results_path(path)
         found = results_files([path], recursive=recursive)
         if not found:
             nested = results_files([path], recursive=True)
@@ -167,9 +168,10 @@ def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tu
     state = rows["press_state"].fillna("unrecorded")
     latest = state.groupby([rows["model"], rows["press"]]).transform("last")
     older = state != latest
+    sources = rows["press_source"] if "press_source" in rows else pd.Series(None, index=rows.index)
     notes = [
-        f"{press} on {model}: rows of {group.nunique()} versions of its learned state; the report uses the "
-        f"latest ({latest[group.index[0]]}) and "
+        f"{press} on {model}: rows of {group.nunique()} versions of its {state_kind(sources[group.index])}; "
+        f"the report uses the latest ({latest[group.index[0]]}) and "
         + (
             f"reports the older ones as {press}@STATE."
             if every_state
@@ -183,6 +185,13 @@ def keep_latest_press_state(rows: pd.DataFrame, every_state: bool = False) -> tu
         rows.loc[older, "press"] = rows.loc[older, "press"] + "@" + state[older]
         return rows, notes
     return rows[~older].reset_index(drop=True), notes
+
+
+def state_kind(sources: pd.Series) -> str:
+    """What a press's state digest is a digest of: a user's press is keyed by its source file (and any
+    learned state it loads), kvbench's learned presses by their learned state."""
+    files = sorted({source["file"] for source in sources if isinstance(source, dict) and source.get("file")})
+    return f"source ({', '.join(files)})" if files else "learned state"
 
 
 # Past this NLL per token, a perplexity (exp(nll)) overflows a float: no measurement of a language model.
@@ -229,6 +238,7 @@ def collect(paths: list[Path], recursive: bool = False, every_state: bool = Fals
         warnings.warn(message, stacklevel=2)
     if rows.empty:
         raise NoResults(f"no result rows in {', '.join(str(file) for file in files)}")
+    rows["press_name"] = rows["press"]  # as the run was given it: `report --versus NAME` takes it too
     rows["press"] = [config_label(p, a) for p, a in zip(rows["press"], rows["press_args"], strict=True)]
     rows, notes = keep_latest_press_state(rows, every_state)
     models = sorted(rows["model"].unique())
@@ -254,13 +264,41 @@ def press_list(text: str) -> list[str]:
     return presses
 
 
+def press_labels(rows: pd.DataFrame, name: str) -> list[str]:
+    """The presses (as the leaderboard labels them) that `name` names in `rows`: the label itself, else
+    every label of the press the run was given as `name` (`outlier8` for `outlier8(window=8)`); none when
+    it names none."""
+    held = set(rows["press"])
+    if name in held:
+        return [name]
+    names = rows["press_name"] if "press_name" in rows else rows["press"]
+    return sorted(set(rows.loc[names == name, "press"]))
+
+
+def held_presses(rows: pd.DataFrame) -> str:
+    return ", ".join(sorted(set(rows["press"]) - {REFERENCE_PRESS}))
+
+
 def only_presses(collected: Collected, presses: list[str]) -> Collected:
-    """`collected` with the rows of `presses` (as the leaderboard names them) and the reference only."""
-    held = set(collected.rows["press"])
-    unknown = [press for press in presses if press not in held]
-    if unknown:
-        raise BadInput(
-            f"--presses {unknown[0]!r} is not a press of these results (they hold {', '.join(sorted(held))})"
-        )
-    rows = collected.rows[collected.rows["press"].isin([*presses, REFERENCE_PRESS])]
+    """`collected` with the rows of `presses` (as the leaderboard names them, or as the run was given them:
+    `press_labels`) and the reference only."""
+    chosen = []
+    for press in presses:
+        labels = press_labels(collected.rows, press)
+        if not labels:
+            held = held_presses(collected.rows)
+            raise BadInput(f"--presses {press!r} is not a press of these results (they hold {held})")
+        chosen += labels
+    rows = collected.rows[collected.rows["press"].isin([*chosen, REFERENCE_PRESS])]
     return replace(collected, rows=rows.reset_index(drop=True))
+
+
+def versus_press(rows: pd.DataFrame, name: str) -> str:
+    """The one press (as the leaderboard labels it) that `report --versus NAME` names (`press_labels`);
+    BadInput when it names none, the reference, or several (then the labels to choose from)."""
+    labels = [label for label in press_labels(rows, name) if label != REFERENCE_PRESS]
+    if not labels:
+        raise BadInput(f"--versus {name!r} is not a press of these results (they hold {held_presses(rows)})")
+    if len(labels) > 1:
+        raise BadInput(f"--versus {name!r} names {len(labels)} presses: give one of {', '.join(labels)}")
+    return labels[0]

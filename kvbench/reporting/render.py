@@ -30,7 +30,7 @@ from kvbench.reporting.conformance import conformance_blocks, read_conformance
 from kvbench.reporting.costs import Costs, cost_blocks, read_costs
 from kvbench.reporting.perplexity import is_perplexity, perplexity_blocks
 from kvbench.reporting.plots import press_styles
-from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses
+from kvbench.reporting.read import REFERENCE_PRESS, collect, only_presses, versus_press
 from kvbench.store.results import rows_files
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -105,9 +105,10 @@ def render_report(
     costs: Costs | Path | str | None = None,
 ) -> Path:
     """Write README.md, index.html and the PNG plots of the results in `result_dirs` (one folder or a
-    list; with `recursive`, the folders below them too) into `out`; the folder written. `versus`: a press,
-    as the leaderboard names it, that every other press is compared to, paired by sample. `presses`: only
-    these presses (as the leaderboard names them) and the reference; None: every press of the results.
+    list; with `recursive`, the folders below them too) into `out`; the folder written. `versus`: a press
+    (as the run was given it, or as the leaderboard names it: `read.versus_press`) compared to every other
+    press, paired by sample, and drawn prominent. `presses`: only these presses (named alike) and the
+    reference; None: every press of the results.
     `every_state`: rows of a learned press's older states as presses of their own (PRESS@STATE). `costs`:
     what `kvbench speed` measured (its --out folder, or `read_costs` of it), set beside each leaderboard's
     scores."""
@@ -120,27 +121,34 @@ def render_report(
     collected = collect(result_dirs, recursive, every_state)
     if presses:
         collected = only_presses(collected, presses)
+    if versus:
+        versus = versus_press(collected.rows, versus)
     perplexity = is_perplexity(collected.rows)  # NLLs, not scores: a section of their own
     scored = collected.rows[~perplexity]
     boards = build_leaderboards(scored, collected.runs, versus)
     stems = unique_stems([file_stem(board) for board in boards], [board.title for board in boards])
     boards = [replace(board, stem=stem) for board, stem in zip(boards, stems, strict=True)]
-    names = sorted({press for board in boards for press in board.presses})
-    if versus and versus not in names:
-        raise BadInput(f"--versus {versus!r} is not a press of these results (they hold {', '.join(names)})")
-    blocks = [Paragraph("Results folders: " + ", ".join(f"`{d}`" for d in collected.dirs))]
+    folders = ", ".join(folder_label(folder, collected.runs) for folder in collected.dirs)
+    blocks = [Paragraph(f"Results folders: {folders}")]
     notes = [*collected.notes, unscored_note(scored)]
     blocks += [Paragraph(note) for note in notes if note]
-    styles = press_styles(sorted(set(collected.rows["press"]) - {REFERENCE_PRESS}))  # perplexity's too
+    presses = sorted(set(collected.rows["press"]) - {REFERENCE_PRESS})  # perplexity's too
+    styles = press_styles(presses, versus)
     checked = read_conformance(collected.dirs)
     with staged(out) as stage:
         for board in boards:
             costed = cost_blocks(board, costs, stage, styles) if costs is not None else []
             blocks += leaderboard_blocks(board, stage, styles, costed + conformance_blocks(board, checked))
-        blocks += perplexity_blocks(collected.rows[perplexity], stage, styles)
+        blocks += perplexity_blocks(collected.rows[perplexity], stage, styles, collected.runs)
         (stage / "README.md").write_text(to_markdown(TITLE, blocks))
         (stage / "index.html").write_text(to_html(TITLE, blocks))
     return out
+
+
+def folder_label(folder: str, runs: list) -> str:
+    """A results folder as the report names it, with how many run records (runs/*.json) it holds."""
+    count = sum(run.results_dir == folder for run in runs)
+    return f"`{folder}` ({count or 'no'} run record{'' if count == 1 else 's'})"
 
 
 @contextmanager

@@ -1,5 +1,5 @@
-"""Statistics of a leaderboard: each config's mean and 95 % interval, and differences paired by sample (every
-press minus the runner-up, or minus a chosen press).
+"""Statistics of a leaderboard: each config's mean and 95 % interval, and differences paired by sample (the
+leader minus the runner-up, a chosen press minus every other).
 
 The choices, each made for small samples (a sweep of 2 samples a task is common):
 
@@ -13,15 +13,17 @@ The choices, each made for small samples (a sweep of 2 samples a task is common)
   instead, on the Kish effective sample size tasks^2 / sum(1 / n_t) (the pooled count when every task
   holds as many samples): t is zero-width at 0 % or 100 % however few the samples, Wilson is not, and it
   holds at 1 sample a task.
-- A paired difference (two presses on the same samples) is a t interval as above, on the per-sample
-  differences, and a sign-flip permutation test of it (`sign_flip_p`): under "no difference" each unit's
-  difference is as likely negative as positive, so the p-value is the share of sign assignments whose
-  difference (weighted as the estimate weighs the units) is at least as far from 0. Exact (all 2^n
-  assignments) up to 16 units, a seeded Monte-Carlo of 10,000 beyond. A difference is called significant
-  (`significant`) only where p < 0.05 and its interval, where it has one, excludes 0, for the t interval alone
-  overstates small samples: 4 pairs all +50 give t's [+50, +50], yet 2 of the 2^4 = 16 sign assignments
-  are as extreme, p = 0.125.
-- A t interval of zero width (every unit alike in every task) is no interval: NaN, the value shown alone.
+- A paired difference (two presses on the same samples) gets its interval and its significance from one
+  method, a sign-flip permutation test (`SignFlip`): under "the mean difference is d", each unit's
+  difference minus d is as likely negative as positive; p is the share of sign assignments (weighted as the
+  estimate weighs the units) at least as far from 0 as observed. Exact (all 2^n assignments) up to 16
+  units, a seeded Monte-Carlo of 10,000 beyond. The interval is the set of d the test does not reject at
+  5 %, so it excludes 0 exactly where p < 0.05, which is what `significant` calls significant: a table can
+  never show an interval clear of 0 beside "not significant", or the reverse. With 5 units or fewer no
+  sign assignment is rare enough, so nothing is significant and the interval is the whole range; 4 pairs
+  all +50 give p = 2 / 2^4 = 0.125 (a t interval would be [+50, +50]).
+- A score's t interval of zero width (every unit alike in every task) is no interval: NaN, the value shown
+  alone.
 - Every interval is clipped to the range its value can take: [0, 100] for a score, [-100, 100] for a
   difference.
 - The independent units are the samples, except under the protocols that ask one context several questions
@@ -111,60 +113,100 @@ def config_stats(rows: pd.DataFrame, key: str) -> pd.DataFrame:
     return pd.DataFrame(list(records.values()), index=index, columns=columns)
 
 
+class SignFlip:
+    """The sign-flip permutation test of a weighted mean of per-unit differences, and the 95 % interval
+    made by inverting it: under "the mean difference is `shift`", each unit's difference minus `shift` is as
+    likely negative as positive, so the p-value of a shift is the share of sign assignments whose weighted
+    sum is at least as far from 0 as the observed one. The interval holds the shifts the test does not
+    reject at `ALPHA`, so it excludes 0 exactly where p (at shift 0) < `ALPHA`: one method for both.
+
+    The assignments: all 2^n up to `EXACT_UNITS` units, else `RESAMPLES` seeded random ones (then p counts
+    the observed assignment too, as scipy.stats.permutation_test does). One set of assignments serves every
+    shift, so each shift's p is computed from two sums per assignment; scipy's permutation_test gives the
+    same p at shift 0 (the tests check it), but would draw and sum the assignments again at every shift."""
+
+    def __init__(self, differences, weights):
+        differences = np.asarray(differences, dtype=float)
+        weights = np.asarray(weights, dtype=float)
+        units = len(differences)
+        self.exact = units <= EXACT_UNITS
+        if self.exact:
+            signs = 1 - 2 * ((np.arange(2**units)[:, None] >> np.arange(units)) & 1)
+        else:
+            signs = np.random.default_rng(SEED).choice([-1.0, 1.0], size=(RESAMPLES, units))
+        self.flipped = signs @ (weights * differences)  # each assignment's sum, and its slope in the shift
+        self.slopes = signs @ weights
+        self.observed = float(weights @ differences)
+        self.total = float(weights.sum())
+        self.estimate = self.observed / self.total if units else float("nan")
+
+    def p(self, shift: float) -> float:
+        """Two-sided p-value of "the weighted mean difference is `shift`"."""
+        if not len(self.flipped):
+            return float("nan")
+        observed = abs(self.observed - shift * self.total)
+        sums = np.abs(self.flipped - shift * self.slopes)
+        extreme = int(np.count_nonzero(sums >= observed - 1e-9 * (1 + observed)))
+        return extreme / len(sums) if self.exact else (extreme + 1) / (len(sums) + 1)
+
+    def accepts(self, shift: float) -> bool:
+        return self.p(shift) >= ALPHA
+
+    def bound(self, rejected: float, accepted: float) -> float:
+        """The shift between a rejected and an accepted one where the test's verdict changes, found by
+        bisection to far below a table's rounding; the accepted side."""
+        for _ in range(60):
+            middle = (rejected + accepted) / 2
+            rejected, accepted = (rejected, middle) if self.accepts(middle) else (middle, accepted)
+        return accepted
+
+    def interval(self, bounds: tuple[float, float] = DIFFERENCE_RANGE) -> tuple[float, float]:
+        """The shifts within `bounds` that the test does not reject, as (low, high): a bound the test never
+        rejects up to is that end of `bounds` (with 5 units or fewer no assignment set is rare enough, so
+        the interval is the whole range). The side facing 0 is searched on 0's side of the estimate as 0 is
+        accepted or rejected, so the interval excludes 0 exactly where p < `ALPHA`."""
+        if pd.isna(self.estimate):
+            return float("nan"), float("nan")
+        ends = []
+        for end in bounds:
+            start = self.estimate
+            if min(start, end) < 0 < max(start, end):  # 0 lies on this side: search past it only if accepted
+                if not self.accepts(0.0):
+                    ends.append(self.bound(0.0, start))
+                    continue
+                start = 0.0
+            ends.append(end if self.accepts(end) else self.bound(end, start))
+        return ends[0], ends[1]
+
+
 def sign_flip_p(differences: np.ndarray, weights: np.ndarray) -> float:
     """Two-sided p-value of the weighted sum of `differences` (one per unit) under the null that each
-    unit's difference is as likely negative as positive: the share of sign assignments whose |sum| is at
-    least the observed one. All 2^n assignments up to `EXACT_UNITS` units, else `RESAMPLES` seeded random
-    ones (scipy.stats.permutation_test)."""
-    from scipy.stats import permutation_test
-
-    differences = np.asarray(differences, dtype=float)
-    weights = np.asarray(weights, dtype=float)
-    if len(differences) == 0:
-        return float("nan")
-    if len(differences) == 1 or not differences.any():
-        return 1.0  # either sign of one difference (or of none) is as far from 0
-
-    def statistic(x, axis=-1):
-        return np.sum(weights * x, axis=axis)
-
-    exact = len(differences) <= EXACT_UNITS
-    result = permutation_test(
-        (differences,),
-        statistic,
-        permutation_type="samples",
-        vectorized=True,
-        n_resamples=2 ** len(differences) if exact else RESAMPLES,
-        batch=1000,
-        random_state=np.random.default_rng(SEED),  # `rng` from scipy 1.15; the floor is 1.11
-    )
-    return float(min(result.pvalue, 1.0))
+    unit's difference is as likely negative as positive (`SignFlip` at shift 0)."""
+    return SignFlip(differences, weights).p(0.0)
 
 
-def significant(p: float, low: float, high: float) -> bool:
-    """Whether a paired difference is called beyond noise: its sign-flip p below `ALPHA`, and its t
-    interval, where it has one, clear of 0 (a t interval alone overstates a few pairs)."""
-    if pd.isna(p) or p >= ALPHA:
-        return False
-    return pd.isna(low) or pd.isna(high) or low > 0 or high < 0
+def significant(p: float) -> bool:
+    """Whether a paired difference is called beyond noise: its sign-flip p below `ALPHA`, which is where
+    its interval (the same test inverted, `SignFlip.interval`) excludes 0."""
+    return not pd.isna(p) and p < ALPHA
 
 
 def paired_difference(cell: pd.DataFrame, press: str, other: str) -> tuple[float, float, float, int, float]:
     """`press` minus `other` on the samples both scored in `cell` (the rows of one ratio or budget), paired
-    by (task, sample): the mean over tasks of the per-task mean difference, its 95 % t interval (low, high;
-    NaN below 2 units in a task or at zero width), the number of pairs and the sign-flip p-value over the
-    units (`sign_flip_p`, each unit weighed as in the mean of the per-task means)."""
+    by (task, sample): the mean over tasks of the per-task mean difference, its 95 % interval (low, high)
+    and p-value from one sign-flip test over the units (`SignFlip`, each unit weighed as in the mean of the
+    per-task means), and the number of pairs."""
     index = ["task", "unit", "sample_id"]
     scores = [cell[cell["press"] == name].groupby(index)["score"].mean() for name in (press, other)]
     difference = (scores[0] - scores[1]).dropna()
     if difference.empty:
         return float("nan"), float("nan"), float("nan"), 0, float("nan")
     by_unit = difference.groupby(level=["task", "unit"]).mean()
-    per_task = by_unit.groupby(level="task").agg(["mean", "count", "var"])
-    low, high = t_interval(per_task, DIFFERENCE_RANGE)
-    counts = by_unit.groupby(level="task").transform("size")
-    p = sign_flip_p(by_unit.to_numpy(), 1 / (len(per_task) * counts.to_numpy()))
-    return per_task["mean"].mean(), low, high, len(difference), p
+    counts = by_unit.groupby(level="task").transform("size").to_numpy()
+    tasks = by_unit.index.get_level_values("task").nunique()
+    test = SignFlip(by_unit.to_numpy(), 1 / (tasks * counts))
+    low, high = test.interval()
+    return test.estimate, low, high, len(difference), test.p(0.0)
 
 
 def paired_lead(rows: pd.DataFrame, average: pd.DataFrame, key: str) -> pd.DataFrame:
@@ -185,16 +227,16 @@ def paired_lead(rows: pd.DataFrame, average: pd.DataFrame, key: str) -> pd.DataF
     return pd.DataFrame(leads, columns=[key, "best", "runner-up", "lead", "low", "high", "pairs", "p"])
 
 
-def paired_versus(rows: pd.DataFrame, average: pd.DataFrame, key: str, baseline: str) -> pd.DataFrame:
-    """Every other press's paired difference to `baseline` (`paired_difference`) at each column of
-    `average` both were scored at: columns press, `key`, difference, low, high, pairs, p."""
+def paired_versus(rows: pd.DataFrame, average: pd.DataFrame, key: str, named: str) -> pd.DataFrame:
+    """The `named` press minus every other press (`paired_difference`) at each column of `average` both
+    were scored at: columns press (the other), `key`, difference, low, high, pairs, p."""
     found = []
     for column in average.columns:
-        if pd.isna(average[column].get(baseline)):
+        if pd.isna(average[column].get(named)):
             continue
         cell = rows[rows[key] == column]
-        for press in average[column].dropna().index.drop(baseline):
-            difference, low, high, pairs, p = paired_difference(cell, press, baseline)
+        for press in average[column].dropna().index.drop(named):
+            difference, low, high, pairs, p = paired_difference(cell, named, press)
             found.append(
                 {key: column, "press": press, "difference": difference, "low": low, "high": high}
                 | {"pairs": pairs, "p": p}

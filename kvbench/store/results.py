@@ -686,6 +686,12 @@ NUMERIC_FIELDS = ("ratio", "memory", "budget", "score", "context_tokens", "kv_ke
 NUMERIC_FIELDS += ("kv_bytes_full", "prefill_s", "decode_s", "nll")
 
 
+def check_results_path(path: Path) -> None:
+    """NoResults when `path` is not there: the one way every command that reads results says so."""
+    if not Path(path).exists():
+        raise NoResults(f"no results at {str(path)!r}: no such file or folder")
+
+
 def load_rows(paths):
     """All rows under `paths` (a folder or file, or a list of them; NoResults for one that is not there) as
     one DataFrame, a column per `Row` field (`source` names the folder). Of
@@ -695,8 +701,8 @@ def load_rows(paths):
 
     paths = as_paths(paths, "results folders")
     for path in paths:  # a rows file stands for its folder's rows even before there is one
-        if not path.exists() and path.name not in (ROWS_FILE, ROWS_GZ):
-            raise NoResults(f"no results at {str(path)!r}: no such file or folder")
+        if path.name not in (ROWS_FILE, ROWS_GZ):
+            check_results_path(path)
     records = [
         {**row.to_dict(), "source": str(file.parent)}
         for file in results_files(paths)
@@ -753,6 +759,7 @@ class RunConfig:
     tasks: list[str] | None = None
     suite: str | None = None
     length: Positive | None = None
+    lengths: dict[str, Positive] | None = None  # per task, where it differs from `length`
     samples: Count | None = None
     protocol: str | None = None
     protocol_args: Arguments | None = None
