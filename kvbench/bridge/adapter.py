@@ -229,6 +229,22 @@ def attention_inputs(model):
         yield inputs
 
 
+@contextlib.contextmanager
+def query_states(model, consume):
+    """For the block's forwards, `consume(layer index, before, after)` with each attention layer's queries
+    as the layer computes them, before and after RoPE, each (query heads, tokens, head_dim) in float64 on
+    the CPU."""
+
+    def hook(module, args, kwargs):
+        cos, sin = kwargs["position_embeddings"]
+        before = get_prerope_query_states(module, kwargs["hidden_states"])
+        after = before * cos.unsqueeze(1) + rotate_half(before) * sin.unsqueeze(1)
+        consume(module.layer_idx, before[0].double().cpu(), after[0].double().cpu())
+
+    with attention_hooks(model, hook, pre=True):
+        yield
+
+
 def compress_entry(press: BasePress, module, inputs: tuple, position: int, keys, values, attentions: bool):
     """The keys and values [1, heads, n, dim] of n consecutive tokens at positions `position`... as `press`
     keeps them when those tokens are the whole prefill: kvpress's prefill hook, called on a one-layer cache
