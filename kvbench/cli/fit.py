@@ -58,7 +58,7 @@ def fit(name, out, replace, model, device, mixture, samples, length, seed, optio
     from kvbench.bridge.models import check_device, load_model, load_tokenizer, resolve
     from kvbench.core.provenance import command_line
     from kvbench.learned.common import check_training_out
-    from kvbench.learned.fitted import FitConfig, card_of, check_options, method, save_fitted
+    from kvbench.learned.fitted import FitConfig, card_of, check_options, check_prompts, method, save_fitted
     from kvbench.learned.fitted.data import mixture_contexts
     from kvbench.store.results import check_folder_writable
 
@@ -69,6 +69,7 @@ def fit(name, out, replace, model, device, mixture, samples, length, seed, optio
     resolve(model)
     tokenizer = load_tokenizer(model)
     contexts = mixture_contexts(tokenizer, mixture, samples, seed, length)
+    check_prompts(name, len(contexts))
     llm, _ = load_model(model, device=device)
     started = time.perf_counter()
     tensors, validation = method(name).fit(llm, tokenizer, contexts, config.options)

@@ -408,6 +408,9 @@ SPECS = [
         "KVzap: kvpress's press, surrogates fitted by `kvbench fit kvzap` (presses/kvzap/<model>/)",
         scorer("kvbench.learned.fitted.kvzap:FittedKVzapPress"),
         state=LearnedState("weights", "kvzap", "state.safetensors"),
+        prefill_only=True,
+        caveat="kvpress's KVzapPress scores only the forward's new tokens (from their hidden states): it "
+        "compresses a prefill, not a cache again (kvpress pairs it with DMSPress to compress while decoding)",
     ),
     PressSpec("fastkvzip", "Fast KVzip (gates downloaded per model)", scorer("FastKVzipPress"), ("hub",)),
     PressSpec(

@@ -63,6 +63,16 @@ class Method:
     fit: Callable
     defaults: dict
     description: str
+    min_prompts: int = 1  # kvzap holds prompts out to validate
+
+
+def check_prompts(name: str, prompts: int) -> None:
+    """BadInput when the mixture gives fewer prompts than the method fits on."""
+    needed = method(name).min_prompts
+    if prompts < needed:
+        raise BadInput(
+            f"fit {name} needs {needed} prompts or more, the mixture gives {prompts}: give more --samples"
+        )
 
 
 def fit_hint(method: str, name: str) -> str:

@@ -20,7 +20,9 @@ from kvpress import KVzapPress
 from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
 from transformers import DynamicCache
 
+from kvbench.bridge import models
 from kvbench.bridge.adapter import attention_hooks, attention_implementation
+from kvbench.core.errors import TrainingFileError
 from kvbench.learned.common.datagen import reconstruction_prompt_ids
 from kvbench.learned.fitted import FittedState, Method
 
@@ -162,12 +164,17 @@ class FittedKVzapPress(FittedState, KVzapPress):
     def install(self, tensors: dict, model) -> None:
         prefix = f"{self.model_type}."
         state = {key[len(prefix) :]: value for key, value in tensors.items() if key.startswith(prefix)}
+        if not state:
+            raise TrainingFileError(f"{self.weights or 'kvzap state'} holds no {self.model_type} surrogate")
         first = state["layers.0.weight" if self.model_type == "linear" else "layers.0.0.weight"]
         last = state["layers.0.weight" if self.model_type == "linear" else "layers.0.2.weight"]
         n_layers = len({key.split(".")[1] for key in state})
         hidden_dim = first.shape[0] if self.model_type == "mlp" else 0
         kvzap = surrogate(self.model_type, n_layers, first.shape[1], last.shape[0], hidden_dim)
-        kvzap.load_state_dict(state)
+        try:
+            kvzap.load_state_dict(state)
+        except RuntimeError as error:
+            raise TrainingFileError(f"{self.weights or 'kvzap state'}: {models.first_line(error)}") from None
         self.kvzap_model = kvzap.to(model.device).eval()
         self.kvzap_model_name = f"{self.model_type}:{self.state_digest}"
 
@@ -177,4 +184,5 @@ METHOD = Method(
     fit,
     {"tokens": 500, "hidden_dim": 512, "epochs": 15, "lr": 5e-3, "batch_size": 512, "alpha": 1.0, "seed": 0},
     "linear and MLP surrogates of KVzip+ scores per layer, from the hidden states",
+    min_prompts=2,
 )
