@@ -272,3 +272,31 @@ def test_fit_refuses_bad_options_in_one_line(tmp_path):
         result = CliRunner().invoke(main, ["fit", *args, "--out", str(tmp_path / "out")])
         assert result.exit_code == 2 and expected in result.output, result.output
         assert not (tmp_path / "out").exists()
+
+
+def run_cli(model_dir, out, *press_args):
+    args = ["run", "--press", "qfilter", "--ratio", "0.5", "--model", model_dir, "--task", "niah_single_1"]
+    args += ["--length", "512", "--samples", "1", "--out", str(out)]
+    for pair in press_args:
+        args += ["--press-arg", pair]
+    return CliRunner().invoke(main, args)
+
+
+def test_the_shipped_state_on_another_model_is_one_line_exit_2(tiny_llama_dir, tmp_path):
+    """The embedded model's shipped filters refused on the tiny model (its weights differ), and a model
+    without fitted state told the command that makes it; nothing written."""
+    from kvbench.core import resources
+
+    shipped = resources.learned_state_dir("qfilter", "smollm2-135m")
+    cases = {
+        "shipped": (
+            (f"weights={shipped}",),
+            "were made for smollm2-135m (30 layers x 3 KV heads x 64, weights",
+        ),
+        "none": ((), "make it with: kvbench fit qfilter --model"),
+    }
+    for case, (press_args, message) in cases.items():
+        result = run_cli(tiny_llama_dir, tmp_path / case, *press_args)
+        assert result.exit_code == 2, (case, result.output)
+        assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+        assert not (tmp_path / case / "rows.jsonl").exists()
