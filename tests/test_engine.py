@@ -17,6 +17,7 @@ from kvbench.engine import decoder, evaluate_sample, steps
 from kvbench.engine.decoder import BatchedDecoder
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.fitted import METHODS
 from kvbench.learned.gate.checkpoint import save_gates
 from kvbench.learned.gate.gates import GateSet
 from kvbench.learned.kvp.agent import KVPAgents
@@ -121,9 +122,6 @@ def save_fitted_state(model, tokenizer, directory, name: str) -> str:
     return str(directory)
 
 
-FITTED = ("qfilter", "kvzap", "expected_attention_stats")
-
-
 def registry_configs(model, tmp_path, tokenizer) -> list[Config]:
     """Every press of the registry that runs offline: shareable ones at several ratios, the others at one."""
     # pyramidkv, chunkkv: per-layer cache lengths, which kvpress's pipeline decodes only with flash attention;
@@ -141,7 +139,7 @@ def registry_configs(model, tmp_path, tokenizer) -> list[Config]:
             args = (("weights", save_random_distillcache_policy(model, tmp_path / "distillcache")),)
         if name == "gate":
             args = (("weights", save_random_gates(model, tmp_path / "gate")),)
-        if name in FITTED:
+        if name in METHODS:
             args = (("weights", save_fitted_state(model, tokenizer, tmp_path / name, name)),)
         shareable = adapter.is_shareable(config_press(Config(name, 0.5, args)))
         # Codecs store every entry in fewer bits: the highest ratios ask for less memory than 2 bits take.

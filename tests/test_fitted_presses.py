@@ -18,7 +18,7 @@ from kvbench.learned.fitted import (
     FitConfig,
     card_of,
     check_options,
-    expected_attention,
+    expected_attention_stats,
     kvzap,
     qfilter,
     save_fitted,
@@ -156,7 +156,7 @@ def test_the_query_statistics_are_kvpress_collectors(model, contexts):
     """kvpress's own capture (patch_rotary_embedding: the queries before RoPE), then its mean and
     covariance as collect_queries computes them."""
     n_sink = 4
-    tensors, validation = expected_attention.fit(model, None, contexts, {"n_sink": n_sink})
+    tensors, validation = expected_attention_stats.fit(model, None, contexts, {"n_sink": n_sink})
     collected = []
     for ids in contexts:
         with torch.no_grad(), expected_attention_with_stats.patch_rotary_embedding(model) as captured:
@@ -172,9 +172,11 @@ def test_the_query_statistics_are_kvpress_collectors(model, contexts):
 
 
 def write_state(model, contexts, directory, name: str) -> dict:
-    fit = {"qfilter": qfilter.fit, "kvzap": kvzap.fit, "expected_attention_stats": expected_attention.fit}[
-        name
-    ]
+    fit = {
+        "qfilter": qfilter.fit,
+        "kvzap": kvzap.fit,
+        "expected_attention_stats": expected_attention_stats.fit,
+    }[name]
     options = check_options(name, KVZAP_OPTIONS if name == "kvzap" else {})
     tensors, validation = fit(model, Tokenizer(), contexts, options)
     save_fitted(

@@ -5,8 +5,7 @@ import click
 
 from kvbench.cli.learned import device_option, mixture_name, model_option, out_option, replace_option
 from kvbench.cli.types import Whole
-
-FITTED = ("qfilter", "kvzap", "expected_attention_stats")  # kvbench.learned.fitted.METHODS
+from kvbench.learned.fitted import METHODS
 
 
 def options_of(ctx, param, value: tuple[str, ...]) -> dict:
@@ -20,7 +19,7 @@ def options_of(ctx, param, value: tuple[str, ...]) -> dict:
 
 
 @click.command("fit")
-@click.argument("name", type=click.Choice(FITTED))
+@click.argument("name", type=click.Choice(METHODS))
 @out_option("State folder (state.safetensors + card.json), e.g. presses/NAME/MODEL.")
 @replace_option
 @model_option()

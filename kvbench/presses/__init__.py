@@ -416,7 +416,7 @@ SPECS = [
     PressSpec(
         "expected_attention_stats",
         "expected attention: kvpress's press, query statistics fitted by `kvbench fit` (presses/NAME/MODEL/)",
-        scorer("kvbench.learned.fitted.expected_attention:FittedExpectedAttentionStatsPress"),
+        scorer("kvbench.learned.fitted.expected_attention_stats:FittedExpectedAttentionStatsPress"),
         state=LearnedState("weights", "expected_attention_stats", "state.safetensors"),
     ),
     PressSpec(

@@ -2,7 +2,7 @@
 expected attention's query statistics), with that state fitted here for any model, offline, on kvbench's
 generated training text (a training mixture at seeds >= 1000, never evaluation's 0..999).
 
-A fitted press is one module (`qfilter.py`, `kvzap.py`, `expected_attention.py`) holding a `Method`
+A fitted press is one module (`qfilter.py`, `kvzap.py`, `expected_attention_stats.py`) holding a `Method`
 (its `fit(model, tokenizer, contexts, options) -> (tensors, validation)`) and its press: kvpress's class
 with only the loader replaced (`FittedState.post_init_from_model` hands the fitted tensors to the class
 through `install`; the scoring is kvpress's). State is written in the learned presses' one format:
@@ -34,7 +34,7 @@ from kvbench.learned.common import (
 )
 
 STATE_FILE = "state.safetensors"
-METHODS = ("qfilter", "kvzap", "expected_attention_stats")  # press name = method name
+METHODS = ("qfilter", "kvzap", "expected_attention_stats")  # press name = method name = module name
 
 
 @dataclass
@@ -86,10 +86,7 @@ def method(name: str) -> Method:
 
     if name not in METHODS:
         raise BadInput(f"unknown fitted press {name!r}: choose one of {', '.join(METHODS)}")
-    return importlib.import_module(f"kvbench.learned.fitted.{MODULES[name]}").METHOD
-
-
-MODULES = {"qfilter": "qfilter", "kvzap": "kvzap", "expected_attention_stats": "expected_attention"}
+    return importlib.import_module(f"kvbench.learned.fitted.{name}").METHOD
 
 
 def check_options(name: str, options: dict) -> dict:
