@@ -302,3 +302,19 @@ def test_the_shipped_state_on_another_model_is_one_line_exit_2(tiny_llama_dir, t
         assert result.exit_code == 2, (case, result.output)
         assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
         assert not (tmp_path / case / "rows.jsonl").exists()
+
+
+def test_weights_hub_keeps_kvpress_own_download(model, monkeypatch):
+    """`weights=hub`: kvpress's loader runs as it is (here given filters), and an unreachable hub is one
+    line that names the fit command."""
+    from kvbench.bridge import models
+    from kvbench.core.errors import UnknownPress
+
+    filters = torch.randn(2, 2, 16, generator=torch.Generator().manual_seed(9))
+    monkeypatch.setattr(QFilterPress, "load_q_filters", staticmethod(lambda name: filters))
+    ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(10))
+    ours = compressed(model, build_press("qfilter", 0.5, weights="hub"), ids)
+    assert_same_caches(ours, compressed(model, QFilterPress(compression_ratio=0.5), ids))
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(UnknownPress, match="not reachable; fit it instead: kvbench fit qfilter --model tiny"):
+        build_press("qfilter", 0.5, weights="hub").check_for_model("tiny")

@@ -34,6 +34,7 @@ from kvbench.learned.common import (
 )
 
 STATE_FILE = "state.safetensors"
+HUB = "hub"  # `--press-arg weights=hub`: kvpress's own download, where the hub publishes the model's state
 METHODS = ("qfilter", "kvzap", "expected_attention_stats")  # press name = method name = module name
 
 
@@ -138,7 +139,8 @@ def cached_state(directory: Path, name: str, shape: ModelShape, modified_ns: int
 class FittedState:
     """Mixed into a kvpress press class ahead of it: the press reads fitted state from `weights` (a folder;
     default presses/<method>/<model>/) instead of downloading it; `install(tensors, model)` hands the state
-    to the class in the form its own loader would."""
+    to the class in the form its own loader would. `weights="hub"` keeps kvpress's own loader (a
+    download, for the models the hub publishes state for)."""
 
     weights: str | None = None
 
@@ -147,11 +149,23 @@ class FittedState:
     def check_for_model(self, name: str) -> None:
         """Refuse (one line) missing or corrupt state, or state made for another model by name, before the
         model loads; the KV-cache shape and the weights identity are checked once it has."""
+        if self.weights == HUB:
+            from kvbench.bridge.models import hub_reachable
+            from kvbench.core.errors import UnknownPress
+
+            if not hub_reachable():
+                raise UnknownPress(
+                    f"{self.method} with weights=hub downloads its state from the Hugging Face hub, which "
+                    f"is not reachable; fit it instead: {fit_hint(self.method, name)}"
+                )
+            return
         directory, hint = state_folder(self.weights, self.method, name), fit_hint(self.method, name)
         check_made_for(read_card(directory, self.method, hint), name, directory, f"{self.method} state", hint)
         load_weights(directory / STATE_FILE, hint)
 
     def post_init_from_model(self, model) -> None:
+        if self.weights == HUB:
+            return super().post_init_from_model(model)  # ty: ignore[missing-attribute]
         shape = model_shape(model)
         directory, modified = state_version(state_folder(self.weights, self.method, shape.name))
         tensors, _, self.state_digest = cached_state(directory, self.method, shape, modified)
