@@ -318,3 +318,32 @@ def test_weights_hub_keeps_kvpress_own_download(model, monkeypatch):
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(UnknownPress, match="not reachable; fit it instead: kvbench fit qfilter --model tiny"):
         build_press("qfilter", 0.5, weights="hub").check_for_model("tiny")
+
+
+def test_duo_attention_scores_are_kvpress_on_the_fly_calibration(tiny_model, embedded_tokenizer, monkeypatch):
+    """kvpress's own calibration (duo_attention_on_the_fly), its dataset and tokenizer replaced by our texts,
+    gives the head scores the fit gives; kvpress's press then builds its streaming mask from them."""
+    import pandas
+    from kvpress.presses import duo_attention_press
+
+    from kvbench.learned.fitted import duo_attention
+
+    model = tiny_model(
+        vocab_size=len(embedded_tokenizer), max_position_embeddings=4096, initializer_range=0.1
+    )
+    texts = ["The river runs north past the stone hill.", "Three cats and one dog sleep by the east wall."]
+    table = pandas.DataFrame({"chapter": texts})
+    monkeypatch.setattr(
+        duo_attention_press, "load_dataset", lambda *a, **k: type("D", (), {"to_pandas": lambda s: table})()
+    )
+    monkeypatch.setattr(duo_attention_press.AutoTokenizer, "from_pretrained", lambda name: embedded_tokenizer)
+    expected = duo_attention_press.duo_attention_on_the_fly.__wrapped__(model, num_samples=2, q_len=500)
+    contexts = [embedded_tokenizer(text, return_tensors="pt").input_ids for text in texts]
+    tensors, _ = duo_attention.fit(model, embedded_tokenizer, contexts, {"q_len": 500})
+    assert tensors["head_scores"].shape == (model.config.num_hidden_layers, model.config.num_key_value_heads)
+    torch.testing.assert_close(tensors["head_scores"], torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    press = duo_attention.FittedDuoAttentionPress(head_compression_ratio=0.5)
+    press.install(tensors, model)
+    lowest = tensors["head_scores"].flatten().argsort()[:2]
+    assert press.streaming_mask.flatten()[lowest].all() and int(press.streaming_mask.sum()) == 2
+    assert (press.sink_size, press.recent_size) == (128, 256)

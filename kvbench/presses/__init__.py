@@ -421,9 +421,12 @@ SPECS = [
     ),
     PressSpec(
         "duo_attention",
-        "DuoAttention (head patterns downloaded per model)",
-        scorer("DuoAttentionPress", "head_compression_ratio"),
-        ("hub",),
+        "DuoAttention: kvpress's press, head patterns fitted by `kvbench fit duo_attention`",
+        scorer("kvbench.learned.fitted.duo_attention:FittedDuoAttentionPress", "head_compression_ratio"),
+        state=LearnedState("weights", "duo_attention", "state.safetensors"),
+        caveat="its ratio is kvpress's head_compression_ratio, the share of heads made streaming; a "
+        "streaming head keeps its 128 sink and 256 recent tokens, so the entries kept are not the ratio's "
+        "(none removed under 384 tokens)",
     ),
     PressSpec(
         "restorekv",

@@ -35,7 +35,8 @@ from kvbench.learned.common import (
 
 STATE_FILE = "state.safetensors"
 HUB = "hub"  # `--press-arg weights=hub`: kvpress's own download, where the hub publishes the model's state
-METHODS = ("qfilter", "kvzap", "expected_attention_stats")  # press name = method name = module name
+# Each is a press name, the name of its fitting method and of its module here.
+METHODS = ("qfilter", "kvzap", "expected_attention_stats", "duo_attention")
 
 
 @dataclass

@@ -21,7 +21,7 @@ def fit(model, tokenizer, contexts: list, options: dict) -> tuple[dict, dict]:
     n_sink = options["n_sink"]
     total, outer, count = {}, {}, {}
 
-    def add(layer, before, after):
+    def add(layer, before, after, keys):
         queries = before[:, n_sink:]  # (heads, tokens, d)
         total[layer] = total.get(layer, 0) + queries.sum(dim=1)
         outer[layer] = outer.get(layer, 0) + queries.transpose(1, 2) @ queries

@@ -27,7 +27,7 @@ def fit(model, tokenizer, contexts: list, options: dict) -> tuple[dict, dict]:
     gram = torch.zeros(layers, kv_heads, head_dim, head_dim, dtype=torch.float64)
     total = torch.zeros(layers, kv_heads, head_dim, dtype=torch.float64)
 
-    def add(layer, before, after):
+    def add(layer, before, after, keys):
         grouped = after.reshape(kv_heads, -1, head_dim)  # the group's query heads, then tokens
         gram[layer] += grouped.transpose(1, 2) @ grouped
         total[layer] += grouped.sum(dim=1)
