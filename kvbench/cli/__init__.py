@@ -49,7 +49,7 @@ LAZY_COMMANDS = {
     ),
     "fit": (
         "kvbench.cli.fit:fit",
-        "Fit offline, for any model, the state kvpress downloads: qfilter, kvzap, expected_attention_stats.",
+        "Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...",
     ),
     "lm-eval": (
         "kvbench.cli.lm_eval:lm_eval_command",

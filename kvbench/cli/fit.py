@@ -42,7 +42,7 @@ def options_of(ctx, param, value: tuple[str, ...]) -> dict:
     multiple=True,
     callback=options_of,
     help="NAME=VALUE of the method (kvzap: tokens, hidden_dim, epochs, lr, batch_size, alpha, seed; "
-    "expected_attention_stats: n_sink).",
+    "expected_attention_stats: n_sink; duo_attention: q_len).",
 )
 def fit(name, out, replace, model, device, mixture, samples, length, seed, options):
     """Fit NAME's state for --model on a training mixture's contexts and write it to --out, where
