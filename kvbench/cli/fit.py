@@ -45,8 +45,10 @@ def options_of(ctx, param, value: tuple[str, ...]) -> dict:
     "expected_attention_stats: n_sink; duo_attention: q_len).",
 )
 def fit(name, out, replace, model, device, mixture, samples, length, seed, options):
-    """Fit NAME's state for --model on a training mixture's contexts and write it to --out, where
-    `--press NAME --press-arg weights=OUT` (or presses/NAME/MODEL/, the default folder) reads it.
+    """Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...
+
+    NAME's state for --model, fitted on a training mixture's contexts, is written to --out, where `--press
+    NAME --press-arg weights=OUT` (or presses/NAME/MODEL/, the default folder) reads it.
 
     \b
     kvbench fit qfilter --out presses/qfilter/smollm2-135m
