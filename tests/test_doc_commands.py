@@ -17,7 +17,7 @@ user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `
   suite's length) and its first ratio, memory or budget.
 
 A tiny run checks what it wrote, not only its exit code: a run or sweep rows of every press it names, a
-training command its card, datagen its manifest's prompts.
+training or fitting command its card, datagen its manifest's prompts.
 
 The tiny runs that still take tens of seconds at a tiny size (`HEAVY`: MemDecay's lifetimes, perplexity's
 forward per chunk, prefix caching's serving replay, the decode-heavy tasks' 250-token answers, a 2048-token
@@ -74,6 +74,7 @@ TINY = {
     # A replayed --trace runs as it is (the inputs' trace is tiny).
     ("prefix-cache",): {"--requests": "4", "--docs": "3", "--chunk-chars": "60", "--answer-tokens": "0"},
     ("lm-eval",): {"--limit": "1"},
+    ("fit",): {"--samples": "2"},  # with `TINY_MIXTURES`: two 512-token prompts (kvzap holds one out)
 }
 TINY_DATA = {"--tasks": "niah_single_1", "--length": "512", "--samples": "2"}
 # `kvp datagen --mixture NAME` sets its own tasks, lengths and prompts: each mixture shrunk to two prompts
@@ -369,7 +370,7 @@ def check_outputs(words: list[str], out: Path) -> None:
         presses = {name.rpartition(":")[2] if ".py:" in name else name for name in presses}
         written = set(load_rows(out)["press"])
         assert presses <= written and (path == ("run",) or "none" in written), written
-    elif path[-1] == "train":
+    elif path[-1] == "train" or path == ("fit",):
         assert (out / "card.json").is_file()
     elif path == ("kvp", "datagen"):
         assert json.loads((out / "manifest.json").read_text())["shards"]

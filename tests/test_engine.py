@@ -17,6 +17,7 @@ from kvbench.engine import decoder, evaluate_sample, steps
 from kvbench.engine.decoder import BatchedDecoder
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.fitted import METHODS
 from kvbench.learned.gate.checkpoint import save_gates
 from kvbench.learned.gate.gates import GateSet
 from kvbench.learned.kvp.agent import KVPAgents
@@ -105,7 +106,23 @@ def save_random_gates(model, directory) -> str:
     return str(directory)
 
 
-def registry_configs(model, tmp_path) -> list[Config]:
+def save_fitted_state(model, tokenizer, directory, name: str) -> str:
+    """State fitted on two random contexts (kvzap: tiny surrogates, one epoch)."""
+    from kvbench.learned.fitted import FitConfig, card_of, check_options, method, save_fitted
+
+    options = check_options(
+        name, {"hidden_dim": "8", "epochs": "1", "tokens": "8"} if name == "kvzap" else {}
+    )
+    generator = torch.Generator().manual_seed(9)
+    contexts = [torch.randint(0, model.config.vocab_size, (1, 24), generator=generator) for _ in range(2)]
+    tensors, validation = method(name).fit(model, tokenizer, contexts, options)
+    save_fitted(
+        directory, name, tensors, card_of(model, FitConfig(options=options), contexts, 0.0, validation)
+    )
+    return str(directory)
+
+
+def registry_configs(model, tmp_path, tokenizer) -> list[Config]:
     """Every press of the registry that runs offline: shareable ones at several ratios, the others at one."""
     # pyramidkv, chunkkv: per-layer cache lengths, which kvpress's pipeline decodes only with flash attention;
     # test_per_layer_cache_lengths_decode_in_the_same_batch checks them against a stepwise reference.
@@ -122,6 +139,8 @@ def registry_configs(model, tmp_path) -> list[Config]:
             args = (("weights", save_random_distillcache_policy(model, tmp_path / "distillcache")),)
         if name == "gate":
             args = (("weights", save_random_gates(model, tmp_path / "gate")),)
+        if name in METHODS:
+            args = (("weights", save_fitted_state(model, tokenizer, tmp_path / name, name)),)
         shareable = adapter.is_shareable(config_press(Config(name, 0.5, args)))
         # Codecs store every entry in fewer bits: the highest ratios ask for less memory than 2 bits take.
         ratios = RATIOS if shareable else (0.5,)
@@ -175,7 +194,7 @@ def test_every_registry_press_answers_as_the_kvpress_pipeline(
 ):
     model = peaked_model(architecture)
     sample = word_soup_sample(260)
-    configs = registry_configs(model, tmp_path)
+    configs = registry_configs(model, tmp_path, tokenizer)
     shared = {c.press for c in configs if adapter.is_shareable(config_press(c))}
     assert MUST_SHARE <= shared
 

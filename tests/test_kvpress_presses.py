@@ -50,10 +50,11 @@ BASE_CLASSES = {"BasePress", "ScorerPress"}
 
 
 def kvpress_class(spec) -> str | None:
-    """The kvpress press a registry entry builds: its class, or for a class of ours, the kvpress press it
-    derives from directly (CAMRatioPress: CAMPress), never kvpress's base classes."""
+    """The kvpress press a registry entry builds: its class, or for a class of ours, the first kvpress press
+    it derives from (CAMRatioPress: CAMPress; a fitted press: the class whose loader it replaces), never
+    kvpress's base classes."""
     cls = press_class(spec.factory.press_path)
-    for candidate in (cls, cls.__bases__[0]):
+    for candidate in cls.__mro__:
         if candidate.__module__.startswith("kvpress.") and candidate.__name__ not in BASE_CLASSES:
             return candidate.__name__
     return None

@@ -37,7 +37,7 @@ from kvpress import (
     SnapKVPress,
     TOVAPress,
 )
-from kvpress.utils import compute_n_kept, get_prerope_query_states
+from kvpress.utils import compute_n_kept, get_prerope_key_states, get_prerope_query_states
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, create_causal_mask, sdpa_mask
@@ -246,6 +246,23 @@ def attention_inputs(model):
 
     with attention_hooks(model, hook, pre=True, rotary=True):
         yield inputs
+
+
+@contextlib.contextmanager
+def query_states(model, consume):
+    """For the block's forwards, `consume(layer index, before, after, keys)` with each attention layer's
+    queries as the layer computes them, before and after RoPE, each (query heads, tokens, head_dim), and its
+    keys before RoPE (KV heads, tokens, head_dim), in float64 on the CPU."""
+
+    def hook(module, args, kwargs):
+        cos, sin = kwargs["position_embeddings"]
+        before = get_prerope_query_states(module, kwargs["hidden_states"])
+        after = before * cos.unsqueeze(1) + rotate_half(before) * sin.unsqueeze(1)
+        keys = get_prerope_key_states(module, kwargs["hidden_states"])
+        consume(module.layer_idx, before[0].double().cpu(), after[0].double().cpu(), keys[0].double().cpu())
+
+    with attention_hooks(model, hook, pre=True):
+        yield
 
 
 def compress_entry(press: BasePress, module, inputs: tuple, position: int, keys, values, attentions: bool):

@@ -47,6 +47,10 @@ LAZY_COMMANDS = {
         "kvbench.cli.gate:gate",
         "Learned sigmoid gates per (layer, KV head): trained soft on the frozen model, evicting hard.",
     ),
+    "fit": (
+        "kvbench.cli.fit:fit",
+        "Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...",
+    ),
     "lm-eval": (
         "kvbench.cli.lm_eval:lm_eval_command",
         "Run lm-eval tasks with every request answered under a press.",

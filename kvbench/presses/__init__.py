@@ -407,20 +407,36 @@ SPECS = [
         codec("kvbench.presses.qevict:QEvictPress"),
         codec=True,
     ),
-    PressSpec("qfilter", "Q-Filters (filters downloaded per model)", scorer("QFilterPress"), ("hub",)),
-    PressSpec("kvzap", "KVzap (scorer weights downloaded per model)", scorer("KVzapPress"), ("hub",)),
+    PressSpec(
+        "qfilter",
+        "Q-Filters: kvpress's press, filters fitted by `kvbench fit qfilter` (presses/qfilter/<model>/)",
+        scorer("kvbench.learned.fitted.qfilter:FittedQFilterPress"),
+        state=LearnedState("weights", "qfilter", "state.safetensors"),
+    ),
+    PressSpec(
+        "kvzap",
+        "KVzap: kvpress's press, surrogates fitted by `kvbench fit kvzap` (presses/kvzap/<model>/)",
+        scorer("kvbench.learned.fitted.kvzap:FittedKVzapPress"),
+        state=LearnedState("weights", "kvzap", "state.safetensors"),
+        prefill_only=True,
+        caveat="kvpress's KVzapPress scores only the forward's new tokens (from their hidden states): it "
+        "compresses a prefill, not a cache again (kvpress pairs it with DMSPress to compress while decoding)",
+    ),
     PressSpec("fastkvzip", "Fast KVzip (gates downloaded per model)", scorer("FastKVzipPress"), ("hub",)),
     PressSpec(
         "expected_attention_stats",
-        "expected attention with statistics from a hub dataset",
-        scorer("ExpectedAttentionStatsPress"),
-        ("hub",),
+        "expected attention: kvpress's press, query statistics fitted by `kvbench fit` (presses/NAME/MODEL/)",
+        scorer("kvbench.learned.fitted.expected_attention_stats:FittedExpectedAttentionStatsPress"),
+        state=LearnedState("weights", "expected_attention_stats", "state.safetensors"),
     ),
     PressSpec(
         "duo_attention",
-        "DuoAttention (head patterns downloaded per model)",
-        scorer("DuoAttentionPress", "head_compression_ratio"),
-        ("hub",),
+        "DuoAttention: kvpress's press, head patterns fitted by `kvbench fit duo_attention`",
+        scorer("kvbench.learned.fitted.duo_attention:FittedDuoAttentionPress", "head_compression_ratio"),
+        state=LearnedState("weights", "duo_attention", "state.safetensors"),
+        caveat="its ratio is kvpress's head_compression_ratio, the share of heads made streaming; a "
+        "streaming head keeps its 128 sink and 256 recent tokens, so the entries kept are not the ratio's "
+        "(none removed under 384 tokens)",
     ),
     PressSpec(
         "restorekv",

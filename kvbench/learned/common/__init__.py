@@ -104,17 +104,18 @@ def train_command_hint(method: str, name: str, press_arg: str) -> str:
 
 
 def save_learned_state(directory: Path, weights_file: str, module, card: dict, metadata: dict | None = None):
-    """The one checkpoint format of the learned presses: `weights_file` (safetensors of the module's state)
-    and card.json. Both are written whole into a folder beside `directory` first, then that folder becomes
-    `directory` (or, where it exists, its files are moved in, weights first, so a card never names weights
-    that are not there). A write that fails (a full disk, a file size limit) leaves `directory` as it was,
-    no empty folder and no half a file, and is one line (WriteError)."""
+    """The one checkpoint format of the learned presses: `weights_file` (safetensors of the module's state,
+    or of a dict of tensors) and card.json. Both are written whole into a folder beside `directory` first,
+    then that folder becomes `directory` (or, where it exists, its files are moved in, weights first, so a
+    card never names weights that are not there). A write that fails (a full disk, a file size limit)
+    leaves `directory` as it was, no empty folder and no half a file, and is one line (WriteError)."""
     import shutil
 
     from safetensors.torch import save
 
     directory = Path(directory)
-    state = {name: tensor.detach().cpu().contiguous() for name, tensor in module.state_dict().items()}
+    tensors = module if isinstance(module, dict) else module.state_dict()
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
     data = save(state, metadata=metadata)  # bytes: written by Python, a failed write is an OSError
     tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
     try:

@@ -1,0 +1,79 @@
+"""`kvbench fit NAME`: fit, for any model and offline, the state of a kvpress press that kvpress can only
+download from a hub (kvbench.learned.fitted), on a training mixture's contexts."""
+
+import click
+
+from kvbench.cli.learned import device_option, mixture_name, model_option, out_option, replace_option
+from kvbench.cli.types import Whole
+from kvbench.learned.fitted import METHODS
+
+
+def options_of(ctx, param, value: tuple[str, ...]) -> dict:
+    pairs = {}
+    for item in value:
+        key, sep, setting = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE")
+        pairs[key.strip()] = setting.strip()
+    return pairs
+
+
+@click.command("fit")
+@click.argument("name", type=click.Choice(METHODS))
+@out_option("State folder (state.safetensors + card.json), e.g. presses/NAME/MODEL.")
+@replace_option
+@model_option()
+@device_option
+@click.option(
+    "--mixture", default="broad", show_default=True, callback=mixture_name, help="Training mixture."
+)
+@click.option("--samples", default=1, show_default=True, type=Whole(1), help="Prompts of each mixture part.")
+@click.option("--length", type=Whole(1), help="Every part at this many tokens [default: each part's own].")
+@click.option(
+    "--seed",
+    default=10_000,
+    show_default=True,
+    type=Whole(1000),
+    help="Sample seed; evaluation uses 0..999, so fitting starts at 1000.",
+)
+@click.option(
+    "--option",
+    "options",
+    multiple=True,
+    callback=options_of,
+    help="NAME=VALUE of the method (kvzap: tokens, hidden_dim, epochs, lr, batch_size, alpha, seed; "
+    "expected_attention_stats: n_sink; duo_attention: q_len).",
+)
+def fit(name, out, replace, model, device, mixture, samples, length, seed, options):
+    """Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...
+
+    NAME's state for --model, fitted on a training mixture's contexts, is written to --out, where `--press
+    NAME --press-arg weights=OUT` (or presses/NAME/MODEL/, the default folder) reads it.
+
+    \b
+    kvbench fit qfilter --out presses/qfilter/smollm2-135m
+    kvbench fit kvzap --option hidden_dim=64 --out presses/kvzap/smollm2-135m
+    """
+    import time
+
+    from kvbench.bridge.models import check_device, load_model, load_tokenizer, resolve
+    from kvbench.core.provenance import command_line
+    from kvbench.learned.common import check_training_out
+    from kvbench.learned.fitted import FitConfig, card_of, check_options, check_prompts, method, save_fitted
+    from kvbench.learned.fitted.data import mixture_contexts
+    from kvbench.store.results import check_folder_writable
+
+    config = FitConfig(mixture, samples, length, seed, check_options(name, options))
+    check_training_out(out, replace)
+    check_folder_writable(out, "--out folder")
+    check_device(device)
+    resolve(model)
+    tokenizer = load_tokenizer(model)
+    contexts = mixture_contexts(tokenizer, mixture, samples, seed, length)
+    check_prompts(name, len(contexts))
+    llm, _ = load_model(model, device=device)
+    started = time.perf_counter()
+    tensors, validation = method(name).fit(llm, tokenizer, contexts, config.options)
+    card = card_of(llm, config, contexts, time.perf_counter() - started, validation)
+    card = save_fitted(out, name, tensors, {**card, "command": command_line()})
+    click.echo(f"wrote {out}: {len(contexts)} prompts, {card['seconds']} s, validation {validation}")
