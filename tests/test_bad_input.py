@@ -527,6 +527,15 @@ CASES = [
     ([*TRAIN, "--data", "{tmp}/empty", "--layers", "a,b"], 2, "expected comma-separated integers, got 'a,b'"),
     ([*TRAIN, "--data", "{tmp}/empty", "--steps", "0"], 2, "--steps"),
     ([*TRAIN, "--data", "{tmp}/empty", "--arch", "wide"], 2, "'wide' is not one of 'compact', 'apple'"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--rankings", "1"], 2, "--rankings 1 leaves no other ranking"),
+    (
+        [*TRAIN, "--data", "{tmp}/empty", "--recipe", "authors", "--prompts", "1"],
+        2,
+        "--baseline batch needs two rankings a step or more",
+    ),
+    ([*TRAIN, "--data", "{tmp}/empty", "--position-rows", "64"], 2, "it needs --arch apple"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--recipe", "paper"], 2, "'paper' is not one of 'kvbench', 'authors'"),
+    ([*TRAIN, "--data", "{tmp}/empty", "--tokens", "1"], 2, "--tokens"),
     (["kvp", "report", "{tmp}/empty"], 2, "no KVP agents at {tmp}/empty (missing card.json)"),
     (
         ["kvp", "report", "{tmp}/empty", "--utility", "reconstruction"],
