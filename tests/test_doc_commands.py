@@ -150,6 +150,8 @@ INPUTS = [
     " --out data/ruler",
     "kvp datagen --tasks niah_single_1 --length 512 --samples 2 --val-fraction 0.5 --gen-tokens 4"
     " --reconstruction --out data/recon-ruler",
+    "kvp datagen --tasks niah_single_1 --length 512 --samples 2 --val-fraction 0.5 --gen-tokens 4"
+    " --target authors --out data/authors",
     "kvp train --data data/ruler --steps 2 --eval-every 1 --tokens 32 --rankings 2 --out agents/mine",
     "kvp train --data data/ruler --steps 2 --eval-every 1 --tokens 32 --rankings 2 --arch apple"
     " --out agents/apple",
@@ -165,6 +167,7 @@ ALIASES = {
     "agents/ruler-mixed": "agents/mine",
     "agents/ruler-reconstruction": "agents/mine",
     "agents/ruler-apple": "agents/apple",
+    "agents/authors": "agents/apple",
     "data/text": "data/ruler",
     "data/dc-ruler5": "data/ruler",
 }
