@@ -6,7 +6,8 @@ repository's committed folders (results/, presses/, agents/) and what the docs' 
 user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `kvp train` at tiny sizes,
 `my_press.py`, `mine.jsonl`, a suite YAML, a folder of kvpress results). How each runs:
 
-- `held`: a sweep, run or speed whose --out is a committed results folder runs on a copy of that folder
+- `held`: a sweep, run or speed whose --out is a committed results folder (and whose learned state, a
+  press argument naming agents/, presses/ or data/, is committed too) runs on a copy of that folder
   with model loading refused: every row must already be there (the committed rows are what the command
   writes) and the folder stays byte for byte as it was.
 - `report`: a report, listing, export or import runs as written; where its --out is a committed report,
@@ -152,6 +153,8 @@ INPUTS = [
     " --out data/ruler",
     "kvp datagen --tasks niah_single_1 --length 512 --samples 2 --val-fraction 0.5 --gen-tokens 4"
     " --reconstruction --out data/recon-ruler",
+    "kvp datagen --tasks niah_single_1 --length 512 --samples 2 --val-fraction 0.5 --gen-tokens 4"
+    " --target authors --out data/authors",
     "kvp train --data data/ruler --steps 2 --eval-every 1 --tokens 32 --rankings 2 --out agents/mine",
     "kvp train --data data/ruler --steps 2 --eval-every 1 --tokens 32 --rankings 2 --arch apple"
     " --out agents/apple",
@@ -167,6 +170,11 @@ ALIASES = {
     "agents/ruler-mixed": "agents/mine",
     "agents/ruler-reconstruction": "agents/mine",
     "agents/ruler-apple": "agents/apple",
+    "agents/authors": "agents/apple",
+    "data/recipes-kvbench": "data/recon-ruler",
+    "data/recipes-authors": "data/authors",
+    "data/agents-kvbench": "agents/mine",
+    "data/agents-authors": "agents/apple",
     "data/text": "data/ruler",
     "data/dc-ruler5": "data/ruler",
 }
@@ -238,7 +246,7 @@ def mode_of(words: list[str]) -> str:
         ("compare-models",),
     ):
         return "report"
-    learned = re.findall(r"(?:^|=)((?:agents|presses)/[\w.-]+)", " ".join(words))
+    learned = re.findall(r"(?:^|=)((?:agents|presses|data)/[\w.-]+)", " ".join(words))
     out = out_of(words)
     held = path in HELD_COMMANDS and out is not None and out.startswith("results/") and is_committed(out)
     return "held" if held and all(is_committed(state) for state in learned) else "tiny"

@@ -2,9 +2,10 @@ import contextlib
 
 import pytest
 import torch
-from kvpress import AdaKVPress
+from kvpress import AdaKVPress, DecodingPress
 from transformers import DynamicCache
 
+from kvbench.bridge.adapter import attention_hooks
 from kvbench.learned.kvp.agent import KVPAgents
 from kvbench.learned.kvp.checkpoint import KVPAgentsError, model_shape, save_agents
 from kvbench.learned.kvp.press import KVPPress
@@ -38,7 +39,8 @@ def test_press_keeps_exactly_the_top_scored_entries_of_each_head(tmp_path, tiny_
     for layer in range(2):
         keys, values = full.layers[layer].keys, full.layers[layer].values
         scores = agents(keys, values, heads=slice(2 * layer, 2 * layer + 2))
-        top = scores.topk(n_kept, dim=-1).indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+        top = scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values  # kept in cache order
+        top = top.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
         assert compressed.layers[layer].keys.shape == (1, 2, n_kept, 16)
         torch.testing.assert_close(compressed.layers[layer].keys, keys.gather(2, top))
         torch.testing.assert_close(compressed.layers[layer].values, values.gather(2, top))
@@ -60,7 +62,7 @@ def test_a_recent_window_keeps_the_last_tokens_and_the_agents_top_picks_before_t
             kept = compressed.layers[layer].keys[0, head]
             positions = (kept[:, None] == keys[0, head][None]).all(-1).nonzero()[:, 1]
             assert sorted(positions.tolist()) == sorted(picked) + list(range(40 - window, 40))
-    # Without it, the press is the paper's: some of the last tokens go.
+    # Without it (kvbench's default), some of the last tokens go.
     plain = prefill(model, input_ids, KVPPress(compression_ratio=0.5, agents=str(tmp_path)))
     assert not torch.equal(plain.layers[0].keys, compressed.layers[0].keys)
 
@@ -123,3 +125,93 @@ def test_press_state_is_the_digest_of_the_agents_weights(tmp_path, tiny_model):
     # A wrapper carries the state of the press it wraps; a press without learned state has none.
     assert press_state(AdaKVPress(press)) == digests[2]
     assert press_state(AdaKVPress(build_press("knorm", 0.5))) is None and press_state(None) is None
+
+
+def kept_positions(full: DynamicCache, compressed: DynamicCache, layer: int, head: int) -> list[int]:
+    """The positions of the prefill's entries a compressed cache holds, found by matching keys."""
+    kept, keys = compressed.layers[layer].keys[0, head], full.layers[layer].keys[0, head]
+    return sorted((kept[:, None] == keys[None]).all(-1).nonzero()[:, 1].tolist())
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.5, 0.6])
+def test_sinks_and_window_are_kept_in_every_head_at_every_budget(tmp_path, tiny_model, ratio):
+    """The authors' press (sinks=4, window=16): the first 4 and the last 16 tokens in every head, the rest
+    of the budget the agents' top picks among the others."""
+    model = tiny_model()
+    agents = random_agents(model, tmp_path)
+    length = 50
+    input_ids = torch.randint(0, 128, (1, length))
+    full = prefill(model, input_ids)
+    press = KVPPress(compression_ratio=ratio, agents=str(tmp_path), sinks=4, window=16)
+    compressed = prefill(model, input_ids, press)
+    n_kept = int(length * (1 - ratio))
+    forced = list(range(4)) + list(range(length - 16, length))
+    for layer in range(2):
+        layer_cache = full.layers[layer]
+        scores = agents(layer_cache.keys, layer_cache.values, heads=slice(2 * layer, 2 * layer + 2))
+        for head in range(2):
+            rest = scores[0, head, 4 : length - 16].topk(n_kept - 20).indices + 4
+            assert kept_positions(full, compressed, layer, head) == sorted(forced + rest.tolist())
+
+
+def test_a_budget_below_sinks_and_window_keeps_the_sinks_then_the_latest(tmp_path, tiny_model):
+    model = tiny_model()
+    random_agents(model, tmp_path)
+    input_ids = torch.randint(0, 128, (1, 40))
+    full = prefill(model, input_ids)
+    compressed = prefill(model, input_ids, KVPPress(0.75, agents=str(tmp_path), sinks=4, window=16))
+    for layer in range(2):
+        for head in range(2):  # 10 entries: the 4 sinks, then the 6 latest tokens
+            assert kept_positions(full, compressed, layer, head) == [0, 1, 2, 3, *range(34, 40)]
+
+
+@pytest.mark.parametrize("option", [{"sinks": -1}, {"window": 2.5}, {"sinks": True}])
+def test_sinks_and_window_must_be_whole_numbers(option):
+    with pytest.raises(ValueError, match="must be a whole number of entries"):
+        KVPPress(compression_ratio=0.5, **option)
+
+
+class PositionProbe(torch.nn.Module):
+    """Agents whose score of an entry is its position: what the press feeds them, made visible."""
+
+    def forward(self, keys, values, heads=slice(None), positions=None, lengths=None):
+        batch, h, length, _ = keys.shape
+        if positions is None:
+            positions = torch.arange(length).expand(batch, length)
+        if positions.dim() == 2:
+            positions = positions[:, None].expand(batch, h, length)
+        return positions.float()
+
+
+def test_a_decode_time_compression_scores_each_entry_at_its_true_position(tmp_path, tiny_model):
+    """A second compression after tokens were fed on a compressed cache: each entry must reach the agents at
+    its position in the text, not at its index in the shrunk cache."""
+    model = tiny_model()
+    random_agents(model, tmp_path)
+    press = KVPPress(compression_ratio=0.5, agents=str(tmp_path))
+    input_ids = torch.randint(0, 128, (1, 40))
+    cache = prefill(model, input_ids, press)  # keeps 20 of 40 per head
+    full = prefill(model, input_ids)
+    kept_before = torch.tensor([[kept_positions(full, cache, 0, head) for head in range(2)]])
+    press.loaded = PositionProbe()  # ty: ignore[invalid-assignment] (a stand-in for the agents)
+    seen = []
+    score = press.score
+
+    def recording_score(module, hidden_states, keys, values, attentions, kwargs):
+        scores = score(module, hidden_states, keys, values, attentions, kwargs)
+        seen.append((module.layer_idx, scores))
+        return scores
+
+    press.score = recording_score
+    decoding = DecodingPress(base_press=press, compression_interval=4, target_size=12)
+    # kvpress's decoding hook as the engine runs it: on the press as the prefill left it.
+    with torch.no_grad(), attention_hooks(model, decoding.forward_hook):
+        for step in range(4):  # tokens at positions 40..43, fed on the 20 kept entries
+            position = torch.tensor([[40 + step]])
+            model.model(input_ids=torch.randint(0, 128, (1, 1)), past_key_values=cache, position_ids=position)
+    layer, positions = seen[0]
+    assert layer == 0 and positions.shape == (1, 2, 24)
+    expected = torch.cat([kept_before, torch.arange(40, 44).expand(1, 2, 4)], dim=2).float()
+    torch.testing.assert_close(positions, expected)
+    # The positions of the entries it kept go on: the 12 highest of each head.
+    assert torch.equal(press.kept_positions[0].float(), expected.topk(12).values.sort().values)

@@ -9,13 +9,18 @@ from safetensors.torch import save_file
 from kvbench.learned.common import MANIFEST_FILE, TrainingFileError
 from kvbench.learned.kvp.agent import AppleAgents, KVPAgents, position_features
 from kvbench.learned.kvp.checkpoint import ModelShape, load_agents
+from kvbench.learned.kvp.config import AUTHORS
 from kvbench.learned.kvp.train import (
     KVPData,
     TrainConfig,
+    advantages,
+    clip_grad_norm_per_head,
     feature_statistics,
+    ranking_rewards,
     select_heads,
     token_batch,
     train,
+    update_ema,
     validation_cost_on,
 )
 
@@ -262,3 +267,72 @@ def test_agents_are_scored_again_on_another_stores_validation_prompts(tmp_path):
     (other / MANIFEST_FILE).write_text(json.dumps({**manifest, "model": {**SHAPE, "name": "another"}}))
     with pytest.raises(TrainingFileError, match="made for"):
         validation_cost_on(agents, card, other)
+
+
+def test_the_batch_baseline_is_the_mean_of_the_other_prompts_rankings():
+    reward = torch.tensor([1.0, 2.0, 6.0]).view(3, 1, 1)  # 3 prompts, 1 head, one ranking each
+    batch = advantages(reward, TrainConfig(baseline="batch", rankings=1))
+    torch.testing.assert_close(batch.flatten(), torch.tensor([1 - 4.0, 2 - 3.5, 6 - 1.5]))
+    # The per-prompt baseline compares a prompt's rankings among themselves only.
+    two = torch.tensor([[1.0, 3.0], [10.0, 30.0]]).view(2, 1, 2)
+    torch.testing.assert_close(advantages(two, TrainConfig()).flatten(), torch.tensor([-2.0, 2, -20, 20]))
+
+
+def test_advantages_are_z_scored_over_the_batch_of_each_head_then_clipped():
+    generator = torch.Generator().manual_seed(0)
+    reward = torch.randn(64, 2, 1, generator=generator) * torch.tensor([1.0, 50.0]).view(1, 2, 1)
+    scored = advantages(reward, TrainConfig(baseline="batch", rankings=1, normalise_advantages=True))
+    torch.testing.assert_close(scored.mean(dim=(0, 2)), torch.zeros(2), atol=1e-5, rtol=0)
+    torch.testing.assert_close(scored.std(dim=(0, 2)), torch.ones(2))
+    clipped = advantages(reward, replace(AUTHORS, prompts=64))
+    assert clipped.abs().max() <= 2 and clipped.abs().max() == 2
+    inside = scored.abs() < 2
+    torch.testing.assert_close(clipped[inside], scored[inside])
+
+
+def test_rewards_are_clamped_at_the_floor():
+    utility = torch.zeros(1, 1, 300)
+    utility[..., 0] = 1  # one token matters: ranking it last costs 300 times the oracle
+    worst = torch.arange(299, -1, -1).view(1, 1, 1, 300)
+    assert ranking_rewards(utility, worst, TrainConfig()).item() == pytest.approx(-300)
+    assert ranking_rewards(utility, worst, AUTHORS).item() == -200
+
+
+def test_the_gradient_clip_bounds_each_heads_norm_alone():
+    agents = KVPAgents(2, 8, hidden=4)
+    for weight in agents.parameters():
+        weight.grad = torch.ones_like(weight)
+        weight.grad[1] *= 1e-3  # head 1: a small gradient, left as it is
+    before = [weight.grad.clone() for weight in agents.parameters()]
+    norms = clip_grad_norm_per_head(agents, 5.0)
+    after = torch.stack([w.grad.flatten(1).square().sum(1) for w in agents.parameters()]).sum(0).sqrt()
+    assert norms[0] > 5 and after[0] == pytest.approx(5.0) and after[1] == pytest.approx(norms[1].item())
+    for weight, old in zip(agents.parameters(), before, strict=True):
+        torch.testing.assert_close(weight.grad[1], old[1])
+
+
+def test_a_tiny_authors_recipe_trains_and_its_card_records_every_setting(tmp_path):
+    (tmp_path / "data").mkdir()
+    write_synthetic_data(tmp_path / "data", train=12, val=3)
+    config = replace(AUTHORS, steps=6, prompts=4, eval_every=3, hidden=8, position_rows=80)
+    card = train(tmp_path / "data", tmp_path / "agents", config, log=lambda line: None)
+    recorded = {key: value for key, value in card["training"].items() if key != "seconds"}
+    assert recorded == vars(config)
+    agents, _ = load_agents(tmp_path / "agents")
+    assert isinstance(agents, AppleAgents) and agents.positions == 80
+    # Raw inputs: no statistics folded into the first layers.
+    assert torch.equal(agents.key_mean, torch.zeros_like(agents.key_mean))
+    assert torch.equal(agents.value_std, torch.ones_like(agents.value_std))
+
+
+def test_the_ema_copies_the_weights_during_its_burn_in_then_averages():
+    config = TrainConfig(ema=0.9, ema_burnin=2)
+    ema, agents = KVPAgents(1, 4, hidden=2), KVPAgents(1, 4, hidden=2)
+    with torch.no_grad():
+        agents.w3.fill_(1.0)
+    update_ema(ema, agents, 1, config)  # the burn-in's last step
+    assert torch.equal(ema.w3, agents.w3)
+    with torch.no_grad():
+        agents.w3.fill_(2.0)
+    update_ema(ema, agents, 2, config)
+    torch.testing.assert_close(ema.w3, torch.full_like(ema.w3, 0.9 * 1 + 0.1 * 2))

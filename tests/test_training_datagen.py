@@ -6,14 +6,21 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from transformers import DynamicCache
 
-from kvbench.bridge.models import load_model
+from kvbench.bridge.models import load_model, load_tokenizer
 from kvbench.cli import main
 from kvbench.learned.common import MANIFEST_FILE, datagen
 from kvbench.learned.common.config import DatagenConfig
-from kvbench.learned.common.datagen import capture_prompt, plan_shards, reconstruction_prompt_ids
+from kvbench.learned.common.datagen import (
+    capture_prompt,
+    capture_whole_prompt,
+    plan_shards,
+    reconstruction_prompt_ids,
+)
 from kvbench.learned.kvp.checkpoint import load_agents, load_card
 from kvbench.learned.kvp.press import KVPPress
+from kvbench.tasks import load_samples
 from kvbench.tasks.mixture import MIXTURES, Part
+from kvbench.tasks.prompt import tokenize_sample
 
 
 def test_the_capture_is_one_teacher_forced_eager_pass_over_the_whole_prompt(tiny_model):
@@ -42,6 +49,29 @@ def test_the_capture_is_one_teacher_forced_eager_pass_over_the_whole_prompt(tiny
     log_probs = output.logits[0, 42:].log_softmax(-1)  # at the question's last token and after
     torch.testing.assert_close(captured["log_probs"].float(), log_probs, atol=2e-3, rtol=1e-3)
     assert captured["log_probs"].argmax(-1)[:-1].tolist() == continuation  # greedy
+
+
+def test_the_authors_target_ranks_the_whole_prompt_by_the_generated_queries_alone(tiny_model):
+    """--target authors against one eager pass over prompt + generation: every prompt token is ranked (the
+    question's too), and its utility is the sum over the generated tokens' queries (none of the prompt's)
+    of the group's most attention; the generation stops at a stop token, which it keeps."""
+    model = tiny_model(vocab_size=97, eos_token_id=1)
+    prompt = list(range(3, 43)) + [50, 51, 52]
+    captured = capture_whole_prompt(model, prompt, gen_tokens=6)
+    generated = captured["continuation_ids"].tolist()
+    assert len(generated) == 6 and captured["keys"].shape == (2, 2, 43, 16)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        output = model(torch.tensor([prompt + generated]), output_attentions=True)
+    assert output.logits[0, 42:-1].argmax(-1).tolist() == generated  # greedy
+    for layer, attention in enumerate(output.attentions):
+        future = attention[0, :, 43:, :43].reshape(2, 2, -1, 43)  # (kv heads, group, generated, P)
+        torch.testing.assert_close(captured["utility"][layer], future.amax(dim=1).sum(dim=1))
+    # A stop token ends the generation after it is fed: its query is the future's last.
+    model.generation_config.eos_token_id = generated[2]
+    stopped = capture_whole_prompt(model, prompt, gen_tokens=6)
+    assert stopped["continuation_ids"].tolist() == generated[: generated.index(generated[2]) + 1]
+    model.set_attn_implementation("sdpa")
 
 
 def test_the_reconstruction_score_is_kvzips_max_attention_of_one_eager_pass_repeating_the_context(tiny_model):
@@ -207,3 +237,51 @@ def test_a_task_whose_samples_ignore_the_seed_is_refused(monkeypatch, embedded_t
 def test_a_mixture_with_a_part_twice_is_refused():
     with pytest.raises(ValueError, match="task 'vt' at length 1024 twice"):
         DatagenConfig([Part("vt", 1024, 2), Part("cwe", 1024, 2), Part("vt", 1024, 3)])
+
+
+@pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
+def test_the_authors_recipe_end_to_end_datagen_then_train(tmp_path, tiny_model_dir):
+    """`datagen --target authors` ranks whole prompts (context + question) and stores a KVP-only store that
+    DistillCache refuses; `train --recipe authors` trains the apple agent with its settings on the card."""
+    runner = CliRunner()
+    data, agents = tmp_path / "data", tmp_path / "agents"
+    datagen = ["kvp", "datagen", "--model", tiny_model_dir, "--out", str(data), "--tasks", "niah_single_1"]
+    datagen += ["--length", "512", "--samples", "3", "--gen-tokens", "3", "--val-fraction", "0.34"]
+    result = runner.invoke(main, [*datagen, "--target", "authors"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((data / MANIFEST_FILE).read_text())
+    assert manifest["method"] == "kvp" and manifest["config"]["target"] == "authors"
+    shard = manifest["shards"][0]
+    sample = load_samples(
+        "niah_single_1", length=512, samples=1, seed=10000, tokenizer=load_tokenizer(tiny_model_dir)
+    )
+    prompt = tokenize_sample(load_tokenizer(tiny_model_dir), sample[0])
+    assert shard["prompt_tokens"] == prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
+    result = runner.invoke(main, [*datagen, "--target", "authors", "--reconstruction"])
+    assert (
+        result.exit_code == 2 and "--reconstruction scores the context of --target kvbench" in result.output
+    )
+    train = [
+        "distillcache",
+        "train",
+        "--model",
+        tiny_model_dir,
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "p"),
+    ]
+    result = runner.invoke(main, train)
+    assert result.exit_code == 2 and "lacks what distillcache trains on" in result.output
+
+    train = ["kvp", "train", "--data", str(data), "--out", str(agents), "--recipe", "authors"]
+    result = runner.invoke(
+        main, [*train, "--steps", "4", "--prompts", "2", "--eval-every", "2", "--hidden", "8"]
+    )
+    assert result.exit_code == 0, result.output
+    recipe = load_card(agents)["training"]
+    assert recipe["recipe"] == "authors" and recipe["arch"] == "apple" and recipe["position_rows"] == 6000
+    assert (recipe["baseline"], recipe["rankings"], recipe["tokens"]) == ("batch", 1, None)
+    assert (recipe["grad_clip"], recipe["advantage_clip"], recipe["reward_floor"]) == (5.0, 2.0, -200.0)
+    assert (recipe["lr"], recipe["weight_decay"], recipe["ema_burnin"]) == (5e-5, 1e-3, 100)
+    assert recipe["standardise"] is False and recipe["loss_per_step"] and recipe["normalise_advantages"]

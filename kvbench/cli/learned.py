@@ -7,6 +7,7 @@ import click
 
 from kvbench.bridge.models import EMBEDDED
 from kvbench.cli.types import Folder, Number, Whole
+from kvbench.learned.common.config import DEFAULT_GEN_TOKENS, TARGETS
 from kvbench.tasks.mixture import MIXTURES, RULER_TRAINING_TASKS
 
 DEFAULT_LENGTH, DEFAULT_SAMPLES = 1024, 12  # with RULER_TRAINING_TASKS: the "ruler" mixture
@@ -119,11 +120,19 @@ def mixture_name(ctx, param, value: str | None) -> str | None:
 )
 @click.option(
     "--gen-tokens",
-    default=32,
-    show_default=True,
     type=Whole(1),
     help="Greedy continuation: its attention defines KVP's utility, its next-token distributions "
-    "DistillCache's reward (capped by the task's answer length).",
+    "DistillCache's reward (--target kvbench: capped by the task's answer length). [default: kvbench 32, "
+    "authors 300]",
+)
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    default="kvbench",
+    show_default=True,
+    help="kvbench: rank the context, its future the question and the answer (a store for both learned "
+    "presses); authors: rank the whole prompt (context, question, template, answer prefix), its future the "
+    "greedy generation alone, to a stop token or --gen-tokens (KVP's authors' data; KVP only).",
 )
 @click.option(
     "--val-fraction",
@@ -139,7 +148,19 @@ def mixture_name(ctx, param, value: str | None) -> str | None:
     "kvp train --utility reconstruction`; one more eager pass over the context a prompt.",
 )
 def datagen(
-    out, model, device, dtype, mixture, tasks, length, samples, seed, gen_tokens, val_fraction, reconstruction
+    out,
+    model,
+    device,
+    dtype,
+    mixture,
+    tasks,
+    length,
+    samples,
+    seed,
+    gen_tokens,
+    target,
+    val_fraction,
+    reconstruction,
 ):
     """Store what every learned press trains on: keys, values, KVP's utility, DistillCache's features and
     the full cache's next-token distributions of every training prompt (a named mixture, or --tasks at one
@@ -168,7 +189,8 @@ def datagen(
         ]
     for part in parts:
         check_training_task(part.task, part.length)
-    config = DatagenConfig(parts, seed, gen_tokens, val_fraction, reconstruction)  # no torch yet
+    gen_tokens = gen_tokens or DEFAULT_GEN_TOKENS[target]
+    config = DatagenConfig(parts, seed, gen_tokens, val_fraction, reconstruction, target)  # no torch yet
     if out.exists() and not out.is_dir():
         raise click.BadParameter(f"{str(out)!r} is a file", param_hint="--out")
     check_writable(out)

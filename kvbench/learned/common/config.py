@@ -6,6 +6,15 @@ from dataclasses import dataclass
 from kvbench.core.errors import BadInput
 from kvbench.tasks.mixture import Part
 
+# kvbench: the context's tokens are ranked, the question's and at most `gen_tokens` answer tokens' queries
+# (capped by the task's answer length) are their future, the mean over them; a store both learned presses
+# train from. authors: the whole prompt (context, question, chat template, answer prefix) is ranked, the
+# greedy generation's queries alone (up to `gen_tokens`, to the tokenizer's stop token) are its future, the
+# sum over them (apple/ml-learning-to-evict: entrypoints/datagen/unroll_and_store.py,
+# configs/preprocess_ruler.yaml, rl/rewards/oracle.py); a KVP-only store.
+TARGETS = ("kvbench", "authors")
+DEFAULT_GEN_TOKENS = {"kvbench": 32, "authors": 300}
+
 
 @dataclass
 class DatagenConfig:
@@ -17,9 +26,16 @@ class DatagenConfig:
     gen_tokens: int = 32  # cap on the greedy continuation (also capped by the task's own max_new_tokens)
     val_fraction: float = 0.1  # the first round(fraction * samples) samples of each part validate
     reconstruction: bool = False  # also store KVZip's reconstruction attention (one more pass a prompt)
+    target: str = "kvbench"  # a name in TARGETS: what is ranked and what counts as its future
 
     def __post_init__(self):
         self.parts = [Part(**part) if isinstance(part, dict) else part for part in self.parts]
+        if self.target not in TARGETS:
+            raise BadInput(f"unknown target {self.target!r} (choose one of: {', '.join(TARGETS)})")
+        if self.target == "authors" and self.reconstruction:
+            raise BadInput(
+                "--reconstruction scores the context of --target kvbench; --target authors has none"
+            )
         pairs = [(part.task, part.length) for part in self.parts]
         duplicate = next((pair for pair in pairs if pairs.count(pair) > 1), None)
         if duplicate:

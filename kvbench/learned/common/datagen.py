@@ -22,6 +22,11 @@ the full cache (at most `gen_tokens` tokens, capped by the task's answer length)
     the most attention any of those queries pays to it, max over the KV group's query heads too, as
     kvpress's KVzipPress scores (in one chunk: our contexts are shorter than its 2048-token chunks).
 
+With `--target authors` (DatagenConfig.target; the authors' data, KVP's only) a shard holds instead the
+keys, values and utility of the whole prompt (context, question, chat template, answer prefix: P is all of
+it) and the greedy generation's ids, the utility summed over the generated tokens' queries alone
+(capture_whole_prompt).
+
 Seeds: the k-th part of a task (in mixture order) draws its samples with seed `seed + k`, so a task at two
 lengths gets two different sets of needles, not the same needles in a longer haystack.
 
@@ -163,6 +168,47 @@ def capture_prompt(
     return captured
 
 
+@torch.no_grad()
+def capture_whole_prompt(model, prompt_ids: list[int], gen_tokens: int) -> dict:
+    """The authors' data of one prompt (DatagenConfig's target "authors"): keys and values of every prompt
+    token, fp16 (layers, kv_heads, P, head_dim), prefilled with the model's own attention; the greedy
+    generation (`continuation_ids`: up to `gen_tokens` tokens, the last one a stop token if one came), each
+    token fed back under eager attention; and `utility`, fp32 (layers, kv_heads, P): for prompt token l, the
+    sum over the generated tokens' queries of the most attention any query head of the KV group pays to l.
+    """
+    length = len(prompt_ids)
+    num_layers = len(language_model(model).layers)
+    num_kv_heads = model.config.num_key_value_heads
+    utility = [torch.zeros(num_kv_heads, length)] * num_layers
+
+    def add_utility(module, args, kwargs, output):
+        weights = output[1][0, :, :, :length]  # (query heads, new queries, prompt)
+        grouped = weights.reshape(num_kv_heads, -1, *weights.shape[1:]).amax(dim=1)  # max over the group
+        utility[module.layer_idx] = utility[module.layer_idx] + grouped.float().sum(dim=1).cpu()
+
+    cache = DynamicCache()
+    logits = model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache).logits
+    layers = range(num_layers)
+    keys = torch.stack([cache.layers[i].keys[0] for i in layers]).half().cpu()
+    values = torch.stack([cache.layers[i].values[0] for i in layers]).half().cpu()
+    stops = model.generation_config.eos_token_id
+    stops = set(stops if isinstance(stops, list) else [stops])
+    generated = []
+    with attention_hooks(model, add_utility), attention_implementation(model, "eager"):
+        while len(generated) < gen_tokens:
+            generated.append(int(logits[0, -1].argmax()))
+            input_ids = torch.tensor([[generated[-1]]], device=model.device)
+            logits = model(input_ids=input_ids, past_key_values=cache, logits_to_keep=1).logits
+            if generated[-1] in stops:
+                break
+    return {
+        "keys": keys,
+        "values": values,
+        "utility": torch.stack(utility),
+        "continuation_ids": torch.tensor(generated, dtype=torch.long),
+    }
+
+
 def reconstruction_score(model, cache: DynamicCache, repeat_ids: list[int]) -> torch.Tensor:
     """KVZip's score of the cached context's tokens: (layers, kv_heads, P), the most attention any query of
     `repeat_ids` (fed after the context) pays to the token, over the KV group's query heads too."""
@@ -230,15 +276,17 @@ def generate_data(
     """
     out = Path(out)
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
+    method = SHARED if config.target == "kvbench" else "kvp"  # the authors' data trains KVP only
     dtype = str(model.dtype).removeprefix("torch.")
-    made = {"method": SHARED, "mixture": mixture, "dtype": dtype, **head, "shards": []}
+    made = {"method": method, "mixture": mixture, "dtype": dtype, **head, "shards": []}
     manifest = existing_manifest(out) or made
     made_in = manifest.setdefault("dtype", "float32")  # made before the option: float32, the only one then
     if made_in != dtype:
         raise BadInput(f"{out} holds data made in {made_in}: resume it with --dtype {made_in}")
-    if isinstance(manifest["config"], dict) and "reconstruction" not in manifest["config"]:
-        manifest["config"]["reconstruction"] = False  # made before the option: a resumed run adds none
-    if manifest_method(manifest) != SHARED or {key: manifest.get(key) for key in head} != head:
+    if isinstance(manifest["config"], dict):  # made before these options: a resumed run keeps them off
+        manifest["config"].setdefault("reconstruction", False)
+        manifest["config"].setdefault("target", "kvbench")
+    if manifest_method(manifest) != method or {key: manifest.get(key) for key in head} != head:
         raise BadInput(
             f"{out} holds {manifest_method(manifest)} data made with other settings "
             f"({manifest.get('model')}, {manifest.get('config')}); "
@@ -253,8 +301,12 @@ def generate_data(
         sample = shard.sample
         prompt = tokenize_sample(tokenizer, sample)  # split exactly as evaluation splits it
         context_ids, question_ids = prompt.context_ids[0].tolist(), prompt.question_ids[0].tolist()
-        gen_tokens = min(config.gen_tokens, sample.max_new_tokens)
-        captured = capture_prompt(model, context_ids, question_ids, gen_tokens, repeat_prompt)
+        if config.target == "authors":
+            captured = capture_whole_prompt(model, context_ids + question_ids, config.gen_tokens)
+            context_ids, question_ids = context_ids + question_ids, []  # all of it is ranked
+        else:
+            gen_tokens = min(config.gen_tokens, sample.max_new_tokens)
+            captured = capture_prompt(model, context_ids, question_ids, gen_tokens, repeat_prompt)
         tensors = {name: tensor.contiguous() for name, tensor in captured.items()}
         write_atomically(out / shard.file, lambda path, tensors=tensors: save_file(tensors, path))
         manifest["shards"].append(

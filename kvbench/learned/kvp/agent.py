@@ -33,12 +33,21 @@ def whole_prompts(batch: int, length: int, device) -> tuple[torch.Tensor, torch.
 
 
 def position_features(positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The compact agents' (batch, T, 3) position features of tokens at `positions` (batch, T) of prompts
-    of `lengths` (batch,) tokens."""
-    j, length = positions.float(), lengths.float()[:, None]
+    """The compact agents' (..., T, 3) position features of tokens at `positions` (..., T) of prompts of
+    `lengths` tokens: (batch,) for positions (batch, T), else any shape that broadcasts to the positions'."""
+    j = positions.float()
+    length = lengths.float()[:, None] if lengths.dim() == 1 else lengths.float()
     return torch.stack(
         [j / length, torch.log1p(length - 1 - j) / LOG_SCALE, torch.log1p(j) / LOG_SCALE], dim=-1
     )
+
+
+def per_head_positions(positions: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Positions (batch, T), the same for every head, or (batch, heads, T), each head's own (a cache
+    compressed before keeps other entries in each head) -> (heads, batch * T)."""
+    if positions.dim() == 2:
+        positions = positions[:, None].expand(-1, num_heads, -1)
+    return positions.transpose(0, 1).reshape(num_heads, -1)
 
 
 def stacked_linear(num_heads: int, n_in: int, n_out: int) -> tuple[nn.Parameter, nn.Parameter]:
@@ -134,8 +143,8 @@ class KVPAgents(StackedAgents):
         """Scores of prompt tokens for the heads `heads` of the stack.
 
         keys, values: (batch, h, T, head_dim), h = number of selected heads -> fp32 scores (batch, h, T).
-        positions (batch, T) and lengths (batch,): where the T tokens sit in prompts of how many tokens;
-        None for whole prompts (T tokens 0..T-1).
+        positions (batch, T), or (batch, h, T) when each head holds other tokens, and lengths (batch,):
+        where the T tokens sit in prompts of how many tokens; None for whole prompts (T tokens 0..T-1).
         """
         batch, h, length, _ = keys.shape
         if positions is None:
@@ -149,11 +158,9 @@ class KVPAgents(StackedAgents):
         keys, values = self.flatten(keys, values)
         x = torch.baddbmm(bias, keys, w_key)
         x = torch.baddbmm(x, values, w_value)
-        x = (
-            x
-            + position_features(positions, lengths).reshape(1, batch * length, -1)
-            @ self.w1[heads, 2 * self.head_dim :]
-        )
+        token_lengths = lengths[:, None].expand(batch, length).reshape(1, -1)  # each token's prompt length
+        features = position_features(per_head_positions(positions, h), token_lengths)  # (h, batch * T, 3)
+        x = torch.baddbmm(x, features, self.w1[heads, 2 * self.head_dim :])
         x = nn.functional.silu(x)
         x = nn.functional.silu(torch.baddbmm(self.b2[heads], x, self.w2[heads]))
         x = torch.baddbmm(self.b3[heads], x, self.w3[heads])
@@ -250,8 +257,10 @@ class AppleAgents(StackedAgents):
         )
         key_features = self.key_norm(torch.baddbmm(b_key, keys, w_key), heads)
         value_features = self.value_norm(torch.baddbmm(b_value, values, w_value), heads)
-        rows = positions.reshape(-1).clamp(max=self.positions - 1)
-        position_features = self.position_norm(self.position_table[heads].index_select(1, rows), heads)
+        rows = per_head_positions(positions, h).clamp(max=self.positions - 1)
+        table = self.position_table[heads]
+        rows = rows[..., None].expand(-1, -1, table.shape[-1])
+        position_features = self.position_norm(table.gather(1, rows), heads)
         # The first MLP layer on the concatenation [key, value, position], as three products: no copy.
         w1, d = self.w1[heads], self.hidden
         x = torch.baddbmm(self.b1[heads], key_features, w1[:, :d])

@@ -10,6 +10,11 @@ REINFORCE with a leave-one-out baseline (RLOO) pushes up the log-probability of 
 rankings. AdamW with linear warm-up then cosine decay; an exponential moving average (EMA) of the weights
 is what gets validated (deterministic ranking of whole prompts) and saved, and each head keeps its own best
 EMA weights by validation reward (heads are independent, so the per-head best is simply each one's best).
+
+The authors' recipe (config.AUTHORS, `kvbench kvp train --recipe authors`) runs the same loop with their
+settings: one ranking per prompt, the baseline over the step's batch of prompts, advantages z-scored and
+clipped, rewards clamped, the loss a mean over decisions, each head's gradient norm clipped, the EMA after a
+burn-in, raw inputs and a 6000-row position table for the apple agent.
 """
 
 import copy
@@ -26,7 +31,12 @@ from kvbench.learned.common import TrainingData, TrainingFileError
 from kvbench.learned.common.ranking import plackett_luce_log_prob, sample_rankings
 from kvbench.learned.kvp.agent import StackedAgents, build_agents
 from kvbench.learned.kvp.checkpoint import ModelShape, card_utility, save_agents
-from kvbench.learned.kvp.config import UTILITIES, UTILITY_TENSORS, TrainConfig  # noqa: F401 (this module's API)
+from kvbench.learned.kvp.config import (  # noqa: F401 (this module's API)
+    RECIPE_CONFIGS,
+    UTILITIES,
+    UTILITY_TENSORS,
+    TrainConfig,
+)
 from kvbench.learned.kvp.reward import (
     normalised_cost,
     random_normalised_cost,
@@ -106,9 +116,11 @@ def feature_statistics(data: KVPData, heads: list[int]) -> list[torch.Tensor]:
     return [mean[0].float(), std[0].float(), mean[1].float(), std[1].float()]
 
 
-def token_batch(data: KVPData, heads: list[int], tokens: int, prompts: int, generator: torch.Generator):
+def token_batch(
+    data: KVPData, heads: list[int], tokens: int | None, prompts: int, generator: torch.Generator
+):
     """Random tokens of `prompts` random training prompts, stacked over prompts: of each prompt the same
-    number, min(tokens, the shortest chosen prompt's length).
+    number, min(tokens, the shortest chosen prompt's length) (tokens None: the shortest's length).
 
     keys, values: (prompts, heads, T, head_dim); positions (prompts, T): the tokens' places in their
     prompts; lengths (prompts,): the prompts' lengths; utility: (prompts, heads, T).
@@ -117,7 +129,7 @@ def token_batch(data: KVPData, heads: list[int], tokens: int, prompts: int, gene
         data.load(data.train[index], heads)
         for index in torch.randint(len(data.train), (prompts,), generator=generator).tolist()
     ]
-    count = min(tokens, *(keys.shape[1] for keys, _, _ in chosen_prompts))
+    count = min(tokens or math.inf, *(keys.shape[1] for keys, _, _ in chosen_prompts))
     batch = {"keys": [], "values": [], "positions": [], "utility": []}
     for keys, values, utility in chosen_prompts:
         chosen = torch.randperm(keys.shape[1], generator=generator)[:count]
@@ -173,6 +185,50 @@ def validation_cost_on(
     return {name: -reward.mean().item() for name, reward in rewards.items()}, len(val)
 
 
+def ranking_rewards(utility: torch.Tensor, rankings: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+    """Each ranking's training reward: -(normalised cost) under the config's budget weights, clamped at its
+    floor if it has one. utility (..., P), rankings (..., K, P) -> (..., K)."""
+    reward = -normalised_cost(utility, rankings, config.budget_weights)
+    return reward if config.reward_floor is None else reward.clamp_min(config.reward_floor)
+
+
+def advantages(reward: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+    """Each ranking's advantage from rewards (prompts, heads, K): its reward less the leave-one-out mean of
+    the others (the prompt's other K - 1 rankings, or with baseline "batch" every other ranking of the step
+    in that head), then z-scored over the same set and clipped, where the config says so."""
+    over = (0, 2) if config.baseline == "batch" else (2,)
+    count = math.prod(reward.shape[dim] for dim in over)
+    baseline = (reward.sum(over, keepdim=True) - reward) / (count - 1)
+    advantage = reward - baseline
+    if config.normalise_advantages:
+        mean, std = advantage.mean(over, keepdim=True), advantage.std(over, keepdim=True)
+        advantage = (advantage - mean) / (std + 1e-8)
+    if config.advantage_clip is not None:
+        advantage = advantage.clamp(-config.advantage_clip, config.advantage_clip)
+    return advantage
+
+
+def clip_grad_norm_per_head(agents: StackedAgents, max_norm: float) -> torch.Tensor:
+    """Scale each head's gradient (every parameter is stacked over heads on its first dimension) so that
+    its norm is at most `max_norm`, as torch's clip_grad_norm_ does for one agent; the norms before."""
+    grads = [weight.grad for weight in agents.parameters() if weight.grad is not None]
+    norms = torch.stack([grad.flatten(1).square().sum(1) for grad in grads]).sum(0).sqrt()
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1)
+    for grad in grads:
+        grad.mul_(scale.view(-1, *[1] * (grad.dim() - 1)))
+    return norms
+
+
+@torch.no_grad()
+def update_ema(ema: StackedAgents, agents: StackedAgents, step: int, config: TrainConfig) -> None:
+    """After optimiser step `step`: the EMA copies the weights during the burn-in, then averages them."""
+    for ema_weight, weight in zip(ema.parameters(), agents.parameters(), strict=True):
+        if step < config.ema_burnin:
+            ema_weight.copy_(weight)
+        else:
+            ema_weight.lerp_(weight, 1 - config.ema)
+
+
 def learning_rate(step: int, config: TrainConfig) -> float:
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
@@ -190,17 +246,19 @@ def train(
     log=print,
 ) -> dict:
     """Train the agents of the selected heads, save the best ones to out_dir and return their card."""
+    if config.problem():
+        raise BadInput(config.problem())
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     data = KVPData(data_dir, config.utility)
     heads = select_heads(data.shape, layers, kv_heads)
-    options = (
-        {"positions": max(shard["prompt_tokens"] for shard in data.train)} if config.arch == "apple" else {}
-    )
+    longest = max(shard["prompt_tokens"] for shard in data.train)
+    options = {"positions": config.position_rows or longest} if config.arch == "apple" else {}
     agents = build_agents(config.arch, len(heads), data.shape.head_dim, config.hidden, **options)
     config = replace(config, hidden=agents.hidden)  # the card records the width it got
-    agents.set_normalisation(*feature_statistics(data, heads))
+    if config.standardise:  # else the statistics stay mean 0, std 1: raw keys and values
+        agents.set_normalisation(*feature_statistics(data, heads))
     ema = copy.deepcopy(agents).requires_grad_(False)
     best = copy.deepcopy(ema)
     val = [data.load(shard, heads) for shard in data.val]
@@ -222,18 +280,19 @@ def train(
         )
         scores = agents(keys, values, positions=positions, lengths=lengths)  # (prompts, heads, T)
         rankings = sample_rankings(scores.detach(), config.rankings, generator)  # (prompts, heads, K, T)
-        reward = -normalised_cost(utility, rankings, config.budget_weights)  # (prompts, heads, K)
-        baseline = (reward.sum(-1, keepdim=True) - reward) / (config.rankings - 1)  # leave-one-out mean
-        advantage = reward - baseline
+        reward = ranking_rewards(utility, rankings, config)  # (prompts, heads, K)
+        log_prob = plackett_luce_log_prob(scores, rankings)
+        if config.loss_per_step:  # the mean over the ranking's decisions, not their sum
+            log_prob = log_prob / rankings.shape[-1]
         # Heads have their own weights: summing over heads keeps each head's gradient its own.
-        loss = -(advantage * plackett_luce_log_prob(scores, rankings)).mean(dim=(0, 2)).sum()
+        loss = -(advantages(reward, config) * log_prob).mean(dim=(0, 2)).sum()
 
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if config.grad_clip is not None:
+            clip_grad_norm_per_head(agents, config.grad_clip)
         optimizer.step()
-        with torch.no_grad():
-            for ema_weight, weight in zip(ema.parameters(), agents.parameters(), strict=True):
-                ema_weight.lerp_(weight, 1 - config.ema)
+        update_ema(ema, agents, step, config)
         train_rewards.append(reward.mean().item())
 
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
