@@ -150,7 +150,8 @@ BROKEN = [
     (ScoreOrder, "cache order", "expected increasing"),
     (UnseededNoise, "determinism", "two runs with one seed"),
     (SizesItsWindowFromThePrompt, "protocol isolation", "two questions"),
-    (WritesIntoValues, "shared prefill", "writes into the keys or values"),
+    # The engine refuses such a press wherever configs share tensors: decode-time's batch too.
+    (WritesIntoValues, ("shared prefill", "protocols"), "writes into the keys"),
     (ScoresWithItsOwnTokens, "protocols", "crashes"),
     (FixedBuffer, "cost", "crashes"),
 ]
@@ -175,14 +176,16 @@ def test_a_correct_press_passes_every_check():
     ("press", "check", "evidence"), BROKEN, ids=[press.__name__ for press, _, _ in BROKEN]
 )
 def test_a_broken_press_fails_its_check_and_no_other(press, check, evidence):
+    expected = list(check) if isinstance(check, tuple) else [check]
     checks = check_press(press, quick=True)
     failed = {c.name: c.evidence for c in checks if c.verdict == "fail"}
-    assert list(failed) == [check], conformance.table(checks)
-    assert evidence in failed[check] and "llama-gqa" in failed[check]
+    assert list(failed) == expected, conformance.table(checks)
+    assert evidence in failed[expected[0]] and "llama-gqa" in failed[expected[0]]
 
 
 def test_every_check_has_a_broken_press():
-    assert {check for _, check, _ in BROKEN} == set(CHECKS)
+    named = [check if isinstance(check, tuple) else (check,) for _, check, _ in BROKEN]
+    assert {name for checks in named for name in checks} == set(CHECKS)
 
 
 @pytest.mark.parametrize("press", ["knorm", "snapkv"])

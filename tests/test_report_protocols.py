@@ -2,6 +2,8 @@
 with their own view and plot; score by question (multi-question) and by turn (multi-turn), their questions
 one unit per context; rows without a score (perplexity) kept off the score boards."""
 
+import re
+
 import pytest
 from scipy.stats import sem, t
 from test_report import make_row, rows_of, write_results
@@ -112,7 +114,9 @@ def test_multi_question_scores_by_question_with_contexts_as_units(tmp_path):
     assert multi.ratio.samples.at["knorm", 0.5] == 8
 
     readme = (render_report([results], tmp_path / "report") / "README.md").read_text()
-    assert "## smollm2-135m, 1 task, length 1024, multi-question (questions=2)" in readme
+    assert re.search(
+        r"## smollm2-135m, 1 task, length 1024 \(a cap: [^)]*\), multi-question \(questions=2\)\n", readme
+    )
     assert "### Score by question" in readme and "| config | question 1 | question 2 |" in readme
     assert "| none @ ratio 0 | 100.0 | 100.0 |" in readme and "| knorm @ ratio 0.5 | 100.0 | 50.0 |" in readme
     assert readme.count("### Score by question") == 1  # not on the query-agnostic board

@@ -61,7 +61,7 @@ LAZY_COMMANDS = {
     ),
     "models": (
         "kvbench.cli.models:models",
-        "List the built-in models (size, shape, source, whether here); `models fetch` readies one.",
+        "List the built-in models: name, size, shape, where the GGUF comes from, and whether it is here.",
     ),
     "compare-models": (
         "kvbench.cli.compare_models:compare_models",

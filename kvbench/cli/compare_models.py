@@ -27,8 +27,10 @@ from kvbench.cli.types import Number
 )
 @click.option("--resamples", default=2000, show_default=True, type=click.IntRange(100, 100_000))
 def compare_models(first, second, ratios, floor, learned, resamples):
-    """Does the order of presses in results FIRST (one model) carry to results SECOND (another)? Per ratio,
-    the presses both folders hold are ordered by mean score on each model; prints Kendall's tau-b between
+    """Whether the order of presses on one model (a results folder) carries to another.
+
+    Does the order in results FIRST (one model) carry to results SECOND (another)? Per ratio, the presses
+    both folders hold are ordered by mean score on each model; prints Kendall's tau-b between
     the orders with a 95 % bootstrap interval over each model's contexts (resampled within each task), a
     verdict (carries: interval above 0), and each --learned press's lead over the best other press on each
     model, paired by context.

@@ -65,8 +65,9 @@ def prepare_press(press: BasePress | None, model, prompt: Prompt) -> None:
     if press is None:
         return
     press.post_init_from_model(model)
-    if declared(press, "use_regions") and prompt.regions is not None:
-        press.use_regions(prompt.all_regions())
+    use_regions = declared(press, "use_regions")
+    if use_regions is not None and prompt.regions is not None:
+        use_regions(prompt.all_regions())
 
 
 def budget_entries(config: Config, context_length: int) -> int:

@@ -38,6 +38,7 @@ settings continues where the last one stopped. Stores made before this one by ei
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -278,7 +279,7 @@ def generate_data(
     head = {"model": asdict(model_shape(model)), "config": asdict(config)}
     method = SHARED if config.target == "kvbench" else "kvp"  # the authors' data trains KVP only
     dtype = str(model.dtype).removeprefix("torch.")
-    made = {"method": method, "mixture": mixture, "dtype": dtype, **head, "shards": []}
+    made: dict[str, Any] = {"method": method, "mixture": mixture, "dtype": dtype, **head, "shards": []}
     manifest = existing_manifest(out) or made
     made_in = manifest.setdefault("dtype", "float32")  # made before the option: float32, the only one then
     if made_in != dtype:
