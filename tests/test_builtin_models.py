@@ -237,7 +237,7 @@ def test_the_pinned_shapes_are_the_ggufs_own():
     checked = 0
     for model in builtin.BUILTIN.values():
         path = builtin.installed_gguf(model) or cache_dir() / "gguf" / model.gguf
-        if not path.is_file():
+        if not path.is_file() or path.stat().st_size > 200e6:  # gguf reads a 1 GB header in 15 s
             continue
         fields = GGUFReader(path).fields
         arch = fields["general.architecture"].contents()

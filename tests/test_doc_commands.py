@@ -337,7 +337,8 @@ def heavy(command: str) -> bool:
     words = words_of(command)
     long_context = option(words, "--length") is not None and int(option(words, "--length")) >= 2048
     tasks = {words[i + 1] for i, word in enumerate(words) if word == "--task"}
-    return command_path(words) in HEAVY_COMMANDS or bool(tasks & HEAVY_TASKS) or long_context
+    authors = option(words, "--recipe") == "authors"  # a batch of whole prompts a step: 30 s at a tiny size
+    return command_path(words) in HEAVY_COMMANDS or bool(tasks & HEAVY_TASKS) or long_context or authors
 
 
 CHEAP = [command for command in COMMANDS if not computes(command)]
