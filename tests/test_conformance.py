@@ -58,6 +58,28 @@ class ClampsItsRatio(NormPress):
 
 
 @dataclass
+class NanOnShortContexts(NormPress):
+    """Budget: its scores are NaN on contexts of fewer than 4 tokens (kvpress's top-k still keeps entries,
+    so nothing else shows it)."""
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        scores = super().score(module, hidden_states, keys, values, attentions, kwargs)
+        return scores * float("nan") if keys.shape[2] < 4 else scores
+
+
+@dataclass
+class KeepsItsLowestScores(NormPress):
+    """Budget: a compress of its own that takes the top-k of its scores with the wrong sign: the right
+    number of entries, in cache order, but those it scored lowest."""
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.compression_ratio == 0:
+            return keys, values
+        scores = self.score(module, hidden_states, keys, values, attentions, kwargs)
+        return in_cache_order(keys, values, -scores, compute_n_kept(keys.shape[2], self.compression_ratio))
+
+
+@dataclass
 class KeepsAView(NormPress):
     """Memory: moves the kept entries to the front of a copy of the whole cache and keeps a slice of it,
     a view that holds the whole copy alive."""
@@ -146,6 +168,8 @@ class FixedBuffer(NormPress):
 BROKEN = [
     (EmptiesShortContexts, "budget kept", "holds no entry"),
     (ClampsItsRatio, "budget kept", "expected"),
+    (NanOnShortContexts, "budget kept", "scores not finite (NaN) at layer 0"),
+    (KeepsItsLowestScores, "budget kept", "expected the top 48 of its scores"),
     (KeepsAView, "memory freed", "a view"),
     (ScoreOrder, "cache order", "expected increasing"),
     (UnseededNoise, "determinism", "two runs with one seed"),
