@@ -219,6 +219,25 @@ def test_built_in_presses_pass_quick(press):
     assert verdicts(checks)["budget kept"] == verdicts(checks)["shared prefill"] == "pass"
 
 
+def test_the_cost_says_which_differences_are_within_the_noise_of_the_repeats(monkeypatch):
+    from kvbench.harness import speed
+
+    # Repeat by repeat, none's, knorm's and the press's seconds: none's spread (3 ms) exceeds its lead.
+    seconds = iter([0.010, 0.021, 0.0105, 0.013, 0.021, 0.0105, 0.011, 0.021, 0.0105])
+    prefill = speed.prefill
+
+    def timed(model, ids, press=None):
+        _, cache, last = prefill(model, ids, press)
+        return next(seconds), cache, last
+
+    monkeypatch.setattr(speed, "prefill", timed)
+    line = conformance.check_cost(conformance.tiny_subjects()[0], conformance.Target("streaming_llm", ()))
+    assert line.startswith(
+        "512-token prefill 10.5 ms: +5% vs none (10.0 ms, within the noise of 3 repeats), "
+        "-50% vs knorm (21.0 ms); "
+    ), line
+
+
 def test_head_wise_masks_are_reported_as_freeing_nothing():
     checks = {check.name: check for check in check_press("adakv", quick=True)}
     assert checks["memory freed"].verdict == "n/a"
