@@ -8,7 +8,9 @@ Llama-shaped one with grouped KV heads, a Qwen2-shaped one with as many KV heads
    kvpress's n_kept (`compute_n_kept`): exactly, in every layer and head, for a press whose cache keeps one
    length per layer; in total per layer for a press that masks heads (kvpress's head-wise masks); in total
    over layers for one whose layers differ. No head is ever empty, and contexts of 1, 2 and window-size
-   tokens neither crash nor empty the cache (a press may refuse them with an assertion of its own).
+   tokens neither crash nor empty the cache (a press may refuse them with an assertion of its own). A
+   kvpress ScorerPress's scores are finite, there and at every budget, and at ratio 0.5 each head keeps
+   entries scored at least as high as every entry it drops (the top of its scores, ties aside).
 2. memory freed: the cache's tensors allocate what its `kv_bytes` accounts (in the model's dtype); a press
    that masks heads frees nothing by design and is reported so (n/a), with its bytes.
 3. cache order: kept entries stay in position order when kvbench compresses a cache again (decode-time,
@@ -18,8 +20,9 @@ Llama-shaped one with grouped KV heads, a Qwen2-shaped one with as many KV heads
 6. shared prefill: kvbench's engine answers as kvpress's pipeline does, token for token.
 7. protocols: decode-time, streaming, multi-turn and query-aware each run where `engine.check_protocol`
    admits the press, and their rows hold the budget's entries.
-8. cost: prefill time against no compression and against knorm, side by side, and the cache's allocated
-   bytes (peak allocated bytes on CUDA); informational: it fails only if the press crashes.
+8. cost: prefill time against no compression and against knorm, side by side (the fastest of 3 repeats;
+   a difference smaller than the spread of the repeats is said to be within their noise), and the cache's
+   allocated bytes (peak allocated bytes on CUDA); informational: it fails only if the press crashes.
 
 A check fails on the first model where it fails; an exception inside a check is its failure. Evidence names
 the model, layer, head, context or ratio, and what was expected against what was observed.
@@ -302,6 +305,7 @@ def check_budget(subject: Subject, target: Target) -> str:
     ids = subject.context_ids()
     length = ids.shape[1]
     spec = PRESSES[target.name]
+    from kvpress import ScorerPress
     from kvpress.utils import compute_n_kept
 
     from kvbench.engine import sized_config
@@ -314,11 +318,20 @@ def check_budget(subject: Subject, target: Target) -> str:
         for budget in BUDGETS:
             config = sized_config(dataclasses.replace(target.config(0.0), budget=budget), length)
             budgets.append((f"budget {budget}", dataclasses.replace(config, budget=None), budget))
-    seen = []
+    seen, followed = [], ""
     for label, config, promised in budgets:
-        compressed = prefill(subject, target, config_press(config), ids)
+        budgeted = config_press(config)
+        recorded = recording_scores(budgeted)
+        compressed = prefill(subject, target, budgeted, ids)
         counts = compressed.counts()
         where = f"{label} of {length} tokens"
+        unfinite = not_finite(recorded)
+        if unfinite:
+            raise AssertionError(f"{where}: {unfinite}")
+        if config == target.config(RATIO) and isinstance(budgeted, ScorerPress) and not compressed.masks:
+            full = prefill(subject, target, None, ids)
+            own = [entry for entry in recorded if entry[0] is budgeted]
+            followed = scores_followed(compressed, full, own, where)
         empty = [
             (layer, head) for layer in range(layers) for head in range(heads) if counts[layer][head] == 0
         ]
@@ -357,7 +370,8 @@ def check_budget(subject: Subject, target: Target) -> str:
     shorts = short_contexts(subject, target, press)
     kinds = sorted({entry.partition("(")[2].rstrip(")") or "one length a layer" for entry in seen})
     asked = ", ".join(label for label, _, _ in budgets)
-    return f"{asked} of {length} tokens: as promised ({', '.join(kinds)}); short contexts: {shorts}"
+    promise = f"{asked} of {length} tokens: as promised ({', '.join(kinds)})"
+    return "; ".join(filter(None, [promise, followed, f"short contexts: {shorts}"]))
 
 
 def short_contexts(subject: Subject, target: Target, press) -> str:
@@ -370,8 +384,10 @@ def short_contexts(subject: Subject, target: Target, press) -> str:
     lengths = sorted({1, 2, *((window, window + 1) if window else ())})
     compressed_at, refused = [], {}
     for length in lengths:
+        short = target.press(0.9)
+        recorded = recording_scores(short)
         try:
-            compressed = prefill(subject, target, target.press(0.9), subject.context_ids(length))
+            compressed = prefill(subject, target, short, subject.context_ids(length))
         except (AssertionError, ValueError, KvbenchError) as error:
             if not str(error):
                 raise AssertionError(f"a {length}-token context: refused without a message") from None
@@ -381,11 +397,77 @@ def short_contexts(subject: Subject, target: Target, press) -> str:
             raise AssertionError(
                 f"a {length}-token context crashes: {type(error).__name__}: {error}"
             ) from None
+        unfinite = not_finite(recorded)
+        if unfinite:
+            raise AssertionError(f"a {length}-token context at ratio 0.9: {unfinite}")
         if min(min(layer) for layer in compressed.counts()) == 0:
             raise AssertionError(f"a {length}-token context at ratio 0.9 leaves a head empty")
         compressed_at.append(str(length))
     said = [f"{', '.join(at)} tokens refused by the press ({reason})" for reason, at in refused.items()]
     return "; ".join(([f"{', '.join(compressed_at)} tokens compress"] if compressed_at else []) + said)
+
+
+def recording_scores(press) -> list[tuple[Any, int | None, Any]]:
+    """A list that gets (scorer, layer, scores) for each call of `score`, from now on, of every kvpress
+    ScorerPress in `press`'s tree."""
+    from kvpress import ScorerPress
+
+    from kvbench.engine.steps import pressed_tree
+
+    recorded = []
+    for scorer in pressed_tree(press):
+        if not isinstance(scorer, ScorerPress):
+            continue
+
+        def recording(module, *args, scorer=scorer, score=scorer.score, **kwargs):
+            scores = score(module, *args, **kwargs)
+            recorded.append((scorer, getattr(module, "layer_idx", None), scores))
+            return scores
+
+        scorer.score = recording  # shadows the method on this press
+    return recorded
+
+
+def not_finite(recorded: list) -> str:
+    """ "" when every recorded score is finite; else which layer's are not, and how."""
+    import torch
+
+    for _, layer, scores in recorded:
+        if isinstance(scores, torch.Tensor) and not bool(torch.isfinite(scores).all()):
+            how = "NaN" if bool(torch.isnan(scores).any()) else "inf"
+            return f"scores not finite ({how}) at layer {layer}"
+    return ""
+
+
+def scores_followed(compressed: Compressed, full: Compressed, recorded: list, where: str) -> str:
+    """What was read of whether each head kept entries its press scored at least as high as every entry it
+    dropped (the top of its scores, ties aside): "" where it cannot be read (keys rewritten, each layer
+    scored more than once or in another shape). AssertionError at the first head that does not."""
+    import torch
+
+    positions = kept_positions(compressed, full)
+    if positions is None:
+        return ""
+    read = 0
+    for layer, heads in enumerate(positions):
+        scored = [scores for _, number, scores in recorded if number == layer]
+        length = full.cache.layers[layer].keys.shape[2]
+        if len(scored) != 1 or tuple(scored[0].shape[1:]) != (len(heads), length):
+            continue
+        read += 1
+        for head, kept in enumerate(heads):
+            chosen = torch.zeros(length, dtype=torch.bool)
+            chosen[kept] = True
+            if chosen.all() or not chosen.any():
+                continue
+            scores = scored[0][0, head].cpu()
+            lowest, highest = scores[chosen].min(), scores[~chosen].max()
+            if lowest < highest:
+                raise AssertionError(
+                    f"{where}: layer {layer} head {head} keeps an entry it scored {float(lowest):.3g} and "
+                    f"drops one scored {float(highest):.3g} (expected the top {len(kept)} of its scores)"
+                )
+    return "each head keeps the top of its scores" if read else ""
 
 
 def check_memory(subject: Subject, target: Target) -> str:
@@ -674,14 +756,19 @@ def check_cost(subject: Subject, target: Target) -> str:
             if name == target.name:
                 kept_bytes = allocated_bytes(cache)
                 peak = torch.cuda.max_memory_allocated(model.device) if cuda else 0
-    fastest = {name: min(values) for name, values in times.items()}
-    press_s = fastest[target.name]
+    press_s = min(times[target.name])
     memory = f"peak {peak:,} B allocated" if cuda else f"cache {kept_bytes:,} B allocated (peak: CUDA only)"
-    return (
-        f"{COST_TOKENS}-token prefill {press_s * 1e3:.1f} ms: {press_s / fastest['none'] - 1:+.0%} vs none "
-        f"({fastest['none'] * 1e3:.1f} ms), {press_s / fastest['knorm'] - 1:+.0%} vs knorm "
-        f"({fastest['knorm'] * 1e3:.1f} ms); {memory}"
-    )
+    against = ", ".join(versus(times[target.name], times[other], other) for other in ("none", "knorm"))
+    return f"{COST_TOKENS}-token prefill {press_s * 1e3:.1f} ms: {against}; {memory}"
+
+
+def versus(press: list[float], other: list[float], name: str) -> str:
+    """The press's fastest time against `name`'s, e.g. "+14% vs none (9.5 ms)"; said to be within the
+    noise of the repeats when the difference is smaller than the spread (max - min) of either's times."""
+    difference = min(press) - min(other)
+    spread = max(max(press) - min(press), max(other) - min(other))
+    noise = f", within the noise of {len(press)} repeats" if abs(difference) < spread else ""
+    return f"{min(press) / min(other) - 1:+.0%} vs {name} ({min(other) * 1e3:.1f} ms{noise})"
 
 
 BATTERY: dict[str, Callable[[Subject, Target], str]] = dict(
