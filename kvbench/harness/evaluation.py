@@ -146,7 +146,6 @@ class ReferenceCheck:
         if mean >= CEILING and not self.compressed:
             return None  # no compressed row of these samples yet, or none in this run
         self.said = True
-        lowest = min((sum(scores) / len(scores) for scores in self.compressed.values()), default=mean)
         tasks = ", ".join(sorted({task for task, _, _ in self.reference}))
         where = f"on its first {len(self.reference)} samples ({tasks})"
         probe = "probe a task with kvbench run --press none --ratio 0; going on"
@@ -155,6 +154,7 @@ class ReferenceCheck:
                 f"note: uncompressed (none) scores {mean:.1f} {where}, near the floor: compressed presses "
                 f"have little room to differ here ({probe})"
             )
+        lowest = min(sum(scores) / len(scores) for scores in self.compressed.values())
         if lowest < CEILING:
             return None
         return (
