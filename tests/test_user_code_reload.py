@@ -73,3 +73,22 @@ def test_an_object_whose_file_was_edited_since_it_was_loaded_is_refused(user_fil
     fresh = importlib.reload(module).Norm
     assert fresh.version == 2
     assert source_of(fresh).sha256 == hashlib.sha256(Path("norm_press.py").read_bytes()).hexdigest()
+
+
+def test_a_metric_file_resolved_again_after_its_helper_is_edited_scores_with_the_new_text(user_files):
+    """A metric file importing a helper of the user's: the helper edited, the metric named again scores
+    by the new helper (the task's rows are keyed by its new digest, so they are scored again)."""
+    from kvbench.tasks import METRICS, resolve_metric
+
+    Path("weights.py").write_text("WEIGHT = 1.0\n")
+    Path("metric.py").write_text(
+        "from weights import WEIGHT\n\n\ndef score(prediction, references):\n    return WEIGHT\n"
+    )
+    try:
+        first = METRICS[resolve_metric("metric.py:score")]
+        Path("weights.py").write_text("WEIGHT = 0.5\n")
+        second = METRICS[resolve_metric("metric.py:score")]
+        assert first.function("a", ["a"]) == 1.0 and second.function("a", ["a"]) == 0.5
+        assert first.digest != second.digest
+    finally:
+        sys.modules.pop("weights", None)

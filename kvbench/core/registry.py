@@ -217,17 +217,20 @@ def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
     if spec is None or spec.loader is None:
         raise PluginError(f"{kind} {target!r}: {str(path)!r} is not a Python file")
     module = importlib.util.module_from_spec(spec)
+    before = set(sys.modules)
     sys.modules[module_name] = module
     try:
         exec(compile(text, str(path), "exec"), module.__dict__)
     except USER_CODE_FAILURES as error:
         del sys.modules[module_name]
         raise PluginError(f"{kind} {target!r}: {str(path)!r} fails to import: {first_line(error)}") from None
-    LOADED[module_name] = {used: file_sha(used) for used in user_modules(module)}
+    imported = [sys.modules[name] for name in set(sys.modules) - before if is_users(sys.modules[name])]
+    LOADED[module_name] = {used: file_sha(used) for used in [*user_modules(module), *imported]}
     return module
 
 
-# The user's modules that each module `load_file_module` ran holds, with the sha256 of their files then.
+# The user's modules that each module `load_file_module` ran imports or holds, with the sha256 of their
+# files then.
 LOADED: dict[str, dict[types.ModuleType, str | None]] = {}
 
 
@@ -308,19 +311,28 @@ def file_sha(module: types.ModuleType) -> str | None:
     return hashlib.sha256(Path(file).read_bytes()).hexdigest() if file and Path(file).is_file() else None
 
 
+def is_users(module: types.ModuleType | None) -> bool:
+    """Whether `module` is the user's: loaded from a file outside Python's, the installed packages' and
+    kvbench's folders."""
+    file = getattr(module, "__file__", None)
+    return bool(file) and not any(Path(file).resolve().is_relative_to(folder) for folder in not_users())
+
+
+@functools.cache
+def not_users() -> tuple[Path, ...]:
+    """The folders of Python's and the installed packages' files, and kvbench's."""
+    folders = {Path(path).resolve() for path in sysconfig.get_paths().values()}
+    return (*folders, Path(__file__).resolve().parents[1])
+
+
 def user_modules(obj: object) -> list[types.ModuleType]:
-    """The module of `obj`, then the user's modules (files outside Python's and the installed packages'
-    folders) that it holds classes, functions or modules of, and those that they hold, in turn."""
-    installed = {Path(path).resolve() for path in sysconfig.get_paths().values()}
-    installed.add(Path(__file__).resolve().parents[1])  # kvbench itself
-
-    def users(module: types.ModuleType | None) -> bool:
-        file = getattr(module, "__file__", None)
-        return bool(file) and not any(Path(file).resolve().is_relative_to(folder) for folder in installed)
-
+    """The module of `obj`, then the user's modules it imported when `load_file_module` ran it or holds
+    classes, functions or modules of, and those that they hold, in turn."""
     start = inspect.getmodule(obj)
     found = [start] if start is not None else []
-    looked = {id(start)}
+    if start is not None:
+        found += [module for module in LOADED.get(start.__name__, {}) if module is not start]
+    looked = {id(module) for module in found}
     for module in found:
         for value in list(vars(module).values()):
             held = value if inspect.ismodule(value) else None
@@ -328,7 +340,7 @@ def user_modules(obj: object) -> list[types.ModuleType]:
                 held = inspect.getmodule(value)
             if held is not None and id(held) not in looked:
                 looked.add(id(held))
-                if users(held):
+                if is_users(held):
                     found.append(held)
     return found
 
