@@ -81,6 +81,9 @@ uv run kvbench report results/reference-qevict-recovery --out reports/reference-
 uv run kvbench report results/reference-{heldout,confirm,third,fourth,fifth,sixth} --out reports/reference-gate-heldout --versus gate --presses gate,kvp,streaming_llm,tova,knorm,h2o,snapkv,expected_attention,distillcache
 # docs/studies/gate.md "On the memory board": the gate press beside the learned presses and the heuristics
 uv run kvbench report results/reference-memory --out reports/reference-gate-memory --versus kvp --presses gate,kvp,distillcache,streaming_llm,knorm,quant
+# docs/studies/gate.md "The soft-to-hard gap with trained gates": the table and gap.png again from the committed
+# rows.jsonl (hard) and soft.json (soft): --skip-hard, and soft.json present, so no model runs
+uv run python benchmarks/gate_gap.py --out reports/reference-gate-gap --texts 4 --length 256 --skip-hard
 # docs/studies/distillcache-per-step.md: the per-step candidate judged on the third suite, and RULER in distribution
 uv run kvbench report results/reference-third results/reference-per-step-third --out reports/reference-per-step-third --versus distillcache --presses "kvp,distillcache,distillcache(weights=agents/dc-per-step),streaming_llm,knorm"
 uv run kvbench report results/reference-per-step-ruler --out reports/reference-per-step-ruler --versus distillcache

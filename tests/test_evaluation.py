@@ -102,29 +102,44 @@ def test_a_resumed_run_says_what_it_reuses_and_counts_only_what_it_computes(tmp_
 
 @dataclass
 class Uncompressed(WordLength):
-    """Each word scored `score` by the uncompressed press."""
+    """Each word scored `score` by the uncompressed press (config "a") and `compressed` by a press at
+    ratio 0.5 (config "b"); `alone`: the uncompressed config only."""
 
     score: float = 0.0
+    compressed: float = 0.0
+    alone: bool = False
 
     def unit_rows(self, unit):
-        return [replace(row, press="none", ratio=0.0) for row in super().unit_rows(unit)]
+        rows = super().unit_rows(unit)
+        return [replace(rows[0], press="none", ratio=0.0)] + ([] if self.alone else rows[1:])
 
     def evaluate(self, units):
         for rows in super().evaluate(units):
-            yield [replace(row, score=self.score) for row in rows]
+            yield [replace(row, score=self.score if row.press == "none" else self.compressed) for row in rows]
 
 
-@pytest.mark.parametrize("score, said", [(10.0, "near the floor"), (100.0, "near the ceiling"), (50.0, None)])
-def test_uncompressed_rows_near_the_floor_or_ceiling_are_said_once_and_the_run_goes_on(
-    tmp_path, capsys, score, said
+@pytest.mark.parametrize(
+    "score, compressed, alone, said",
+    [
+        (10.0, 0.0, False, "near the floor: compressed presses have little room to differ"),
+        (10.0, 0.0, True, "near the floor: compressed presses have little room to differ"),
+        (100.0, 96.0, False, "and every compressed config at least 96.0, near the ceiling: these samples do"),
+        (100.0, 40.0, False, None),  # a full score the presses fall from: what a benchmark wants
+        (100.0, 100.0, True, None),  # nothing compressed to compare
+        (50.0, 50.0, False, None),
+    ],
+)
+def test_samples_that_cannot_separate_the_presses_are_said_once_and_the_run_goes_on(
+    tmp_path, capsys, score, compressed, alone, said
 ):
-    evaluator = Uncompressed([f"w{i}" for i in range(4)], score=score)  # 8 uncompressed rows
+    evaluator = Uncompressed([f"w{i}" for i in range(6)], score=score, compressed=compressed, alone=alone)
     with ResultsStore(tmp_path) as store:
         frame = run_evaluator(evaluator, store, progress=True)
     err = capsys.readouterr().err
-    assert len(frame) == 8  # it went on
+    assert len(frame) == (6 if alone else 12)  # it went on
     if said is None:
         assert "note:" not in err
     else:
         assert err.count("note:") == 1
-        assert f"uncompressed (none) scores {score:.1f} on its first 6 samples, {said}" in err  # 2 a unit
+        assert f"uncompressed (none) scores {score:.1f} on its first 5 samples (words)" in err
+        assert said in err

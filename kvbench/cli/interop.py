@@ -22,6 +22,9 @@ def export_command(format_, results, out):
     aime25 and math500 rows, query-agnostic or query-aware, at a compression ratio; anything else
     (ZeroSCROLLS: kvbench scores its validation split, kvpress its test split) is refused and nothing is
     written.
+
+    A text cell of predictions.csv that a spreadsheet would open as a formula (=, +, -, @, tab, CR; not a
+    number) is written after a single quote; import takes the quote off again.
     """
     from kvbench.harness.interop import export_kvpress
 

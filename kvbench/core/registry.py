@@ -20,6 +20,7 @@ import re
 import sys
 import sysconfig
 import types
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -200,31 +201,57 @@ def load_target(target: str, kind: str) -> object:
 def load_file_module(path: Path, target: str, kind: str) -> types.ModuleType:
     """The Python file at `path` imported as a module named after its path and bytes, so that two files
     (even of one name and content), or an edited file, are modules of their own (kept in sys.modules:
-    dataclasses and pickling look classes up there)."""
+    dataclasses and pickling look classes up there). The module runs the very bytes its name is keyed by;
+    asked again after an edit to a user's file it imports (a factory's press class), it runs again, and
+    that file is imported anew."""
     if not path.is_file():
         raise PluginError(f"{kind} {target!r}: {str(path)!r} is not a file")
     path = path.resolve()
-    digest = hashlib.sha256(str(path).encode() + b"\0" + path.read_bytes()).hexdigest()[:12]
+    text = path.read_bytes()
+    digest = hashlib.sha256(str(path).encode() + b"\0" + text).hexdigest()[:12]
     module_name = f"kvbench_user_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
+    forget_edited_modules()
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise PluginError(f"{kind} {target!r}: {str(path)!r} is not a Python file")
     module = importlib.util.module_from_spec(spec)
+    before = set(sys.modules)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(text, str(path), "exec"), module.__dict__)
     except USER_CODE_FAILURES as error:
         del sys.modules[module_name]
         raise PluginError(f"{kind} {target!r}: {str(path)!r} fails to import: {first_line(error)}") from None
+    imported = [sys.modules[name] for name in set(sys.modules) - before if is_users(sys.modules[name])]
+    LOADED[module_name] = {used: file_sha(used) for used in [*user_modules(module), *imported]}
     return module
+
+
+# The user's modules that each module `load_file_module` ran imports or holds, with the sha256 of their
+# files then.
+LOADED: dict[str, dict[types.ModuleType, str | None]] = {}
+
+
+def forget_edited_modules() -> None:
+    """Take out of sys.modules each user module whose file was edited since a module of `load_file_module`
+    ran it, and that module: asked for again, both run the file's new text."""
+    for name, ran in list(LOADED.items()):
+        edited = [module for module, sha in ran.items() if file_sha(module) != sha]
+        if edited:
+            del LOADED[name]
+            sys.modules.pop(name, None)
+            for module in edited:
+                if sys.modules.get(module.__name__) is module:
+                    del sys.modules[module.__name__]
 
 
 def source_of(obj: object, target: str | None = None) -> Source:
     """Where `obj` (a class or function, or a `functools.partial` of one) is defined; `target` defaults to
     `module:qualname`, or `file.py:qualname` for a class of a file loaded by `load_target` or of a script
-    (`__main__`)."""
+    (`__main__`). PluginError where a user's file that `obj` runs was edited since this process first saw
+    `obj`: the code that would run is not the text the rows would be keyed by."""
     bound = None
     while isinstance(obj, functools.partial):
         bound = repr((obj.args, sorted(obj.keywords.items()), bound))
@@ -246,7 +273,27 @@ def source_of(obj: object, target: str | None = None) -> Source:
     uses = tuple(
         (used, hashlib.sha256(Path(used).read_bytes()).hexdigest()) for used in users_files_used(obj, file)
     )
+    check_not_edited_since_seen(obj, qualname, ((file, sha), *uses) if file else uses)
     return Source(target, module_name, qualname, file, sha, package, version, uses, bound)
+
+
+# The sha256 of each user file an object runs, as this process first saw them, by object: an object whose
+# file changed since runs the old text (its module is not imported again by an edit).
+FIRST_SEEN: "weakref.WeakKeyDictionary[object, tuple]" = weakref.WeakKeyDictionary()
+
+
+def check_not_edited_since_seen(obj: object, qualname: str, files: tuple[tuple[str, str], ...]) -> None:
+    try:
+        seen = FIRST_SEEN.setdefault(obj, files)
+    except TypeError:  # an object that takes no weak reference: not tracked
+        return
+    edited = sorted({path for path, _ in seen} - {path for path, sha in files if (path, sha) in seen})
+    if edited:
+        raise PluginError(
+            f"{qualname!r}: {edited[0]} was edited after {qualname!r} was loaded in this process, which "
+            "would run the old text under the new text's key; load it again (importlib.reload) or start "
+            "a new process"
+        )
 
 
 def defining_file(obj: object) -> str | None:
@@ -258,17 +305,48 @@ def defining_file(obj: object) -> str | None:
     return str(Path(file).resolve()) if file and Path(file).is_file() else None
 
 
+def file_sha(module: types.ModuleType) -> str | None:
+    """The sha256 of the file `module` was loaded from now (None where it has none any more)."""
+    file = getattr(module, "__file__", None)
+    return hashlib.sha256(Path(file).read_bytes()).hexdigest() if file and Path(file).is_file() else None
+
+
+def is_users(module: types.ModuleType | None) -> bool:
+    """Whether `module` is the user's: loaded from a file outside Python's, the installed packages' and
+    kvbench's folders."""
+    file = getattr(module, "__file__", None)
+    return bool(file) and not any(Path(file).resolve().is_relative_to(folder) for folder in not_users())
+
+
+@functools.cache
+def not_users() -> tuple[Path, ...]:
+    """The folders of Python's and the installed packages' files, and kvbench's."""
+    folders = {Path(path).resolve() for path in sysconfig.get_paths().values()}
+    return (*folders, Path(__file__).resolve().parents[1])
+
+
+def user_modules(obj: object) -> list[types.ModuleType]:
+    """The module of `obj`, then the user's modules it imported when `load_file_module` ran it or holds
+    classes, functions or modules of, and those that they hold, in turn."""
+    start = inspect.getmodule(obj)
+    found = [start] if start is not None else []
+    if start is not None:
+        found += [module for module in LOADED.get(start.__name__, {}) if module is not start]
+    looked = {id(module) for module in found}
+    for module in found:
+        for value in list(vars(module).values()):
+            held = value if inspect.ismodule(value) else None
+            if inspect.isclass(value) or inspect.isfunction(value):
+                held = inspect.getmodule(value)
+            if held is not None and id(held) not in looked:
+                looked.add(id(held))
+                if is_users(held):
+                    found.append(held)
+    return found
+
+
 def users_files_used(obj: object, own: str | None) -> list[str]:
-    """The user's files (outside Python's and the installed packages' folders) other than `own` that
-    define what the module of `obj` holds: a factory's press class, a press's helpers, from other files."""
-    installed = {Path(path).resolve() for path in sysconfig.get_paths().values()}
-    installed.add(Path(__file__).resolve().parents[1])  # kvbench itself
-    module = inspect.getmodule(obj)
-    files = set()
-    for value in (vars(module) if module is not None else {}).values():
-        if not (inspect.isclass(value) or inspect.isfunction(value) or inspect.ismodule(value)):
-            continue
-        file = defining_file(value)
-        if file and file != own and not any(Path(file).is_relative_to(folder) for folder in installed):
-            files.add(file)
-    return sorted(files)
+    """The user's files other than `own` that define what the module of `obj` holds, in turn: a factory's
+    press class, a press's helpers, from other files."""
+    files = {defining_file(module) for module in user_modules(obj)[1:]}
+    return sorted(file for file in files if file and file != own)

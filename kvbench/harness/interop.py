@@ -85,9 +85,12 @@ anything is written.
 Export writes one kvpress folder per (config, dataset, data_dir, context length, needle depth); a config's
 press is named by its report label (press and arguments) and its kvbench identity (config id, learned
 state) is in `press_init_command`. Its metrics.json holds kvbench's scores in kvpress's shape (as its scorer
-rounds and scales them; only the metrics kvbench computes). kvbench's rows hold no prompt text: `question`
-and `answer_prefix` are empty, and so is `max_new_tokens`. `fraction` stays 1.0: the leaderboard's own runs
-have 500 samples per RULER task, a kvbench export as many as kvbench ran.
+rounds and scales them; only the metrics kvbench computes). `question` and `answer_prefix` are the rows'
+own (empty for rows written before kvbench recorded them); `max_new_tokens` is empty. A text cell that
+would start a spreadsheet formula (`=`, `+`, `-`, `@`, a tab or a carriage return; a number such as `-0.5`
+is none) is written after a single quote (OWASP's advice against CSV injection); import takes the quote
+off again in the folders kvbench wrote (`press_init_command` "kvbench ..."). `fraction` stays 1.0: the
+leaderboard's own runs have 500 samples per RULER task, a kvbench export as many as kvbench ran.
 
 Import makes one row per line of predictions.csv, scored again with kvbench's implementation of the same
 official metric (the per-sample scores kvpress does not write), and marks it imported twice: its press is
@@ -138,6 +141,7 @@ PREDICTIONS = "predictions.csv"
 METRICS = "metrics.json"
 CONFIG = "config.yaml"
 IMPORTED = "kvpress"  # meta.imported of an imported row
+EXPORTED = "kvbench "  # how press_init_command starts in the folders kvbench writes
 SUFFIX = " (kvpress)"  # ... and its press name's suffix
 NO_PRESS = "no_press"  # kvpress's name of kvbench's "none"
 DECODING = "decoding_"  # the names of kvpress's DecodingPress runs (evaluate_registry.py)
@@ -255,6 +259,37 @@ def parse_list_cell(text: str) -> list[str]:
 
 def number_cell(value: float) -> str:
     return repr(float(value))
+
+
+# What starts a formula in a spreadsheet cell (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def opens_as_formula(text: str) -> bool:
+    """Whether a spreadsheet would read `text` as a formula, or `text` is such text quoted (so that a
+    quote of the user's own survives the round trip)."""
+    text = text.lstrip("'")
+    return text.startswith(FORMULA_START) and not is_number(text)
+
+
+def spreadsheet_safe(cell: object) -> str:
+    """`cell` as text a spreadsheet opens as text: a single quote before text that would start a formula
+    (OWASP's advice against CSV injection); a number (-0.5 is no formula) and other text as they are."""
+    text = str(cell)
+    return f"'{text}" if opens_as_formula(text) else text
+
+
+def unquoted(text: str) -> str:
+    """A cell `spreadsheet_safe` wrote, as it was."""
+    return text[1:] if text.startswith("'") and opens_as_formula(text[1:]) else text
 
 
 def mean(scores: list[float]) -> float:
@@ -899,23 +934,24 @@ def export_config(row: dict, out: Path) -> KvpressConfig:
         query_aware=row["protocol"] == "query-aware",
         needle_depth=target.needle_depth,
         output_dir=str(out),
-        press_init_command=f"kvbench {row['press']} (config {row['config_id']}{state})",
+        press_init_command=f"{EXPORTED}{row['press']} (config {row['config_id']}{state})",
         seed=int(row["seed"]),  # the seed kvbench's samples were made with, not kvpress's default
     )
 
 
 def predictions_csv(dataset: Dataset, config: KvpressConfig, rows: list[dict]) -> str:
     """predictions.csv of one folder: the dataset's columns but `context`, then `predicted_answer` and
-    `compression_ratio`; the cells kvbench's rows do not hold (the prompt) are empty."""
+    `compression_ratio`; the cells kvbench's rows do not hold (an older row's question) are empty, text that
+    would start a spreadsheet formula is quoted (`spreadsheet_safe`)."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    writer = csv.writer(buffer)  # lines end in CRLF (RFC 4180), so a cell holding a CR is quoted
     ratio = number_cell(config.compression_ratio or 0.0)
     writer.writerow([*dataset.columns, "predicted_answer", "compression_ratio"])
     for row in rows:
-        cells = dataset.cells(row)
-        writer.writerow(
-            [*(cells.get(column, "") for column in dataset.columns), row["prediction"] or "", ratio]
-        )
+        asked = {"question": row["question"] or "", "answer_prefix": row["answer_prefix"] or ""}
+        cells = {**asked, **dataset.cells(row)}
+        line = [*(cells.get(column, "") for column in dataset.columns), row["prediction"] or "", ratio]
+        writer.writerow([spreadsheet_safe(cell) for cell in line])
     return buffer.getvalue()
 
 
@@ -1059,6 +1095,8 @@ def folder_rows(folder: Path, root: Path) -> list[Row]:
     dataset = DATASETS[config.dataset]
     metrics = read_metrics(folder / METRICS, dataset)
     lines = read_predictions(folder / PREDICTIONS, ("predicted_answer", dataset.answer, *dataset.reads))
+    if (config.press_init_command or "").startswith(EXPORTED):  # kvbench's export quoted its formulas
+        lines = [{column: unquoted(cell) for column, cell in line.items()} for line in lines]
     ratio = (
         config.compression_ratio if config.compression_ratio is not None else config.head_compression_ratio
     )
@@ -1086,6 +1124,8 @@ def folder_rows(folder: Path, root: Path) -> list[Row]:
                 "length": dataset.length(config),
                 "sample_id": dataset.sample_id(task, line, index, config),
                 "prediction": prediction,
+                "question": line.get("question") or None,
+                "answer_prefix": line.get("answer_prefix") or None,
                 "references": sample.references,
                 "score": float(score_sample(sample, prediction)),
                 "meta": {**sample.meta, "imported": IMPORTED, "kvpress_folder": relative},

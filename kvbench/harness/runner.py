@@ -454,6 +454,8 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
                     protocol=config.protocol,
                     protocol_args=dict(config.protocol_args),
                     content_hash=content,
+                    question=part.question,
+                    answer_prefix=part.answer_prefix,
                     references=list(part.references),
                     meta={**part.meta, **place} if several else part.meta,
                 )

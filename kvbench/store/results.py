@@ -250,6 +250,10 @@ class Row:
     protocol: str = DEFAULT_PROTOCOL
     protocol_args: dict[str, Positive] = field(default_factory=dict)  # `check_protocol_args`
     content_hash: str | None = None  # Sample.content_hash; None in rows written before it existed
+    # What was asked on top of the context: the sample's question and answer prefix (None in rows written
+    # before they were recorded; `meta.question` is the place of a question in a context that asks several).
+    question: str | None = None
+    answer_prefix: str | None = None
     # What came out.
     prediction: str | None = None
     references: list[str] = field(default_factory=list)
