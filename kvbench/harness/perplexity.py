@@ -155,7 +155,7 @@ def perplexity_configs(
 
 def check_presses(configs: list[Config]) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, cannot compress a growing
-    cache, or scores with the queries of a window longer than a chunk (`engine.check_query_window`); the
+    cache, or scores with the queries of a window longer than a chunk (`engine.checks`); the
     presses, built (None for `none`). The engine (torch, kvpress: 15-20 s to import) comes in here."""
     from kvbench.engine import check_compresses_live
 
