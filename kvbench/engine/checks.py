@@ -8,11 +8,14 @@ from kvbench.core.config import PROTOCOLS, Config, protocol_of
 from kvbench.core.errors import BadInput
 from kvbench.engine.evaluate import protocol_run
 from kvbench.engine.steps import pressed_tree
-from kvbench.presses import PRESSES, config_press
+from kvbench.presses import config_press, press_of
+
+_UNBUILT = object()  # a check given no built press builds the config's own
 
 
-def check_protocol(config: Config) -> None:
-    """Fail before any work if a protocol is unknown, lacks its arguments, or cannot run the press."""
+def check_protocol(config: Config, press=_UNBUILT) -> None:
+    """Fail before any work if a protocol is unknown, lacks its arguments, or cannot run the press
+    (`press`: the config's, built; built here where not given)."""
     if config.protocol not in PROTOCOLS:
         raise BadInput(f"unknown protocol {config.protocol!r} (one of {', '.join(PROTOCOLS)})")
     protocol_run(PROTOCOLS[config.protocol])  # a plugin's run that does not import fails here, in one line
@@ -23,23 +26,24 @@ def check_protocol(config: Config) -> None:
     for name, value in args.items():
         if not isinstance(value, int) or value < 1:
             raise BadInput(f"--{name} must be a whole number of at least 1, got {value}")
-    if config.budget is not None and config.press in PRESSES and PRESSES[config.press].codec:
+    if config.budget is not None and press_of(config).codec:
         raise BadInput(
             f"press {config.press!r} is a codec: it stores every entry in fewer bits, so it takes --memory, "
             "not an absolute --budget of kept entries"
         )
     if protocol_of(config).several_questions or protocol_of(config).compresses_again:
-        check_compresses_live(config)
+        check_compresses_live(config, press)
 
 
-def check_compresses_live(config: Config) -> None:
+def check_compresses_live(config: Config, press=_UNBUILT) -> None:
     """Fail before any work if the config's press cannot compress a cache as it grows (kvpress's
     DecodingPress around it), which every protocol but query-agnostic and query-aware asks (multi-question
-    only shares the prefill), live-cache perplexity too (its configs' protocol is none of the engine's)."""
+    only shares the prefill), live-cache perplexity too (its configs' protocol is none of the engine's).
+    `press`: the config's, built; built here where not given."""
     if config.press == "none":
         return
     again = config.protocol not in PROTOCOLS or protocol_of(config).compresses_again
-    press = config_press(config)
+    press = config_press(config) if press is _UNBUILT else press
     if compresses_decoding(press) or not is_shareable(press):
         raise BadInput(
             f"press {config.press!r} cannot run under the {config.protocol} protocol: it changes the "
@@ -47,7 +51,7 @@ def check_compresses_live(config: Config) -> None:
             + ("; kvpress's DecodingPress takes scorers" if again else "")
         )
     if again:
-        if config.press in PRESSES and PRESSES[config.press].prefill_only:
+        if press_of(config).prefill_only:
             raise BadInput(
                 f"press {config.press!r} scores a whole prefill only (kvpress asserts it): it cannot "
                 f"compress the cache again under the {config.protocol} protocol"

@@ -20,7 +20,7 @@ from kvbench.core.config import PROTOCOLS, Config, Protocol, protocol_of
 from kvbench.core.errors import BadInput
 from kvbench.core.registry import first_line, load_target
 from kvbench.engine.steps import Run, run_alone
-from kvbench.presses import check_distinct_presses, config_press, needs_eager
+from kvbench.presses import check_distinct_presses, config_press, press_of
 from kvbench.tasks.base import Sample
 from kvbench.tasks.prompt import tokenize_sample
 
@@ -66,10 +66,11 @@ def _answer_sample(
     runs = []
     for config in configs:
         prompt = prompts[protocol_of(config).question_prefilled]
-        sized = sized_config(config, prompt.context_ids.shape[1])
+        resolved = press_of(config)  # carried by a planned config: the registry is not asked again
+        sized = sized_config(replace(config, resolved=resolved), prompt.context_ids.shape[1])
         # Each (sample, config) draws its own randomness: the same answer alone, in any sweep and on resume.
         press = seed_press(config_press(sized), f"{sample.task}/{sample.id}/{config!r}")
-        runs.append(Run(sized, press, needs_eager(config.press, dict(config.press_args)), prompt))
+        runs.append(Run(sized, press, resolved.needs_eager, prompt))
     check_distinct_presses([run.config for run in runs], [run.press for run in runs])
     # Runs that prefill the same prompt under one protocol share a prefill and a batched decoding.
     groups: dict[tuple, list[Run]] = {}

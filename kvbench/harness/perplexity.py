@@ -595,7 +595,7 @@ def run_record(plan: PerplexityPlan, frame, started: str) -> dict:
     """The run's full config, versions and commit; with `frame`, its perplexities and finish time too."""
     config = {
         "model": plan.model,
-        "configs": [dataclasses.asdict(config) for config in plan.configs],
+        "configs": [config.as_record() for config in plan.configs],
         "protocol": PROTOCOL,
         "protocol_args": {"every": plan.every},
         "tasks": sorted({text.source for text in plan.texts}),

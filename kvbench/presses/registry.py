@@ -24,6 +24,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvbench.core import resources
 from kvbench.core.config import Config
@@ -658,87 +659,236 @@ def _type_name(hint) -> str:
     return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
 
 
-def check_press_args(name: str, press_args: dict) -> None:
-    """Refuse unknown press arguments and values that do not fit the press's dataclass fields
-    (`window_size=abc`), so that a typo fails in the CLI instead of deep inside the first prefill."""
-    factory = PRESSES[name].factory
-    if factory is None:
-        return
-    if not factory.press_path:  # a user's factory: its signature says what it takes
-        try:
-            inspect.signature(factory.build).bind(0.0, **press_args)
-        except TypeError as error:
-            raise BadInput(f"bad press argument for {name!r}: {error}") from None
-        return
-    cls = press_class(factory.press_path)
-    fields = {field.name for field in dataclasses.fields(cls) if field.init}
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # annotations that do not resolve: only the names are checked
-        hints = {}
-    for key, value in press_args.items():
-        if key in factory.own_args:
-            continue
-        if key not in fields:
-            known = sorted(fields | set(factory.own_args))
-            hint = did_you_mean(key, known)
-            raise BadInput(f"press {name!r} has no argument {key!r}{hint} (it takes: {', '.join(known)})")
-        if key in hints and not _value_fits(value, hints[key]):
-            raise BadInput(
-                f"bad press argument for {name!r}: {key}={value!r} is not {_type_name(hints[key])}"
-            )
-
-
 def unknown_press(name: str) -> UnknownPress:
     return UnknownPress(f"unknown press {name!r}{did_you_mean(name, PRESSES)} (see `kvbench presses`)")
 
 
+@dataclass(frozen=True)
+class ResolvedPress:
+    """A press resolved once from the registry (`resolve`): its entry (factory, source and digest, what it
+    declares: codec, knob, prefill-only, needs) with its arguments, and the presses its `inner` argument
+    names, resolved too. Configs carry it (`Config.resolved`); checks, the planner and the engine ask it,
+    never the registry. It pickles as its spec (name, a user's target, arguments): a Ray worker resolves it
+    again in its own registry."""
+
+    spec: PressSpec
+    args: tuple[tuple[str, Any], ...] = ()
+    inner: "ResolvedPress | None" = None  # the press named by `inner` (or its default), for wrappers
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def codec(self) -> bool:
+        return self.spec.codec
+
+    @property
+    def knob(self) -> str:
+        return self.spec.knob
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.spec.prefill_only
+
+    @property
+    def source(self) -> Source | None:
+        return self.spec.source
+
+    @property
+    def needs_eager(self) -> bool:
+        """Whether it needs attention weights (so an eager attention implementation), itself or the press
+        given as its `inner`."""
+        given = self.inner is not None and "inner" in dict(self.args)
+        return "eager" in self.spec.needs or (given and self.inner.needs_eager)
+
+    @property
+    def needs_hub(self) -> bool:
+        return "hub" in self.spec.needs
+
+    def __reduce__(self):
+        target = self.source.target if self.source is not None else None
+        return (_resolved_again, (self.name, target, self.args, self.inner))
+
+    def check_args(self) -> None:
+        """Refuse unknown press arguments and values that do not fit the press's dataclass fields
+        (`window_size=abc`), so that a typo fails in the CLI instead of deep inside the first prefill."""
+        name, factory, press_args = self.name, self.spec.factory, dict(self.args)
+        if factory is None:
+            return
+        if not factory.press_path:  # a user's factory: its signature says what it takes
+            try:
+                inspect.signature(factory.build).bind(0.0, **press_args)
+            except TypeError as error:
+                raise BadInput(f"bad press argument for {name!r}: {error}") from None
+            return
+        cls = press_class(factory.press_path)
+        fields = {field.name for field in dataclasses.fields(cls) if field.init}
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:  # annotations that do not resolve: only the names are checked
+            hints = {}
+        for key, value in press_args.items():
+            if key in factory.own_args:
+                continue
+            if key not in fields:
+                known = sorted(fields | set(factory.own_args))
+                hint = did_you_mean(key, known)
+                raise BadInput(f"press {name!r} has no argument {key!r}{hint} (it takes: {', '.join(known)})")
+            if key in hints and not _value_fits(value, hints[key]):
+                raise BadInput(
+                    f"bad press argument for {name!r}: {key}={value!r} is not {_type_name(hints[key])}"
+                )
+
+    def check_runnable(self) -> None:
+        """Fail before any work if the press cannot run here (it needs an unreachable hub)."""
+        from kvbench.bridge import models
+
+        if self.needs_hub and not models.hub_reachable():
+            raise UnknownPress(
+                f"press {self.name!r} downloads files from the Hugging Face hub, which is not reachable"
+            )
+
+    def build(self, ratio: float, memory: float | None = None):
+        """The press at compression ratio `ratio`; None for `none`. `memory` (fraction of the 16-bit full
+        cache) is what a codec solves its own knobs for; without it a codec gets memory = 1 - ratio.
+        Evictors are given their ratio (1 - memory, chosen by the caller)."""
+        name, spec, press_args = self.name, self.spec, dict(self.args)
+        if not 0 <= ratio < 1:
+            raise BadInput(f"ratio must be in [0, 1), got {ratio}")
+        if spec.factory is None:
+            if press_args:
+                raise BadInput(f"press 'none' takes no press arguments, got {', '.join(press_args)}")
+            return None
+        self.check_args()
+        if spec.knob and ratio != 0:
+            raise BadInput(
+                f"press {name!r} is set by {spec.knob}, not by a ratio: give ratio 0 and --press-arg "
+                f"{spec.knob}="
+            )
+        if spec.knob and spec.knob not in press_args:
+            raise BadInput(
+                f"press {name!r} needs --press-arg {spec.knob}= (it sets how much the press removes)"
+            )
+        if spec.codec:
+            press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
+        if spec.source is not None:
+            return _built_by_user(spec, ratio, press_args)
+        try:
+            return spec.factory(ratio, **press_args)
+        except KvbenchError:
+            raise
+        except TypeError as error:
+            raise BadInput(f"bad press argument for {name!r}: {error}") from None
+        except (ValueError, AssertionError) as error:  # the press's own check of its arguments
+            raise BadInput(str(error) or f"bad press arguments for {name!r}: {press_args}") from None
+
+    def source_digests(self) -> list[str]:
+        """The digests of the user's files that define the press and the press it wraps (`inner`): part of
+        its rows' key, so that an edited press is scored again."""
+        own = [self.source.digest] if self.source is not None else []
+        return own + (self.inner.source_digests() if self.wraps and self.inner is not None else [])
+
+    def state(self, press) -> str | None:
+        """What a config's rows are keyed by beside its arguments: the learned state `press` (built from
+        this) loaded (`press_state`), then the digests of the user's files that define it."""
+        return "+".join(filter(None, [press_state(press), *self.source_digests()])) or None
+
+    def state_from_files(self, model_name: str) -> str | None:
+        """`state` once the press has loaded its state for `model_name`, read from files alone (no torch,
+        no model). Raises LookupError when a file is missing: only building the press can say what is
+        wrong."""
+        learned = self.learned_state_from_files(model_name)
+        return "+".join(filter(None, [learned, *self.source_digests()])) or None
+
+    def learned_state_from_files(self, model_name: str) -> str | None:
+        """What `press_state` gives the press once it has loaded its state for `model_name`, read from the
+        learned state's files alone (no torch, no model): the digests of its own state (PressSpec.state)
+        and of the inner press it wraps (built with its defaults), joined by "+". Raises LookupError when
+        a file is missing: only building the press can say what is wrong."""
+        learned, digests = self.spec.state, []
+        if learned is not None:
+            folder = dict(self.args).get(learned.folder_arg)
+            folder = (
+                Path(folder)
+                if folder
+                else resources.learned_state_dir(learned.method, model_name.replace("/", "--"))
+            )
+            path = folder / learned.file
+            if not path.is_file():
+                raise LookupError(path)
+            data = path.read_text().encode() if learned.hashes_text else path.read_bytes()
+            digests.append(hashlib.sha256(data).hexdigest()[:12])
+        if self.wraps:
+            if self.inner is None:
+                raise LookupError(self.inner_name)
+            digests.append(self.inner.learned_state_from_files(model_name))
+        return "+".join(filter(None, digests)) or None
+
+    @property
+    def wraps(self) -> bool:
+        """Whether it wraps the press its `inner` argument names (kvbench's wrappers)."""
+        return self.spec.factory is not None and "inner" in self.spec.factory.own_args
+
+    @property
+    def inner_name(self):
+        """The `inner` argument given, else the wrapper's default; None for a press that wraps none."""
+        given = dict(self.args)
+        if "inner" in given:
+            return given["inner"]
+        if self.wraps:
+            return inspect.signature(self.spec.factory.build).parameters["inner"].default
+        return None
+
+
+def resolve(name: str, press_args: dict | tuple = ()) -> ResolvedPress:
+    """The press `name` of the registry with its arguments, resolved once (the one place that asks the
+    registry for a press by name); UnknownPress for a name the registry does not hold."""
+    spec = PRESSES.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise unknown_press(str(name))
+    args = tuple(sorted(dict(press_args).items()))
+    resolved = ResolvedPress(spec, args)
+    inner = resolved.inner_name
+    if isinstance(inner, str) and inner in PRESSES:
+        resolved = dataclasses.replace(resolved, inner=resolve(inner))
+    return resolved
+
+
+def _resolved_again(name: str, target: str | None, args: tuple, inner: ResolvedPress | None) -> ResolvedPress:
+    """A ResolvedPress unpickled in another process (a Ray worker): a user's press registered there from
+    its target first (`inner`, unpickled before, has registered itself)."""
+    if target is not None:
+        resolve_press(target, name)
+    return resolve(name, args)
+
+
+def press_of(config: Config) -> ResolvedPress:
+    """The resolved press a config carries (`Config.resolved`, set where it was planned), else its press
+    resolved now."""
+    carried = config.resolved
+    if (
+        isinstance(carried, ResolvedPress)
+        and carried.name == config.press
+        and carried.args == tuple(sorted(config.press_args))
+    ):
+        return carried
+    return resolve(config.press, config.press_args)
+
+
+def check_press_args(name: str, press_args: dict) -> None:
+    """`ResolvedPress.check_args` of the press `name` with `press_args`."""
+    resolve(name, press_args).check_args()
+
+
 def check_press_runnable(name: str) -> None:
     """Fail before any work if a press cannot run here (unknown, or needs an unreachable hub)."""
-    if name not in PRESSES:
-        raise unknown_press(name)
-    from kvbench.bridge import models
-
-    if "hub" in PRESSES[name].needs and not models.hub_reachable():
-        raise UnknownPress(
-            f"press {name!r} downloads files from the Hugging Face hub, which is not reachable"
-        )
+    resolve(name).check_runnable()
 
 
 def build_press(name: str, ratio: float, /, memory: float | None = None, **press_args):
-    """The press `name` at compression ratio `ratio`; None for `none`.
-
-    `memory` (fraction of the 16-bit full cache) is what a codec press solves its own knobs for; without it
-    a codec gets memory = 1 - ratio. Evictors are given their ratio (1 - memory, chosen by the caller).
-    """
-    if name not in PRESSES:
-        raise unknown_press(name)
-    if not 0 <= ratio < 1:
-        raise BadInput(f"ratio must be in [0, 1), got {ratio}")
-    spec = PRESSES[name]
-    if spec.factory is None:
-        if press_args:
-            raise BadInput(f"press 'none' takes no press arguments, got {', '.join(press_args)}")
-        return None
-    check_press_args(name, press_args)
-    if spec.knob and ratio != 0:
-        raise BadInput(
-            f"press {name!r} is set by {spec.knob}, not by a ratio: give ratio 0 and --press-arg {spec.knob}="
-        )
-    if spec.knob and spec.knob not in press_args:
-        raise BadInput(f"press {name!r} needs --press-arg {spec.knob}= (it sets how much the press removes)")
-    if spec.codec:
-        press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
-    if spec.source is not None:
-        return _built_by_user(spec, ratio, press_args)
-    try:
-        return spec.factory(ratio, **press_args)
-    except KvbenchError:
-        raise
-    except TypeError as error:
-        raise BadInput(f"bad press argument for {name!r}: {error}") from None
-    except (ValueError, AssertionError) as error:  # the press's own check of its arguments (kvpress asserts)
-        raise BadInput(str(error) or f"bad press arguments for {name!r}: {press_args}") from None
+    """The press `name` at compression ratio `ratio` (`ResolvedPress.build`); None for `none`."""
+    return resolve(name, press_args).build(ratio, memory)
 
 
 def _built_by_user(spec: PressSpec, ratio: float, press_args: dict):
@@ -765,7 +915,7 @@ def check_distinct_presses(configs: list[Config], presses: list) -> None:
     configs would share its ratio and state, the last built setting them for all."""
     seen: dict[int, Config] = {}
     for config, press in zip(configs, presses, strict=True):
-        if press is None or PRESSES[config.press].source is None:
+        if press is None or press_of(config).source is None:
             continue
         first = seen.setdefault(id(press), config)
         if first is not config:
@@ -776,10 +926,10 @@ def check_distinct_presses(configs: list[Config], presses: list) -> None:
 
 
 def config_press(config: Config):
-    """The press of a config, as `build_press` makes it; None for `none`."""
+    """The press of a config, as `ResolvedPress.build` makes it; None for `none`."""
     if config.press == "none":
         return None
-    return build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
+    return press_of(config).build(config.ratio, config.memory)
 
 
 def press_state(press) -> str | None:
@@ -795,62 +945,17 @@ def press_state(press) -> str | None:
     return "+".join(digests) or None
 
 
-def _source_digests(name: str, press_args: dict) -> list[str]:
-    """The digests of the user's files that define the press `name` and the press it wraps (`inner`):
-    part of its rows' key, so that an edited press is scored again."""
-    spec = PRESSES[name]
-    digests = [spec.source.digest] if spec.source is not None else []
-    if spec.factory is not None and "inner" in spec.factory.own_args:
-        inner = press_args.get("inner", inspect.signature(spec.factory.build).parameters["inner"].default)
-        if isinstance(inner, str) and inner in PRESSES:
-            digests += _source_digests(inner, {})
-    return digests
-
-
 def config_state(name: str, press_args: dict, press) -> str | None:
-    """What a config's rows are keyed by beside its arguments: the learned state `press` loaded
-    (`press_state`), then the digests of the user's files that define it (`_source_digests`)."""
-    return "+".join(filter(None, [press_state(press), *_source_digests(name, press_args)])) or None
+    """`ResolvedPress.state` of the press `name` with `press_args`, built as `press`."""
+    return resolve(name, press_args).state(press)
 
 
 def press_state_from_files(name: str, press_args: dict, model_name: str) -> str | None:
-    """`config_state` of the press `name` built with `press_args` once it has loaded its state for
-    `model_name`, read from files alone (no torch, no model). Raises LookupError when a file is missing:
-    only building the press can say what is wrong."""
-    learned = _learned_state_from_files(name, press_args, model_name)
-    return "+".join(filter(None, [learned, *_source_digests(name, press_args)])) or None
-
-
-def _learned_state_from_files(name: str, press_args: dict, model_name: str) -> str | None:
-    """What `press_state` gives the press `name` built with `press_args` once it has loaded its state for
-    `model_name`, read from the learned state's files alone (no torch, no model): the digests of its own
-    state (PressSpec.state) and of the inner press it wraps (built with its defaults), joined by "+".
-    Raises LookupError when a file is missing: only building the press can say what is wrong."""
-    spec = PRESSES[name]
-    digests = []
-    if spec.state is not None:
-        folder = press_args.get(spec.state.folder_arg)
-        folder = (
-            Path(folder)
-            if folder
-            else resources.learned_state_dir(spec.state.method, model_name.replace("/", "--"))
-        )
-        path = folder / spec.state.file
-        if not path.is_file():
-            raise LookupError(path)
-        data = path.read_text().encode() if spec.state.hashes_text else path.read_bytes()
-        digests.append(hashlib.sha256(data).hexdigest()[:12])
-    if spec.factory is not None and "inner" in spec.factory.own_args:
-        inner = press_args.get("inner", inspect.signature(spec.factory.build).parameters["inner"].default)
-        if inner not in PRESSES:
-            raise LookupError(inner)
-        digests.append(_learned_state_from_files(inner, {}, model_name))
-    return "+".join(filter(None, digests)) or None
+    """`ResolvedPress.state_from_files` of the press `name` with `press_args`."""
+    return resolve(name, press_args).state_from_files(model_name)
 
 
 def needs_eager(name: str, press_args: dict | None = None) -> bool:
-    """Whether a press needs attention weights (so an eager attention implementation)."""
-    if name not in PRESSES:
-        return False
-    inner = (press_args or {}).get("inner")
-    return "eager" in PRESSES[name].needs or (inner is not None and needs_eager(inner))
+    """Whether a press needs attention weights (so an eager attention implementation); False for a name
+    the registry does not hold."""
+    return name in PRESSES and resolve(name, press_args or {}).needs_eager
