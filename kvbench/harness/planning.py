@@ -250,7 +250,7 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
     presses = []
     for config in configs:
         press_of(config).check_runnable()
-        presses.append(config_press(config))
+        presses.append(press_of(config).build(config.ratio, config.memory))  # none with arguments fails
         check_protocol(config, presses[-1])
     check_distinct_presses(configs, presses)
     tried = set()  # one trial per press, arguments and protocol: at its highest ratio, where presses break
