@@ -15,9 +15,9 @@ Under the query-agnostic protocol both counts are 0 by construction: QEvict comp
 import argparse
 from unittest.mock import patch
 
-from kvbench import engine
 from kvbench.bridge.models import load_model
 from kvbench.core.config import Config
+from kvbench.engine import evaluate as engine
 from kvbench.harness.planning import configs_for_run
 from kvbench.presses.qevict import QEvictPress
 from kvbench.tasks import load_combined_samples, load_samples, score_sample

@@ -9,11 +9,11 @@ import torch
 from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, PrefillDecodingPress
 from transformers import DynamicCache
 
-from kvbench import engine
 from kvbench.bridge import adapter
 from kvbench.bridge.models import EMBEDDED, converted, load_model, load_tokenizer
 from kvbench.core.config import Config
 from kvbench.engine import decoder, evaluate_sample, steps
+from kvbench.engine import evaluate as engine
 from kvbench.engine.decoder import BatchedDecoder
 from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy

@@ -17,11 +17,11 @@ from kvpress.presses import restorekv_press
 from safetensors.torch import save_file
 from test_engine import MAX_NEW_TOKENS, stepwise_reference, word_soup_sample
 
-from kvbench import engine
 from kvbench.bridge import adapter
 from kvbench.bridge.models import EMBEDDED, converted
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput, UnknownPress
+from kvbench.engine import evaluate as engine
 from kvbench.engine import evaluate_sample
 from kvbench.presses import NOT_REGISTERED, PRESSES, build_press, config_press, press_class
 

@@ -231,3 +231,73 @@ def test_hub_presses_fail_before_work_when_the_hub_is_unreachable(monkeypatch):
     with pytest.raises(UnknownPress, match="hub"):
         check_press_runnable("fastkvzip")
     check_press_runnable("snapkv")  # offline presses never ask
+
+
+class AskedAgain(dict):
+    """A registry that fails when asked for a press by name: what a planned config must not do."""
+
+    def __init__(self, real):
+        super().__init__(real.entries)
+
+    def get(self, *args):
+        raise AssertionError("the registry was asked again")
+
+    __getitem__ = __contains__ = get
+
+
+def test_a_planned_press_is_resolved_once_and_carried(monkeypatch):
+    """Planning resolves each press once; its configs carry it, so the checks (arguments, protocol, the
+    trial run through the engine on a tiny model) and the rows' keys never ask the registry again."""
+    from kvbench.harness import planning
+    from kvbench.presses import registry as owner
+
+    configs = planning.configs_for_sweep(
+        "knorm,snapkv", ratios="0.25,0.5", press_args={"snapkv.window_size": 4}
+    )
+    assert all(isinstance(config.resolved, registry.ResolvedPress) for config in configs)
+    assert {config.press: config.resolved.args for config in configs}["snapkv"] == (("window_size", 4),)
+    monkeypatch.setattr(owner, "PRESSES", AskedAgain(owner.PRESSES))
+    presses = planning.check_configs(configs, 64)  # snapkv's arguments are tried on the tiny model too
+    assert [type(press).__name__ for press in presses] == [
+        "NoneType",
+        *["KnormPress"] * 2,
+        *["SnapKVPress"] * 2,
+    ]
+    assert all(config.resolved.state(press) is None for config, press in zip(configs, presses, strict=True))
+
+
+def test_a_resolved_press_is_no_part_of_a_configs_identity():
+    """Rows are keyed by the config's fields as before: the resolved press is not compared, hashed, shown
+    or recorded, so every results folder written before it still resumes."""
+    from kvbench.core.config import Config
+
+    bare = Config("snapkv", 0.5, (("window_size", 4),))
+    carried = Config(
+        "snapkv", 0.5, (("window_size", 4),), resolved=registry.resolve("snapkv", {"window_size": 4})
+    )
+    assert carried == bare and hash(carried) == hash(bare) and repr(carried) == repr(bare)
+    assert carried.as_record() == bare.as_record() and "resolved" not in carried.as_record()
+
+
+def test_a_resolved_press_pickles_as_its_spec(tmp_path):
+    """A Ray worker gets a resolved press as its spec (name, a user's target, arguments) and resolves it in
+    its own registry: a user's press given by its file is registered there from the target."""
+    import pickle
+    import subprocess
+    import sys
+
+    (tmp_path / "mine.py").write_text(
+        "from dataclasses import dataclass\nfrom kvpress import KnormPress\n\n\n"
+        "@dataclass\nclass Mine(KnormPress):\n    pass\n"
+    )
+    name = registry.resolve_press(f"{tmp_path / 'mine.py'}:Mine")
+    wrapped = registry.resolve("adakv", {"inner": name})
+    assert wrapped.inner.source is not None and wrapped.source_digests() == [wrapped.inner.source.digest]
+    shipped = pickle.dumps(wrapped)
+    assert b"compression_ratio" not in shipped  # the spec, not the factory and its class
+    code = (
+        "import pickle, sys; press = pickle.loads(sys.stdin.buffer.read()); "
+        "print(press.name, dict(press.args)['inner'], type(press.build(0.5).press).__name__)"
+    )
+    worker = subprocess.run([sys.executable, "-c", code], input=shipped, capture_output=True, check=True)
+    assert worker.stdout.decode().split() == ["adakv", "Mine", "Mine"]

@@ -114,7 +114,7 @@ def test_every_press_answers_the_same_alone_in_a_sweep_and_on_resume(tiny_model_
 @pytest.mark.parametrize("tiny_model_dir", ["llama"], indirect=True)
 def test_without_seeding_the_drawing_presses_depend_on_their_neighbours(tiny_model_dir, setup, monkeypatch):
     """The check above can fail: unseeded, leverage and friends change with what shares the sweep."""
-    monkeypatch.setattr("kvbench.engine.seed_press", lambda press, key: press)
+    monkeypatch.setattr("kvbench.engine.evaluate.seed_press", lambda press, key: press)
     torch.manual_seed(0)
     first = answers(setup, [Config("none", 0.0), *DRAWING])
     second = answers(setup, [*reversed(DRAWING)])

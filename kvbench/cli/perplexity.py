@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from kvbench.cli import model_options
+from kvbench.cli.options import model_options
 from kvbench.cli.types import Folder, Whole
 from kvbench.core.validation import MAX_COUNT
 from kvbench.harness.perplexity import (

@@ -2,7 +2,7 @@
 
 import click
 
-from kvbench.cli import model_options
+from kvbench.cli.options import model_options
 from kvbench.cli.types import Folder
 from kvbench.harness.speed import DEFAULT_LENGTHS, DEFAULT_PRESSES, cost_table, plan_speed, run_speed
 

@@ -7,7 +7,7 @@ the engine. Building a config's press is `presses.config_press(config)`.
 import contextlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvbench.core.errors import BadInput
@@ -189,7 +189,12 @@ class Config:
     are hashable; `press_state` is the digest of the learned state the press loads (`presses.press_state`);
     `memory` is the budget asked for (fraction of the 16-bit full cache) when the config was given one;
     `budget` the absolute number of KV entries kept per head (and per layer) when given one instead: each
-    sample's ratio is then 1 - budget / its context length (`ratio` holds 0.0)."""
+    sample's ratio is then 1 - budget / its context length (`ratio` holds 0.0).
+
+    `press` is the registry's name, what rows record and are keyed by; `resolved` is the press resolved
+    once where the config was planned (`presses.ResolvedPress`: its factory, arguments, source and what it
+    declares), which checks and the engine ask instead of the registry. It is no part of the config's
+    identity: not compared, hashed, shown or recorded."""
 
     press: str
     ratio: float
@@ -199,6 +204,11 @@ class Config:
     protocol: str = DEFAULT_PROTOCOL
     protocol_args: tuple[tuple[str, int], ...] = ()
     budget: int | None = None
+    resolved: Any = field(default=None, compare=False, repr=False)
+
+    def as_record(self) -> dict:
+        """The config as run records write it: every field but `resolved`."""
+        return {item.name: getattr(self, item.name) for item in fields(self) if item.name != "resolved"}
 
 
 def budget_label(ratio: float, memory: float | None = None, budget: int | None = None) -> str:

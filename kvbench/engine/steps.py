@@ -33,7 +33,7 @@ from kvbench.bridge.adapter import (
 from kvbench.core.config import Config
 from kvbench.core.press_hooks import declared
 from kvbench.engine.decoder import BatchedDecoder
-from kvbench.presses import PRESSES
+from kvbench.presses import press_of
 from kvbench.tasks.prompt import Prompt
 
 BYTES_PER_VALUE = 2  # memory is counted as a 16-bit cache stores it, whatever dtype the run computes in
@@ -76,7 +76,7 @@ def budget_entries(config: Config, context_length: int) -> int:
     16-bit entries (which a codec given a target ratio reads so)."""
     if config.budget is not None:
         return min(config.budget, context_length)
-    codec = config.press in PRESSES and PRESSES[config.press].codec
+    codec = press_of(config).codec
     memory = config.memory if config.memory is not None else 1 - config.ratio
     return compute_n_kept(context_length, 1 - memory if codec else config.ratio)
 

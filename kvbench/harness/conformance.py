@@ -41,15 +41,7 @@ from typing import Any
 from kvbench.core.config import PROTOCOLS, Config
 from kvbench.core.press_hooks import declared
 from kvbench.core.validation import STRICT
-from kvbench.presses import (
-    PRESSES,
-    build_press,
-    check_press_args,
-    check_press_runnable,
-    config_press,
-    needs_eager,
-    resolve_press,
-)
+from kvbench.presses import PRESSES, ResolvedPress, build_press, config_press, resolve, resolve_press
 
 CHECKS = (
     "budget kept",
@@ -122,20 +114,24 @@ class Target:
     name: str
     args: tuple
 
+    @functools.cached_property
+    def resolved(self) -> ResolvedPress:
+        return resolve(self.name, self.args)
+
     def config(self, ratio: float, **changes) -> Config:
         """A config of the press at `ratio`: a codec at memory 1 - ratio, a press set by a knob of its own
         at ratio 0 (its knob among the arguments)."""
-        spec = PRESSES[self.name]
-        if spec.codec:
-            return Config(self.name, 0.0, self.args, memory=1 - ratio, **changes)
-        return Config(self.name, 0.0 if spec.knob else ratio, self.args, **changes)
+        press = self.resolved
+        if press.codec:
+            return Config(self.name, 0.0, self.args, memory=1 - ratio, resolved=press, **changes)
+        return Config(self.name, 0.0 if press.knob else ratio, self.args, resolved=press, **changes)
 
     def press(self, ratio: float = RATIO):
         return config_press(self.config(ratio))
 
     @property
     def eager(self) -> bool:
-        return needs_eager(self.name, dict(self.args))
+        return self.resolved.needs_eager
 
 
 class NotApplicable(Exception):
@@ -284,7 +280,7 @@ def kind_of(target: Target, press) -> str:
     "evictor"."""
     from kvpress import DecodingPress, ThinKPress
 
-    if PRESSES[target.name].codec or declared(press, "shares_prefill", False):
+    if target.resolved.codec or declared(press, "shares_prefill", False):
         return "codec"
     if isinstance(press, DecodingPress):
         return "decoding"
@@ -304,7 +300,7 @@ def check_budget(subject: Subject, target: Target) -> str:
     layers, heads = subject.shape
     ids = subject.context_ids()
     length = ids.shape[1]
-    spec = PRESSES[target.name]
+    spec = target.resolved
     from kvpress import ScorerPress
     from kvpress.utils import compute_n_kept
 
@@ -714,7 +710,7 @@ def check_protocols(subject: Subject, target: Target) -> str:
             raise AssertionError(f"{protocol} crashes: {type(error).__name__}: {error}") from None
         for turn, row in enumerate(rows):
             promised = budget_entries(config, row["context_tokens"]) * layers * heads
-            if kind_of(target, target.press()) != "evictor" or PRESSES[target.name].knob:
+            if kind_of(target, target.press()) != "evictor" or target.resolved.knob:
                 continue  # a codec holds every entry; a knob press's budget is its own
             if row["kv_kept"] != promised:
                 raise AssertionError(
@@ -803,17 +799,16 @@ def check_press(
     from kvbench.bridge.models import EMBEDDED
 
     name = resolve_press(press)
-    if PRESSES[name].factory is None:
+    target = Target(name, tuple(sorted(dict(press_args or {}).items())))
+    resolved = target.resolved  # the press, resolved once
+    if resolved.spec.factory is None:
         from kvbench.core.errors import BadInput
 
         raise BadInput(f"press {name!r} compresses nothing: there is nothing to check")
-    args = dict(press_args or {})
-    check_press_runnable(name)
-    check_press_args(name, args)
-    target = Target(name, tuple(sorted(args.items())))
-    spec = PRESSES[name]
+    resolved.check_runnable()
+    resolved.check_args()
     # Every budget the battery builds (a codec's at RATIO only): a bad argument fails here, in one line.
-    for ratio in (RATIO,) if spec.codec or spec.knob else RATIOS:
+    for ratio in (RATIO,) if resolved.codec or resolved.knob else RATIOS:
         config_press(target.config(ratio))
     subjects = tiny_subjects() + ([] if quick else [loaded_subject(model or EMBEDDED)])
     outcomes: dict[str, list[tuple[str, str]]] = {check: [] for check in CHECKS}
@@ -963,10 +958,11 @@ def board(results: dict[str, list[Check]], skipped: dict[str, str]) -> str:
     failures = [(name, c) for name, checks in results.items() for c in checks if c.verdict == "fail"]
     if failures:
         lines += ["", "Failures:", ""] + [f"- {name}, {c.name}: {c.evidence}" for name, c in failures]
-    caveats = [name for name in results if PRESSES[name].caveat and failed(results[name])]
+    caveats = {name: resolve(name).spec.caveat for name in results}
+    caveats = {name: caveat for name, caveat in caveats.items() if caveat and failed(results[name])}
     if caveats:
         lines += ["", "Stated in `kvbench presses`:", ""] + [
-            f"- {name}: {PRESSES[name].caveat}" for name in caveats
+            f"- {name}: {caveat}" for name, caveat in caveats.items()
         ]
     return "\n".join(lines) + "\n"
 
@@ -998,7 +994,7 @@ def write_record(folder, name: str, press_args: dict, checks: list[Check], *, qu
     from datetime import datetime, timezone
     from pathlib import Path
 
-    source = PRESSES[name].source
+    source = resolve(name, press_args).source
     record = ConformanceRecord(
         press=name,
         press_args=dict(press_args),

@@ -54,7 +54,7 @@ from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.core.resources import lm_eval_tasks_dir
 from kvbench.engine.steps import Run, answer_question, cache_entries, kv_counts, prefill_shared, run_alone
 from kvbench.harness.planning import check_configs, check_learned_state, check_uncompressed, parse_ratio
-from kvbench.presses import config_press, config_state, needs_eager, resolve_press
+from kvbench.presses import config_press, resolve, resolve_press
 from kvbench.store.results import ResultsStore, Row, config_id
 from kvbench.tasks import ruler
 from kvbench.tasks.prompt import Prompt
@@ -109,7 +109,8 @@ class KVBenchLM(HFLM):
         check_uncompressed(self.press_name, self.compression_ratio, "compression_ratio")
         self.press_args = {**(press_args or {}), **more_press_args}
         # Presses that score with attention weights get an eager model, as `kvbench run` gives them.
-        self.eager = needs_eager(self.press_name, self.press_args)
+        self.resolved = resolve(self.press_name, self.press_args)  # the press, resolved once
+        self.eager = self.resolved.needs_eager
         check_configs([self.new_run().config])  # unknown press or bad arguments fail before the model loads
         probe = self.new_run().press
         check_learned_state([probe], pretrained)  # so do agents missing or made for another model
@@ -124,13 +125,14 @@ class KVBenchLM(HFLM):
         super().__init__(pretrained=model, tokenizer=model_tokenizer, batch_size=1, max_length=max_length)
         if probe is not None:
             probe.post_init_from_model(model)  # e.g. KVP agents made for another model fail here
-        self.press_state = config_state(self.press_name, self.press_args, probe)  # a user's files' digest too
+        self.press_state = self.resolved.state(probe)  # a user's files' digest too
         self.stats: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> measurements of its requests
         self.protocols: dict[str, str] = {}  # task -> the protocol its requests ran under
 
     def new_run(self, prompt: Prompt | None = None) -> Run:
         """A fresh press per request, as `kvbench run` builds one per sample (stateful presses start over)."""
-        config = Config(self.press_name, self.compression_ratio, tuple(sorted(self.press_args.items())))
+        args = tuple(sorted(self.press_args.items()))
+        config = Config(self.press_name, self.compression_ratio, args, resolved=self.resolved)
         return Run(config, seed_press(config_press(config), f"lm-eval/{config!r}"), self.eager, prompt)
 
     @property

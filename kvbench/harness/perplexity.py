@@ -64,7 +64,7 @@ from kvbench.harness.planning import (
     parse_ratio,
     split,
 )
-from kvbench.presses import build_press, check_press_runnable, resolve_press
+from kvbench.presses import config_press, press_of, resolve_press
 from kvbench.store.results import ResultsStore, Row, check_writable, config_id_of
 
 PROTOCOL = "perplexity"
@@ -155,17 +155,16 @@ def perplexity_configs(
 
 def check_presses(configs: list[Config]) -> list:
     """Fail before any work if a press cannot run here, takes bad arguments, cannot compress a growing
-    cache, or scores with the queries of a window longer than a chunk (`engine.check_query_window`); the
+    cache, or scores with the queries of a window longer than a chunk (`engine.checks`); the
     presses, built (None for `none`). The engine (torch, kvpress: 15-20 s to import) comes in here."""
     from kvbench.engine import check_compresses_live
 
+    presses = []
     for config in configs:
-        check_press_runnable(config.press)
-        check_compresses_live(config)
-    return [
-        build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
-        for config in configs
-    ]
+        press_of(config).check_runnable()
+        presses.append(press_of(config).build(config.ratio, config.memory))  # none with arguments fails
+        check_compresses_live(config, presses[-1])
+    return presses
 
 
 # ---- Texts ----
@@ -510,7 +509,6 @@ def evaluate_text(
     from kvbench.bridge.adapter import clock, empty_batch, seed_press
     from kvbench.engine.decoder import BatchedDecoder
     from kvbench.engine.steps import Run, attention_rows, budget_entries, kv_counts, stepwise_presses
-    from kvbench.presses import config_press, needs_eager
     from kvbench.tasks.prompt import Prompt
 
     ids = torch.tensor([text.ids], device=model.device)
@@ -523,7 +521,7 @@ def evaluate_text(
         Run(
             config,
             seed_press(config_press(config), f"{text.source}/{text.id}/{config!r}"),
-            needs_eager(config.press, dict(config.press_args)),
+            press_of(config).needs_eager,
             prompt,
         )
         for config in (configs[index] for index in order)
@@ -595,7 +593,7 @@ def run_record(plan: PerplexityPlan, frame, started: str) -> dict:
     """The run's full config, versions and commit; with `frame`, its perplexities and finish time too."""
     config = {
         "model": plan.model,
-        "configs": [dataclasses.asdict(config) for config in plan.configs],
+        "configs": [config.as_record() for config in plan.configs],
         "protocol": PROTOCOL,
         "protocol_args": {"every": plan.every},
         "tasks": sorted({text.source for text in plan.texts}),

@@ -20,16 +20,7 @@ from kvbench.core.config import DEFAULT_PROTOCOL, PROTOCOLS, Config, protocol_by
 from kvbench.core.errors import BadInput, KvbenchError, KvbenchWarning
 from kvbench.core.press_hooks import declared
 from kvbench.core.validation import as_paths, parse_float, parse_int
-from kvbench.presses import (
-    PRESSES,
-    build_press,
-    check_distinct_presses,
-    check_press_runnable,
-    config_press,
-    config_state,
-    resolve_press,
-    unknown_press,
-)
+from kvbench.presses import check_distinct_presses, config_press, press_of, resolve, resolve_press
 
 DEFAULT_SUITE = "ruler-smoke"
 DEFAULT_LENGTH = 1024  # RULER tasks named without a suite or a length
@@ -100,21 +91,16 @@ def budget_configs(
     """The configs of one press: one per ratio, per memory budget (evictors at ratio 1 - memory, codecs
     solving their own knobs for it), or per absolute budget (each sample's ratio set from its length). An
     unknown press name fails here, before anything heavy."""
-    if press not in PRESSES:
-        raise unknown_press(press)
+    resolved = resolve(press, press_args)  # the press, resolved once: every config carries it
     name, protocol_args = protocol
+    common = dict(press_args=press_args, protocol=name, protocol_args=protocol_args, resolved=resolved)
     if budgets:
-        return [
-            Config(press, 0.0, press_args, protocol=name, protocol_args=protocol_args, budget=b)
-            for b in budgets
-        ]
+        return [Config(press, 0.0, budget=b, **common) for b in budgets]
     if memories:
-        codec = PRESSES[press].codec
         return [
-            Config(press, 0.0 if codec else round(1 - m, 10), press_args, None, m, name, protocol_args)
-            for m in memories
+            Config(press, 0.0 if resolved.codec else round(1 - m, 10), memory=m, **common) for m in memories
         ]
-    return [Config(press, r, press_args, protocol=name, protocol_args=protocol_args) for r in ratios]
+    return [Config(press, r, **common) for r in ratios]
 
 
 def check_uncompressed(press: str, ratio: float | None, option: str) -> None:
@@ -205,7 +191,8 @@ def configs_for_sweep(
     if not names or not (ratio_values or memory_values or budget_values):
         raise BadInput("--presses and --ratios (or --memory, or --budget) must each name at least one value")
     protocol_ = checked_protocol(protocol, **protocol_args)
-    configs = [Config("none", 0.0, protocol=protocol_[0], protocol_args=protocol_[1])] + [
+    none = Config("none", 0.0, protocol=protocol_[0], protocol_args=protocol_[1], resolved=resolve("none"))
+    configs = [none] + [
         config
         for name in names
         if name != "none"
@@ -241,7 +228,7 @@ def drop_unreachable_budgets(configs: list[Config]) -> list[Config]:
     """The configs but those of codecs at a memory they cannot reach, each said in a KvbenchWarning."""
     kept = []
     for config in configs:
-        if config.press in PRESSES and PRESSES[config.press].codec:
+        if press_of(config).codec:
             try:
                 config_press(config)
             except BadInput as error:
@@ -260,21 +247,20 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
     so kvpress and torch: the checks of names, numbers and paths come before it."""
     from kvbench.engine import check_protocol
 
+    presses = []
     for config in configs:
-        check_press_runnable(config.press)
-        check_protocol(config)
-    presses = [
-        build_press(config.press, config.ratio, memory=config.memory, **dict(config.press_args))
-        for config in configs
-    ]
+        press_of(config).check_runnable()
+        presses.append(press_of(config).build(config.ratio, config.memory))  # none with arguments fails
+        check_protocol(config, presses[-1])
     check_distinct_presses(configs, presses)
     tried = set()  # one trial per press, arguments and protocol: at its highest ratio, where presses break
     for config in sorted(configs, key=lambda config: -config.ratio):
         group = (config.press, config.press_args, config.protocol, config.protocol_args)
         # Presses that download per model cannot run on the trial model (and were refused if the hub is
         # unreachable): their arguments are left to the real run.
-        tries = config.press_args or PRESSES[config.press].source is not None
-        if tries and group not in tried and "hub" not in PRESSES[config.press].needs:
+        resolved = press_of(config)
+        tries = config.press_args or resolved.source is not None
+        if tries and group not in tried and not resolved.needs_hub:
             tried.add(group)
             check_press_args_run(config, min(length or TRIAL_TOKENS, TRIAL_TOKENS))
     return presses
@@ -298,7 +284,7 @@ def check_press_args_run(config: Config, tokens: int = TRIAL_TOKENS) -> None:
         try:
             trial_run(dataclasses.replace(config, press_args=()), tokens)
         except Exception as bare:
-            if PRESSES[config.press].source is None:
+            if press_of(config).source is None:
                 return
             if isinstance(bare, KvbenchError):  # what the engine refuses of it, as the engine says it
                 raise bare from None
@@ -379,7 +365,7 @@ def key_by_learned_state(model, configs: list[Config], presses: list) -> list[Co
     for press in filter(None, presses):
         press.post_init_from_model(model)
     return [
-        dataclasses.replace(config, press_state=config_state(config.press, dict(config.press_args), press))
+        dataclasses.replace(config, press_state=press_of(config).state(press))
         for config, press in zip(configs, presses, strict=True)
     ]
 

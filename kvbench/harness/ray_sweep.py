@@ -50,7 +50,7 @@ class SweepWorker:
         import torch
 
         from kvbench.bridge.models import load_model
-        from kvbench.presses import config_press, config_state, register_user_presses
+        from kvbench.presses import config_press, press_of, register_user_presses
 
         torch.set_num_threads(threads)
         from kvbench.tasks import register_user_metrics
@@ -66,7 +66,7 @@ class SweepWorker:
             press = config_press(config)
             if press is not None and config.press_state is not None:
                 press.post_init_from_model(self.model)
-                state = config_state(config.press, dict(config.press_args), press)
+                state = press_of(config).state(press)
                 if state != config.press_state:
                     raise RayUnavailable(
                         f"a Ray worker loads other {config.press} state ({state}) than the "

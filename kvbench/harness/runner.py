@@ -16,7 +16,7 @@ import functools
 import typing
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,7 @@ from kvbench.harness.planning import (
     plan_tasks,
     task_lengths,
 )
-from kvbench.presses import PRESSES, press_state_from_files, user_presses
+from kvbench.presses import press_of, resolve, user_presses
 from kvbench.store.results import ResultsStore, Row, check_writable, config_id_of
 from kvbench.tasks import (
     Sample,
@@ -315,18 +315,16 @@ def held_plan(plan: Plan, lengths: dict[str, int]) -> tuple[Plan, None, object] 
 
     The rows' keys need the samples, sized by the tokenizer: read here from its files without transformers
     (`models.TokenizerFiles`: importing transformers, and torch with it, took 10 of the 14 s left), and the
-    learned presses' state digests, read from their files (`press_state_from_files`). A press whose files
-    are missing, a tokenizer those files do not give, or a folder without rows takes the full path, whose
-    checks say what is wrong. The press arguments are not checked here: rows exist only for configs that
+    learned presses' state digests, read from their files (`ResolvedPress.state_from_files`). A press whose
+    files are missing, a tokenizer those files do not give, or a folder without rows takes the full path,
+    whose checks say what is wrong. The press arguments are not checked here: rows exist only for configs that
     were built. The tokenizer returned is that reader: it gave the samples whose rows are held, so run_plan
     finds them again with it."""
     if not plan.out.is_dir():
         return None
     try:
         configs = [
-            replace(
-                config, press_state=press_state_from_files(config.press, dict(config.press_args), plan.model)
-            )
+            replace(config, press_state=press_of(config).state_from_files(plan.model))
             for config in plan.configs
         ]
     except LookupError:
@@ -448,7 +446,7 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
                     sample_id=f"{sample.id}/{j}" if several else sample.id,
                     press_args=dict(config.press_args),
                     press_state=config.press_state,
-                    press_source=press_source(config.press),
+                    press_source=press_source(config),
                     memory=config.memory,
                     budget=config.budget,
                     protocol=config.protocol,
@@ -463,9 +461,10 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
     return rows
 
 
-def press_source(name: str) -> dict | None:
-    """Where a user's press comes from (`registry.Source`), as its rows record it; None for kvbench's."""
-    source = PRESSES[name].source if name in PRESSES else None
+def press_source(config: Config) -> dict | None:
+    """Where a config's press comes from if it is a user's (`registry.Source`), as its rows record it; None
+    for kvbench's."""
+    source = press_of(config).source
     return source.as_dict() if source is not None else None
 
 
@@ -621,9 +620,9 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     table = summarize(frame) if frame is not None else None
     config = {
         "model": plan.model,
-        "configs": [asdict(config) for config in plan.configs],
+        "configs": [config.as_record() for config in plan.configs],
         **(
-            {"press_sources": {name: press_source(name) for name in plan.user_presses}}
+            {"press_sources": {name: resolve(name).source.as_dict() for name in plan.user_presses}}
             if plan.user_presses
             else {}
         ),

@@ -256,7 +256,7 @@ def run_speed(plan: SpeedPlan, model_name: str, device: str = "cpu", dtype: str 
         "new_tokens": plan.new_tokens,
         "repeats": plan.repeats,
     }
-    config["configs"] = [asdict(config_) for config_ in plan.configs]
+    config["configs"] = [config_.as_record() for config_ in plan.configs]
     summary = {
         f"{c.press} {c.memory or c.ratio} @{c.tokens}": round(c.prefill_overhead, 4) for c in costs.values()
     }

@@ -64,15 +64,16 @@ def check_budgets(text: str, block: int, bytes_per_token: int | None) -> list[in
 def check_compression(press: str, ratio, press_args: dict):
     """The press that compresses the stored entries (None for `none`), checked without torch: a known press
     of the registry that evicts (not a codec), a ratio in [0, 1)."""
-    from kvbench.presses import PRESSES, check_press_runnable, resolve_press
+    from kvbench.presses import resolve, resolve_press
 
     press = resolve_press(press)  # a registered name, or a user's press given by its target
     if press == "none":
         if ratio is not None or press_args:
             raise BadInput("--ratio and --press-arg need --press (the press that compresses stored entries)")
         return None
-    check_press_runnable(press)
-    if PRESSES[press].codec:
+    resolved = resolve(press, press_args)  # the press, resolved once
+    resolved.check_runnable()
+    if resolved.codec:
         raise BadInput(
             f"press {press!r} is a codec: its groups (32 tokens for quant) are longer than a store entry (a "
             "16-token block), so it cannot meet a budget entry by entry; choose an evicting press"
