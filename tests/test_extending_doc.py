@@ -45,7 +45,7 @@ def test_the_tutorial_lists_its_blocks():
     assert sum(kind == "run" for kind, _, _ in steps) == 8
 
 
-@pytest.mark.slow  # the embedded model through every command of the page: about a minute on 2 cores
+@pytest.mark.doc_runs  # the embedded model through every command of the page: 80 s on 2 idle cores
 def test_every_step_of_the_tutorial_runs_in_an_empty_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for kind, what, text in doc_steps():
