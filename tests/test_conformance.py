@@ -310,8 +310,11 @@ def test_a_markdown_folder_that_cannot_be_written_is_refused_before_the_battery(
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_the_committed_board_is_what_the_command_writes(tmp_path):
+def test_the_committed_board_is_what_the_command_writes(tmp_path, monkeypatch):
     """docs/conformance.md is regenerated whenever a press or the battery changes what it finds."""
+    # The board shows the cost's verdict only, which the first repeat decides (it fails where a press
+    # crashes, and each repeat builds the press anew): one repeat instead of three.
+    monkeypatch.setattr(conformance, "COST_REPEATS", 1)
     out = tmp_path / "board.md"
     result = CliRunner().invoke(main, ["check-press", "--all", "--quick", "--markdown", str(out)])
     assert result.exit_code in (0, 1), result.output

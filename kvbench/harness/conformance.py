@@ -67,6 +67,7 @@ BUDGETS = (1, 16)
 RATIO = 0.5  # the ratio of every check but the budget's
 CONTEXT_WORDS = 96  # the tiny models' context: longer than SnapKV's default window of 64 queries
 COST_TOKENS = 512
+COST_REPEATS = 3  # interleaved, the fastest counts
 MAX_NEW_TOKENS = 8
 # Protocol arguments sized for the tiny context (each protocol's default is made for long ones).
 LIVE_PROTOCOLS = {"decode-time": 16, "streaming": 32, "multi-turn": 2, "query-aware": None}
@@ -742,7 +743,7 @@ def check_cost(subject: Subject, target: Target) -> str:
     times: dict[str, list[float]] = {"none": [], "knorm": [], target.name: []}
     kept_bytes = peak = 0
     implementation = "eager" if target.eager else model.config._attn_implementation
-    for _ in range(3):  # interleaved, the fastest counts
+    for _ in range(COST_REPEATS):
         for name, press in (("none", None), ("knorm", knorm), (target.name, target.press())):
             if cuda:
                 torch.cuda.synchronize(model.device)
