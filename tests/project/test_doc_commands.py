@@ -180,11 +180,10 @@ ALIASES = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     """A folder of what the docs' commands read from the user (`my_press.py`, `mine.jsonl`, a suite YAML,
-    kvpress results) or from each other (`INPUTS`, `ALIASES`): built once per worker (the commands that
-    read it share one, `ON_INPUTS_WORKER`), whatever order the tests run in."""
+    kvpress results) or from each other (`INPUTS`, `ALIASES`)."""
     root = tmp_path_factory.mktemp("inputs")
     (root / "my_press.py").write_text(MY_PRESS)
     records = [(f"The code word is {word}. " * 20, word) for word in ("kiwi", "plum")]
