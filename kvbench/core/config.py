@@ -19,7 +19,7 @@ DEFAULT_PROTOCOL = "query-agnostic"  # also what rows written before protocols w
 PROTOCOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 OPTION_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")  # a command-line option and a Python keyword at once
 # What `kvbench run`/`sweep` and `kvbench.run`/`sweep` take already (options, as keywords too): no
-# protocol's option may take one of these names (tests/test_protocol_plugins.py keeps it complete).
+# protocol's option may take one of these names (tests/engine/test_protocol_plugins.py keeps it complete).
 RESERVED_OPTIONS = frozenset(
     "batch_configs budget config configs data data_dir device dtype executor force help include_path "
     "length memory metric model out press press_arg press_args presses progress protocol ratio ratios "

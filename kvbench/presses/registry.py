@@ -567,8 +567,9 @@ def register_user_presses(targets: dict[str, str]) -> None:
         resolve_press(target, name)
 
 
-# kvpress's exported presses that the registry does not build, and why (tests/test_kvpress_presses.py fails
-# on an exported press that is neither registered nor here, so a new kvpress release cannot add one unseen).
+# kvpress's exported presses that the registry does not build, and why (tests/presses/test_kvpress_presses.py
+# fails on an exported press that is neither registered nor here, so a new kvpress release cannot add one
+# unseen).
 NOT_REGISTERED: dict[str, str] = {
     "BasePress": "kvpress's base class, not a press",
     "ScorerPress": "kvpress's base class of scorers, not a press",

@@ -33,7 +33,8 @@ window (positions T/2 .. T-2), where every budget below 0.5 is already binding. 
 - `keydiff` (Park et al. 2025): the entry whose key has the highest cosine similarity to the mean key of the
   entries now in the cache goes (the most "typical" key).
 - `window`: the oldest entry goes (a sliding window of B), a floor any scorer should reach.
-- `none`: the full cache (B = T); equal to the model's parallel forward (tests/test_substrate.py checks it).
+- `none`: the full cache (B = T); equal to the model's parallel forward (tests/harness/test_substrate.py
+  checks it).
 
 For gated models all of these run with the soft gates on (kept entries keep their log g in the logits), so
 `none` is the gated model's own no-eviction reference, the one the paper's first claim compares to.

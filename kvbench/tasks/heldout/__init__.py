@@ -3,8 +3,8 @@ family API of kvbench.tasks.generated), and its suite file `tasks/<name>.yaml`.
 
 The order is part of the held-out rule (docs/learned-presses.md): each suite was written after the verdict of
 the one before it, and may share no kind or layout with a training mixture or an earlier suite
-(tests/test_mixture.py walks SUITES in this order). Adding a suite: its module here, its entry at the end of
-SUITES, its YAML."""
+(tests/tasks/test_mixture.py walks SUITES in this order). Adding a suite: its module here, its entry at the
+end of SUITES, its YAML."""
 
 from dataclasses import dataclass
 from types import ModuleType
