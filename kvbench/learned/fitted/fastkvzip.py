@@ -138,7 +138,9 @@ class FittedFastKVzipPress(FittedState, FastKVzipPress):
     method = "fastkvzip"
 
     def install(self, tensors: dict, model) -> None:
-        """The gates as kvpress's load_fastkvzip builds them from a published file, in the model's dtype."""
+        """The gates as kvpress's load_fastkvzip builds them from a published file, their projections in the
+        model's dtype; the sink keys and norms in float32 as there, or in the model's dtype where it is
+        wider (float32 sink keys cannot multiply float64 queries)."""
         gates = []
         for index, state in enumerate(gate_states(tensors)):
             dim = state["q_norm.weight"].shape[-1]
@@ -148,6 +150,8 @@ class FittedFastKVzipPress(FittedState, FastKVzipPress):
                 index, state["q_proj.weight"].shape[1], kv_heads, group, model.dtype, dim, sink
             )
             gate.load_state_dict(state)
+            if model.dtype.itemsize > 4:
+                gate = gate.to(model.dtype)
             gates.append(gate.to(model.device))
         self.gates = gates
 
