@@ -141,7 +141,7 @@ class FittedFastKVzipPress(FittedState, FastKVzipPress):
         """The gates as kvpress's load_fastkvzip builds them from a published file, their projections in the
         model's dtype; the sink keys and norms in float32 as there, or in the model's dtype where it is
         wider (float32 sink keys cannot multiply float64 queries)."""
-        gates = []
+        gates: list[torch.nn.Module] = []
         for index, state in enumerate(gate_states(tensors)):
             dim = state["q_norm.weight"].shape[-1]
             kv_heads, _, sink, _ = state["k_base"].shape
