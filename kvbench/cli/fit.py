@@ -42,7 +42,8 @@ def options_of(ctx, param, value: tuple[str, ...]) -> dict:
     multiple=True,
     callback=options_of,
     help="NAME=VALUE of the method (kvzap: tokens, hidden_dim, epochs, lr, batch_size, alpha, seed; "
-    "expected_attention_stats: n_sink; duo_attention: q_len).",
+    "fastkvzip: dim, sink, steps, batch_size, lr, seed; expected_attention_stats: n_sink; "
+    "duo_attention: q_len).",
 )
 def fit(name, out, replace, model, device, mixture, samples, length, seed, options):
     """Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...

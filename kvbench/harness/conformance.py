@@ -833,16 +833,16 @@ TINY = ("llama-gqa", "qwen2-mha")
 
 def fitted_on(subject: Subject, target: Target, folder: Path) -> Target:
     """`target`, where it is a fitted press given no state (`kvbench fit`), with state fitted on the tiny
-    `subject` (on two of its contexts, kvzap's surrogates at a tiny size) into `folder`: so the battery
-    checks kvpress's press with fitted state on the tiny models too."""
+    `subject` (on two of its contexts, kvzap's surrogates and Fast KVzip's training at a tiny size) into
+    `folder`: so the battery checks kvpress's press with fitted state on the tiny models too."""
     import torch
 
     from kvbench.learned.fitted import METHODS, FitConfig, card_of, check_options, method, save_fitted
 
     if target.name not in METHODS or "weights" in dict(target.args):
         return target
-    options = {"hidden_dim": "8", "epochs": "2", "tokens": "32"} if target.name == "kvzap" else {}
-    options = check_options(target.name, options)
+    tiny = {"kvzap": {"hidden_dim": "8", "epochs": "2", "tokens": "32"}, "fastkvzip": {"steps": "50"}}
+    options = check_options(target.name, tiny.get(target.name, {}))
     contexts = [
         subject.tokenizer(subject.context(seed=seed), add_special_tokens=False, return_tensors="pt").input_ids
         for seed in (1000, 1001)

@@ -423,7 +423,15 @@ _SPECS = [
         caveat="kvpress's KVzapPress scores only the forward's new tokens (from their hidden states): it "
         "compresses a prefill, not a cache again (kvpress pairs it with DMSPress to compress while decoding)",
     ),
-    PressSpec("fastkvzip", "Fast KVzip (gates downloaded per model)", scorer("FastKVzipPress"), ("hub",)),
+    PressSpec(
+        "fastkvzip",
+        "Fast KVzip: kvpress's press, gates fitted by `kvbench fit fastkvzip` (presses/fastkvzip/<model>/)",
+        scorer("kvbench.learned.fitted.fastkvzip:FittedFastKVzipPress"),
+        state=LearnedState("weights", "fastkvzip", "state.safetensors"),
+        caveat="one budget over all layers (kvpress's layerwise=False evicts the lowest gate scores of the "
+        "whole cache, rounded down once): a layer can hold more than the ratio's share (174 for 172 at "
+        "ratio 0.1 of 96 tokens)",
+    ),
     PressSpec(
         "expected_attention_stats",
         "expected attention: kvpress's press, query statistics fitted by `kvbench fit` (presses/NAME/MODEL/)",

@@ -107,12 +107,11 @@ def save_random_gates(model, directory) -> str:
 
 
 def save_fitted_state(model, tokenizer, directory, name: str) -> str:
-    """State fitted on two random contexts (kvzap: tiny surrogates, one epoch)."""
+    """State fitted on two random contexts (kvzap: tiny surrogates, one epoch; fastkvzip: three steps)."""
     from kvbench.learned.fitted import FitConfig, card_of, check_options, method, save_fitted
 
-    options = check_options(
-        name, {"hidden_dim": "8", "epochs": "1", "tokens": "8"} if name == "kvzap" else {}
-    )
+    tiny = {"kvzap": {"hidden_dim": "8", "epochs": "1", "tokens": "8"}, "fastkvzip": {"steps": "3"}}
+    options = check_options(name, tiny.get(name, {}))
     generator = torch.Generator().manual_seed(9)
     contexts = [torch.randint(0, model.config.vocab_size, (1, 24), generator=generator) for _ in range(2)]
     tensors, validation = method(name).fit(model, tokenizer, contexts, options)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from kvpress import ExpectedAttentionStatsPress, KVzapPress, QFilterPress
-from kvpress.presses import expected_attention_with_stats, kvzap_press
+from kvpress import ExpectedAttentionStatsPress, FastKVzipPress, KVzapPress, QFilterPress
+from kvpress.presses import expected_attention_with_stats, fastkvzip_press, kvzap_press
 from transformers import DynamicCache
 
 from kvbench.cli import main
@@ -19,6 +19,7 @@ from kvbench.learned.fitted import (
     card_of,
     check_options,
     expected_attention_stats,
+    fastkvzip,
     kvzap,
     qfilter,
     save_fitted,
@@ -26,6 +27,8 @@ from kvbench.learned.fitted import (
 from kvbench.presses import build_press
 
 KVZAP_OPTIONS = {**kvzap.METHOD.defaults, "hidden_dim": 8, "epochs": 2, "tokens": 16}
+FASTKVZIP_OPTIONS = {**fastkvzip.METHOD.defaults, "steps": 3, "batch_size": 32}
+SMALL_OPTIONS = {"kvzap": KVZAP_OPTIONS, "fastkvzip": FASTKVZIP_OPTIONS}
 
 
 @pytest.fixture
@@ -138,6 +141,122 @@ def test_the_kvzap_target_is_kvzip_plus_computed_from_the_weights(model, context
         torch.testing.assert_close(targets[layer], expected, atol=1e-4, rtol=1e-4)
 
 
+def test_the_fastkvzip_target_is_kvzips_score_computed_from_the_weights(model, contexts):
+    """KVzip's score of context token j in a KV head: the most attention any query of the repeat request and
+    the repeated context pays it, over the group's query heads; the gate reads j's attention input."""
+    repeat = [5, 6, 7]
+    ids = contexts[1]
+    length = ids.shape[1]
+    hidden, scores = fastkvzip.kvzip_targets(model, ids, repeat)
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    assert hidden.shape == (config.num_hidden_layers, length, config.hidden_size)
+    assert scores.shape == (config.num_hidden_layers, kv_heads, length)
+    full = torch.cat([ids[0], torch.tensor(repeat), ids[0]])[None]
+    inputs = attention_inputs(model, full)
+    for layer in range(config.num_hidden_layers):
+        with torch.no_grad():
+            weights, _, _ = reference_attention(model, layer, inputs[layer])
+        expected = torch.empty(kv_heads, length)
+        for kv in range(kv_heads):
+            group = weights[kv * heads // kv_heads : (kv + 1) * heads // kv_heads]
+            for j in range(length):
+                expected[kv, j] = max(
+                    float(group[h, t, j]) for h in range(len(group)) for t in range(length, full.shape[1])
+                )
+        torch.testing.assert_close(hidden[layer], inputs[layer][:length].float(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scores[layer], expected, atol=1e-5, rtol=1e-5)
+
+
+def reference_gate(state: dict, x: torch.Tensor) -> torch.Tensor:
+    """The paper's low-rank sink attention gate on x (N, hidden): for each KV head and each of its group's
+    queries q_g(x_j), exp(q_g.k_j / sqrt(d) + b_g) over itself plus the sink keys' exp(q_g.k_s / sqrt(d)),
+    averaged over the group; q and k RMS-normalised per head (eps 1e-6) and scaled by their norm weights."""
+    kv_heads, _, sink, d = state["k_base"].shape
+    group = state["b"].shape[-1]
+
+    def rms(v, weight):
+        return v / (v.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * weight
+
+    q = rms(
+        (x @ state["q_proj.weight"].T + state["q_proj.bias"]).view(-1, kv_heads, group, d),
+        state["q_norm.weight"],
+    )
+    k = rms((x @ state["k_proj.weight"].T).view(-1, kv_heads, d), state["k_norm.weight"])
+    scores = torch.empty(kv_heads, x.shape[0])
+    for head in range(kv_heads):
+        for j in range(x.shape[0]):
+            total = 0.0
+            for g in range(group):
+                own = math.exp(
+                    float(q[j, head, g] @ k[j, head]) / math.sqrt(d) + float(state["b"][head, 0, g])
+                )
+                sinks = sum(
+                    math.exp(float(q[j, head, g] @ state["k_base"][head, 0, s]) / math.sqrt(d))
+                    for s in range(sink)
+                )
+                total += own / (own + sinks)
+            scores[head, j] = total / group
+    return scores
+
+
+def test_the_fastkvzip_objective_is_the_binary_cross_entropy_of_the_papers_gate(model, contexts):
+    """The published gate's shapes, and the loss the fit minimises: each layer's gate output against the
+    KVzip score, binary cross-entropy, mean over tokens, summed over KV heads."""
+    tensors, validation = fastkvzip.fit(model, Tokenizer(), contexts, FASTKVZIP_OPTIONS)
+    config = model.config
+    kv_heads, group = config.num_key_value_heads, config.num_attention_heads // config.num_key_value_heads
+    states = fastkvzip.gate_states(tensors)
+    assert len(states) == config.num_hidden_layers
+    assert {key: tuple(value.shape) for key, value in states[0].items()} == {  # q<group>_dim16_sink16
+        "q_proj.weight": (kv_heads * group * 16, config.hidden_size),
+        "q_proj.bias": (kv_heads * group * 16,),
+        "k_proj.weight": (kv_heads * 16, config.hidden_size),
+        "q_norm.weight": (16,),
+        "k_norm.weight": (16,),
+        "k_base": (kv_heads, 1, 16, 16),
+        "b": (kv_heads, 1, group),
+    }
+    assert validation["train_tokens"] == sum(ids.shape[1] for ids in contexts)  # under 100: none held out
+    generator = torch.Generator().manual_seed(11)
+    state = {
+        key: value + 0.1 * torch.randn(value.shape, generator=generator) for key, value in states[0].items()
+    }
+    gate = fastkvzip.gates_for(1, config.hidden_size, kv_heads, group, 16, 16, torch.float32)[0]
+    gate.load_state_dict(state)
+    x = torch.randn(12, config.hidden_size, generator=generator)
+    y = torch.rand(kv_heads, 12, generator=generator)
+    p = reference_gate(state, x)
+    expected = -(y * p.log() + (1 - y) * (1 - p).log()).mean(dim=1).sum()
+    with torch.no_grad():
+        torch.testing.assert_close(gate(x[None])[0], p, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fastkvzip.gate_loss(gate, x, y), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fastkvzip_keeps_what_kvpress_keeps_with_the_same_gates(model, contexts, tmp_path, monkeypatch):
+    """The fitted gates handed to kvpress's own loader (as the published file's "module" list, its sink read
+    from the file's name) and through kvbench's press evict the same entries."""
+    tensors = write_state(model, contexts, tmp_path, "fastkvzip")
+    monkeypatch.setattr(model.config, "_name_or_path", "tiny")  # kvpress's loader needs a name
+    monkeypatch.setattr(
+        fastkvzip_press,
+        "get_gate_weight",
+        lambda name: (fastkvzip.gate_states(tensors), "tiny/q2_dim16_sink16.pt"),
+    )
+    ids = torch.randint(0, 128, (1, 60), generator=torch.Generator().manual_seed(12))
+    evicted = []
+    for press in (
+        build_press("fastkvzip", 0.5, weights=str(tmp_path)),
+        FastKVzipPress(compression_ratio=0.5),
+    ):
+        compressed(model, press, ids)
+        evicted.append([layer.self_attn.masked_key_indices for layer in model.model.layers])
+        assert sum(len(indices[0]) for indices in evicted[-1]) == int(0.5 * press.score_val.numel())
+    for ours, theirs in zip(*evicted, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_the_linear_surrogate_is_sklearns_ridge():
     sklearn = pytest.importorskip("sklearn.linear_model")
     generator = torch.Generator().manual_seed(4)
@@ -175,9 +294,10 @@ def write_state(model, contexts, directory, name: str) -> dict:
     fit = {
         "qfilter": qfilter.fit,
         "kvzap": kvzap.fit,
+        "fastkvzip": fastkvzip.fit,
         "expected_attention_stats": expected_attention_stats.fit,
     }[name]
-    options = check_options(name, KVZAP_OPTIONS if name == "kvzap" else {})
+    options = check_options(name, SMALL_OPTIONS.get(name, {}))
     tensors, validation = fit(model, Tokenizer(), contexts, options)
     save_fitted(
         directory, name, tensors, card_of(model, FitConfig(options=options), contexts, 0.0, validation)
@@ -250,7 +370,7 @@ def test_the_kvzap_fit_predicts_held_out_prompts_better_than_their_mean(model):
     assert validation["r2_linear"] > 0  # better than predicting the held-out mean
 
 
-@pytest.mark.parametrize("name", ["qfilter", "kvzap", "expected_attention_stats"])
+@pytest.mark.parametrize("name", ["qfilter", "kvzap", "fastkvzip", "expected_attention_stats"])
 def test_state_fitted_for_other_weights_is_refused_in_one_line(
     tiny_model, contexts, tmp_path, name, one_thread
 ):

@@ -229,7 +229,7 @@ def test_bad_press_requests_are_one_line_errors(call, error):
 def test_hub_presses_fail_before_work_when_the_hub_is_unreachable(monkeypatch):
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(UnknownPress, match="hub"):
-        check_press_runnable("fastkvzip")
+        check_press_runnable("restorekv")
     check_press_runnable("snapkv")  # offline presses never ask
 
 

@@ -1,8 +1,9 @@
 """Fitted presses: kvpress's own press classes whose state kvpress downloads from a hub (Q-Filters, KVzap,
-expected attention's query statistics), with that state fitted here for any model, offline, on kvbench's
-generated training text (a training mixture at seeds >= 1000, never evaluation's 0..999).
+Fast KVzip, expected attention's query statistics, DuoAttention), with that state fitted here for any
+model, offline, on kvbench's generated training text (a training mixture at seeds >= 1000, never
+evaluation's 0..999).
 
-A fitted press is one module (`qfilter.py`, `kvzap.py`, `expected_attention_stats.py`) holding a `Method`
+A fitted press is one module (`qfilter.py`, `kvzap.py`, `fastkvzip.py`, ...) holding a `Method`
 (its `fit(model, tokenizer, contexts, options) -> (tensors, validation)`) and its press: kvpress's class
 with only the loader replaced (`FittedState.post_init_from_model` hands the fitted tensors to the class
 through `install`; the scoring is kvpress's). State is written in the learned presses' one format:
@@ -36,7 +37,7 @@ from kvbench.learned.common import (
 STATE_FILE = "state.safetensors"
 HUB = "hub"  # `--press-arg weights=hub`: kvpress's own download, where the hub publishes the model's state
 # Each is a press name, the name of its fitting method and of its module here.
-METHODS = ("qfilter", "kvzap", "expected_attention_stats", "duo_attention")
+METHODS = ("qfilter", "kvzap", "fastkvzip", "expected_attention_stats", "duo_attention")
 
 
 @dataclass
