@@ -33,7 +33,7 @@ def compare_models(first, second, ratios, floor, learned, resamples):
     both folders hold are ordered by mean score on each model; prints Kendall's tau-b between
     the orders with a 95 % bootstrap interval over each model's contexts (resampled within each task), a
     verdict (carries: interval above 0), and each --learned press's lead over the best other press on each
-    model, paired by context.
+    model, paired by context, with the reports' paired interval (the sign-flip test inverted).
 
     \b
       kvbench compare-models results/reference results/qwen-ruler-1k
@@ -84,9 +84,7 @@ def compare_models(first, second, ratios, floor, learned, resamples):
             if name in presses:
                 others = [press for press in presses if press != name]
                 for one in (a, b) if models[0] != models[1] else (a,):
-                    leads.append(
-                        (ratio, one.model, name, *agreement.lead_over_best(one, name, others, resamples))
-                    )
+                    leads.append((ratio, one.model, name, *agreement.lead_over_best(one, name, others)))
     if leads:
         click.echo("")
         click.echo("| ratio | model | press | best other | lead, paired [95 %] |")

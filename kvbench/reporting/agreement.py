@@ -1,7 +1,8 @@
 """Whether the order of presses on one model carries to another (docs/studies/two-models.md): per ratio,
 Kendall's tau-b between the two models' orders of the presses by mean score, and each learned press's lead
-over the best heuristic on each model, with 95 % percentile bootstrap intervals that resample each model's
-contexts within each task (a context keeps every press's score: the presses stay paired)."""
+over the best heuristic on each model. tau-b's 95 % interval is a percentile bootstrap that resamples each
+model's contexts within each task (a context keeps every press's score: the presses stay paired); the lead's
+is the reports' paired interval (the sign-flip test inverted)."""
 
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ import pandas as pd
 from scipy.stats import kendalltau
 
 from kvbench.core.config import DEFAULT_PROTOCOL
+from kvbench.reporting.stats import SignFlip
 
 RESAMPLES = 2000
 
@@ -89,21 +91,16 @@ def order_agreement(a: Side, b: Side, ratio: float, resamples: int = RESAMPLES, 
     return Agreement(ratio, a.presses, means, tau, float(low), float(high))
 
 
-def lead_over_best(one: Side, press: str, heuristics: list[str], resamples: int = RESAMPLES, seed: int = 0):
+def lead_over_best(one: Side, press: str, heuristics: list[str]):
     """(best heuristic, lead of `press` over it, low, high): the best by mean on these contexts (which
-    favours it), the lead paired by context, its 95 % bootstrap interval."""
+    favours it), the lead paired by context as the mean of per-task means, and its 95 % interval: the
+    sign-flip test inverted, as the reports' paired differences (`stats.SignFlip`; a bootstrap within
+    tasks of 2 contexts each would be far too narrow)."""
     means = one.means(None)
     columns = {name: i for i, name in enumerate(one.presses)}
     best = max(heuristics, key=lambda name: means[columns[name]])
-    difference = Side(
-        one.model,
-        ["lead"],
-        {
-            task: scores[:, [columns[press]]] - scores[:, [columns[best]]]
-            for task, scores in one.by_task.items()
-        },
-    )
-    rng = np.random.default_rng(seed)
-    draws = [difference.means(rng)[0] for _ in range(resamples)]
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return best, float(difference.means(None)[0]), float(low), float(high)
+    differences = [scores[:, columns[press]] - scores[:, columns[best]] for scores in one.by_task.values()]
+    weights = [np.full(len(d), 1 / (len(differences) * len(d))) for d in differences]
+    test = SignFlip(np.concatenate(differences), np.concatenate(weights))
+    low, high = test.interval()
+    return best, test.estimate, low, high
