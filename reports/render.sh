@@ -50,6 +50,7 @@ uv run kvbench report results/reference-heldout results/reference-confirm result
 uv run kvbench report results/reference-{confirm,third,fourth,fifth} --out reports/reference-after-choice-fifth --versus kvp --presses kvp,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
 # README "A sixth held-out suite, and the agents shipped now"; TRAINING "The mixed-target agents, and the sixth suite"
 uv run kvbench report results/reference-sixth --out reports/reference-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,tova,streaming_llm,knorm,snapkv,h2o,expected_attention,distillcache,gate
+uv run kvbench report results/reference-qwen-ruler-1k --out reports/reference-qwen-ruler-1k --versus kvp
 uv run kvbench report results/reference-{confirm,third,fourth,fifth,sixth} --out reports/reference-after-choice-sixth --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention,gate
 uv run kvbench report results/reference-{confirm,third,fourth,sixth} --out reports/reference-after-choice-sixth-without-fifth --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
 uv run kvbench report results/reference-heldout --out reports/reference-heldout-mixed-agents --versus kvp --every-state --presses kvp,kvp@58260c05679a,streaming_llm,knorm,distillcache,h2o,snapkv,tova,expected_attention
