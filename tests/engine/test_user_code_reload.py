@@ -34,6 +34,7 @@ FACTORY = "from norm_press import Norm\n\n\ndef make(ratio):\n    return Norm(ra
 def user_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("norm_press", None)  # another test's norm_press.py, imported in this worker before
     Path("norm_press.py").write_text(PRESS_CLASS.format(version=1))
     Path("factory.py").write_text(FACTORY)
     yield tmp_path
