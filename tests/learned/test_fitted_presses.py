@@ -390,6 +390,10 @@ def test_fit_refuses_bad_options_in_one_line(tmp_path):
         (["kvzap", "--option", "depth=3"], "fit kvzap takes no option 'depth'"),
         (["kvzap", "--option", "epochs=many"], "epochs='many' is not int"),
         (["qfilter", "--seed", "5"], "must be at least 1000, got 5"),
+        (["fastkvzip", "--option", "dim=-1"], "dim='-1' must be a finite number above 0"),
+        (["fastkvzip", "--option", "dim=0"], "dim='0' must be a finite number above 0"),
+        (["fastkvzip", "--option", "lr=nan"], "lr='nan' must be a finite number above 0"),
+        (["kvzap", "--option", "lr=inf"], "lr='inf' must be a finite number above 0"),
     ]:
         result = CliRunner().invoke(main, ["fit", *args, "--out", str(tmp_path / "out")])
         assert result.exit_code == 2 and expected in result.output, result.output

@@ -15,6 +15,7 @@ identity.
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,7 +95,8 @@ def method(name: str) -> Method:
 
 def check_options(name: str, options: dict) -> dict:
     """`options` (NAME=VALUE from the command line) over the method's defaults, each of its default's type;
-    BadInput for one the method does not take."""
+    BadInput for one the method does not take, and for a number that is not finite, negative, or 0 where
+    its default is not (a width, a step count or a learning rate of 0 fits nothing)."""
     defaults = method(name).defaults
     checked = dict(defaults)
     for key, value in options.items():
@@ -106,6 +108,11 @@ def check_options(name: str, options: dict) -> dict:
             checked[key] = kind(value) if kind is not bool else str(value).lower() in ("1", "true", "yes")
         except ValueError:
             raise BadInput(f"fit {name}: {key}={value!r} is not {kind.__name__}") from None
+        number, zero_allowed = checked[key], defaults[key] == 0
+        in_range = number > 0 or (number == 0 and zero_allowed)
+        if kind in (int, float) and not (math.isfinite(number) and in_range):
+            least = "0 or more" if zero_allowed else "above 0"
+            raise BadInput(f"fit {name}: {key}={value!r} must be a finite number {least}")
     return checked
 
 
