@@ -67,7 +67,7 @@ def why_computed(rows: list[Row], store: ResultsStore, force: bool) -> list[str]
     the sample under other content: its data edited); new samples of a config the store holds; an edited
     press (the store holds its config under another source or learned state); a new config."""
     samples, configs, settings = set(), set(), set()
-    if rows_files(store.folder):
+    if rows and rows_files(store.folder):
         with warnings.catch_warnings():  # the store said what it skipped when it opened
             warnings.simplefilter("ignore")
             held = load_rows(rows_files(store.folder))

@@ -640,12 +640,30 @@ def rows_files(folder: Path) -> list[Path]:
     return [path for path in (Path(folder) / ROWS_GZ, Path(folder) / ROWS_FILE) if path.is_file()]
 
 
+PARSED_FILES: dict[bytes, tuple[Row, ...]] = {}  # digest of a rows file's bytes -> its rows, all read well
+PARSED_FILES_KEPT = 8  # files whose rows a process keeps (a committed reference: ~5,000 rows, ~20 MB)
+
+
 def read_file(path: Path) -> list[Row]:
-    """The rows of one file (gzip'd if its name ends in .gz); none if it is not there."""
+    """The rows of one file (gzip'd if its name ends in .gz); none if it is not there.
+
+    Parsing checks every row against its schema (the bulk of the time a held rerun or a report takes), so a
+    process parses each content once: a file read again, or a copy of it, gives the same Row objects (in a
+    new list; callers do not change rows they read). A file with bad lines is parsed, and warned of, each
+    time it is read."""
     if not Path(path).is_file():
         return []
-    text = file_bytes(Path(path)).decode("utf-8", errors="replace")
-    return parse_rows(jsonl_lines(text), Path(path))
+    data = file_bytes(Path(path))
+    digest = hashlib.blake2b(data, digest_size=16).digest()
+    if digest in PARSED_FILES:
+        return list(PARSED_FILES[digest])
+    lines = jsonl_lines(data.decode("utf-8", errors="replace"))
+    rows = parse_rows(lines, Path(path))
+    if len(rows) == sum(1 for line in lines if line.strip()):
+        while len(PARSED_FILES) >= PARSED_FILES_KEPT:
+            del PARSED_FILES[next(iter(PARSED_FILES))]
+        PARSED_FILES[digest] = tuple(rows)
+    return rows
 
 
 def file_bytes(path: Path) -> bytes:

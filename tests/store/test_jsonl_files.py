@@ -474,3 +474,22 @@ def test_merge_on_a_full_disk_mid_file_leaves_the_rows_file_as_it_was(tmp_path, 
     assert folder_bytes(tmp_path / "all") == before
     script.merge_rows([tmp_path / "all", tmp_path / "more"], tmp_path / "all" / "rows.jsonl")
     assert len(jsonl_lines((tmp_path / "all" / "rows.jsonl").read_text())) == 2 * 6 * 5
+
+
+def test_a_rows_file_is_parsed_once_a_process_and_a_bad_one_warns_each_read(tmp_path, monkeypatch):
+    good = "".join(json.dumps(row(name).to_dict()) + "\n" for name in ("1", "2"))
+    for name, text in (("a", good), ("b", good), ("c", good + "{torn\n")):  # b: a copy elsewhere
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rows.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    parsed, parse_rows = [], results.parse_rows
+    counted = lambda lines, path: parsed.append(path) or parse_rows(lines, path)  # noqa: E731
+    monkeypatch.setattr(results, "parse_rows", counted)
+    monkeypatch.setattr(results, "PARSED_FILES", {})
+    first = results.read_file(tmp_path / "a" / "rows.jsonl.gz")
+    again = results.read_file(tmp_path / "b" / "rows.jsonl.gz")
+    assert [item.sample_id for item in first] == ["1", "2"] and again == first and again is not first
+    assert len(parsed) == 1
+    for _ in range(2):
+        with pytest.warns(KvbenchWarning, match="skipped a corrupt results row"):
+            assert len(results.read_file(tmp_path / "c" / "rows.jsonl.gz")) == 2
+    assert len(parsed) == 3
