@@ -187,7 +187,7 @@ def study_row(index: int, text: str) -> dict:
 
 
 def read_costs(path: Path):
-    from kvbench.harness.speed import load_costs
+    from kvbench.store.costs import load_costs
 
     path.rename(path.parent / "costs.jsonl")
     return load_costs(path.parent)
