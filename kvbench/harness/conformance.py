@@ -40,8 +40,8 @@ from typing import Any
 
 from kvbench.core.config import PROTOCOLS, Config
 from kvbench.core.press_hooks import declared
-from kvbench.core.validation import STRICT
 from kvbench.presses import PRESSES, ResolvedPress, build_press, config_press, resolve, resolve_press
+from kvbench.store.conformance import ConformanceRecord
 
 CHECKS = (
     "budget kept",
@@ -968,35 +968,14 @@ def board(results: dict[str, list[Check]], skipped: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-CONFORMANCE_DIR = "conformance"  # in a results folder: one record per press checked, read by the report
-
-
-@dataclass
-class ConformanceRecord:
-    """What `kvbench check-press PRESS --out FOLDER` leaves in FOLDER/conformance/, for the report to set
-    beside the press's scores: the press and its arguments, the verdict of each check, the battery's
-    models (`quick`: the tiny ones only), where a user's press came from, and when."""
-
-    __pydantic_config__ = STRICT
-
-    press: str
-    press_args: dict[str, Any]
-    verdicts: dict[str, str]
-    quick: bool
-    model: str
-    written: str
-    source: dict[str, Any] | None = None
-
-
-def write_record(folder, name: str, press_args: dict, checks: list[Check], *, quick: bool, model: str):
-    """FOLDER/conformance/<name>.json, written whole (tmp + rename); its path."""
-    import json
-    import os
+def record_of(
+    name: str, press_args: dict, checks: list[Check], *, quick: bool, model: str
+) -> ConformanceRecord:
+    """What `kvbench check-press --out` writes of a press's checks (`store.conformance.write_record`)."""
     from datetime import datetime, timezone
-    from pathlib import Path
 
     source = resolve(name, press_args).source
-    record = ConformanceRecord(
+    return ConformanceRecord(
         press=name,
         press_args=dict(press_args),
         verdicts={check.name: check.verdict for check in checks},
@@ -1005,28 +984,3 @@ def write_record(folder, name: str, press_args: dict, checks: list[Check], *, qu
         written=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         source=source.as_dict() if source is not None else None,
     )
-    path = Path(folder) / CONFORMANCE_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(dataclasses.asdict(record), indent=1, default=str) + "\n")
-    os.replace(temporary, path)
-    return path
-
-
-def read_records(folder) -> list[ConformanceRecord]:
-    """The conformance records of a results folder; one that does not fit its schema is skipped with a
-    KvbenchWarning naming it (the report still renders)."""
-    import warnings
-    from pathlib import Path
-
-    from kvbench.core.errors import DataFileError, KvbenchWarning
-    from kvbench.core.validation import check_json, read_bytes
-
-    records = []
-    for path in sorted((Path(folder) / CONFORMANCE_DIR).glob("*.json")):
-        try:
-            text = read_bytes(path, DataFileError)
-            records.append(check_json(ConformanceRecord, text, str(path), DataFileError))
-        except (DataFileError, OSError) as error:
-            warnings.warn(f"skipped a conformance record: {error}", KvbenchWarning, stacklevel=2)
-    return records

@@ -1,2 +1,2 @@
 """The results store: rows, the append-only folder they live in, run records; the records of `kvbench speed`
-(`costs`)."""
+(`costs`) and of `kvbench check-press --out` (`conformance`)."""
