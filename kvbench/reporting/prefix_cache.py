@@ -12,8 +12,8 @@ A policy keeps its colour everywhere; its compressed runs are dashed (lines) or 
 from pathlib import Path
 
 from kvbench.core.validation import jsonl_lines, parse_json, read_text
-from kvbench.harness.serving.bench import MIB, table
 from kvbench.reporting.plots import MARKERS, PALETTE, new_figure, save, wrapped_title
+from kvbench.serving.bench import MIB, table
 
 PLOTS = {
     "ttft.png": "TTFT distribution per run",

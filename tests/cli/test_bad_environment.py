@@ -243,7 +243,7 @@ def test_a_rows_file_or_claim_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
 
 
 def test_a_costs_file_or_trace_that_is_a_fifo_is_refused(tmp_path):
-    from kvbench.harness.serving.trace import read_trace
+    from kvbench.serving.trace import read_trace
     from kvbench.store.costs import load_costs
 
     os.mkfifo(tmp_path / "costs.jsonl")

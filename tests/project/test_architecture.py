@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kvbench"
 FOLDERS = {
     "cli": 6,  # the commands: thin, they parse and call the library (the only place that imports click)
     "harness": 5,  # from what a user asks to rows: planning, runner, Ray, lm-eval, perplexity, speed, ...
+    "serving": 5,  # prefix caching as a serving benchmark: trace, store, replay, bench
     "reporting": 5,  # from rows to reports
     "engine": 4,  # the protocols and the batched decoder
     "presses": 3,  # the registry of presses, our heuristic presses and codecs

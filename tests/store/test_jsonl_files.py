@@ -194,7 +194,7 @@ def read_costs(path: Path):
 
 
 def read_trace(path: Path):
-    from kvbench.harness.serving.trace import read_trace
+    from kvbench.serving.trace import read_trace
 
     return read_trace(path)
 

@@ -81,7 +81,7 @@ def check_compression(press: str, ratio, press_args: dict):
     if ratio is None:
         raise BadInput(f"--press {press} needs --ratio (the fraction of each entry's KV entries removed)")
     ratio = parse_float(ratio, "--ratio", 0, 1, high_open=True)
-    from kvbench.harness.serving.replay import Compression  # torch's import: after every check
+    from kvbench.serving.replay import Compression  # torch's import: after every check
 
     return Compression(press, ratio, tuple(sorted(press_args.items())))
 
@@ -149,7 +149,7 @@ def run(
 ) -> list[dict]:
     """Check everything, replay, write `out`/{trace.jsonl, requests.jsonl, summary.json, summary.md}; the
     summaries."""
-    from kvbench.harness.serving import trace as traces
+    from kvbench.serving import trace as traces
 
     out = check_out(out)
     names = check_policies(policies)
@@ -166,7 +166,7 @@ def run(
 
     from kvbench.bridge.models import check_device, load_model
     from kvbench.core.provenance import run_record
-    from kvbench.harness.serving.replay import Settings, bytes_per_token, run_policies
+    from kvbench.serving.replay import Settings, bytes_per_token, run_policies
 
     started = datetime.now(timezone.utc).isoformat()
     if compression:
