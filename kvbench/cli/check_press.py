@@ -1,4 +1,4 @@
-"""`kvbench check-press`: the command, thin over kvbench.harness.conformance (loaded only when it runs)."""
+"""`kvbench check-press`: the command, thin over kvbench.diagnostics.conformance (loaded when it runs)."""
 
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from kvbench.bridge.models import EMBEDDED
 from kvbench.cli.types import Folder
-from kvbench.harness.conformance import board, check_press, checkable_presses, failed, record_of, table
+from kvbench.diagnostics.conformance import board, check_press, checkable_presses, failed, record_of, table
 from kvbench.store.conformance import write_record
 
 

@@ -10,8 +10,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kvbench"
 
 # The package's folders are its layers: (folder, layer), a layer may import its own and the layers below it.
 FOLDERS = {
-    "cli": 6,  # the commands: thin, they parse and call the library (the only place that imports click)
-    "harness": 5,  # from what a user asks to rows: planning, runner, Ray, lm-eval, perplexity, speed, ...
+    "cli": 7,  # the commands: thin, they parse and call the library (the only place that imports click)
+    "diagnostics": 6,  # each press on its own: its cost (speed) and its conformance, planned by the harness
+    "harness": 5,  # from what a user asks to rows: planning, runner, Ray, lm-eval, perplexity, interop
     "serving": 5,  # prefix caching as a serving benchmark: trace, store, replay, bench
     "reporting": 5,  # from rows to reports
     "engine": 4,  # the protocols and the batched decoder
@@ -22,7 +23,7 @@ FOLDERS = {
     "bridge": 1,  # model loading and the adapter, the one module on kvpress's and transformers' internals
     "core": 0,  # vocabulary, errors, validation, provenance, shipped files, registries
 }
-API = 6  # kvbench/__init__.py: the Python API
+API = 7  # kvbench/__init__.py: the Python API
 PUBLIC = {"kvbench.lmeval"}  # stable public paths beside the API, at its layer: re-exports only
 
 
