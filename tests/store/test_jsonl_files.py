@@ -200,7 +200,7 @@ def read_trace(path: Path):
 
 
 def read_study(path: Path):
-    from kvbench.harness.substrate.summary import load
+    from benchmarks.substrate.summary import load
 
     return load(path)
 
