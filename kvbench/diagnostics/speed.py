@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kvbench.core.config import Config
 from kvbench.core.errors import BadInput
-from kvbench.core.validation import parse_int
+from kvbench.core.validation import MIB, parse_int
 from kvbench.harness.planning import configs_for_sweep, split
 from kvbench.store.costs import COSTS_FILE, Cost, cost_key, load_costs
 from kvbench.store.results import check_folder_writable
@@ -220,7 +220,7 @@ def cost_table(costs: list[Cost]):
     ]
     frame["prefill +%"] = 100 * frame.prefill_overhead
     frame["decode x"] = frame.decode_tokens_per_s / frame.decode_none_tokens_per_s
-    frame["allocated MiB"] = frame.allocated_bytes / 2**20
-    frame["accounted MiB"] = frame.accounted_bytes / 2**20
+    frame["allocated MiB"] = frame.allocated_bytes / MIB
+    frame["accounted MiB"] = frame.accounted_bytes / MIB
     columns = ["prefill +%", "decode_tokens_per_s", "decode x", "allocated MiB", "accounted MiB"]
     return frame.set_index(["press", "budget", "tokens", "device"])[columns].sort_index()
