@@ -144,6 +144,25 @@ def test_public_modules_only_re_export():
         assert kinds <= {ast.Import, ast.ImportFrom, ast.Assign}, module
 
 
+def documented_layers(page: str) -> tuple[dict[str, int], int | None]:
+    """The table of layers of docs/architecture.md: each folder a row names (`harness/`, at the start of its
+    cell or after "; ") at that row's layer, and the layer of the row that names `kvbench/__init__.py`."""
+    folders, api = {}, None
+    for line in page.splitlines():
+        row = re.match(r"\| (\d+) [^|]*\| (.*?) \|", line)
+        if row:
+            folders |= {folder: int(row[1]) for folder in re.findall(r"(?:^|; )`(\w+)/`", row[2])}
+            api = int(row[1]) if "`kvbench/__init__.py`" in row[2] else api
+    return folders, api
+
+
+def test_the_documented_layers_are_the_folders():
+    """docs/architecture.md's table and `FOLDERS` are one list: a folder moved or added in one is in the
+    other, at the same layer."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    assert documented_layers(page) == (FOLDERS, API)
+
+
 def test_click_is_imported_in_cli_only():
     """The library is called from Python as from the command line: options, help and exit codes live in
     kvbench/cli/ alone."""
