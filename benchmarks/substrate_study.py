@@ -20,10 +20,6 @@ import dataclasses
 import sys
 from pathlib import Path
 
-# The study's code is the package benchmarks/substrate/, outside kvbench: the repository's root is where it
-# is found when this file runs as a script (python puts only benchmarks/ on the path then).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def merge_rows(folders: list[Path], out: Path) -> None:
     """The union of the folders' rows (one per model, seed, method and keep; the first folder's wins) into
