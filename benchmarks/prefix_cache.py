@@ -4,7 +4,7 @@ bookkeeping per request against a 1k-token prefill, on the embedded model.
     uv run python benchmarks/prefix_cache.py [--requests 200] [--budget 8] [--chunk-chars 120]
                                              [--answer-tokens 0] [--press knorm --ratio 0.5] [--out FILE.json]
 
-Every policy serves each request in turn (kvbench.harness.serving.replay.run_policies), so the load of a
+Every policy serves each request in turn (kvbench.serving.replay.run_policies), so the load of a
 shared machine falls on all of them alike; ratios are of summed TTFT and of requests per second of prefill.
 The bookkeeping is the store's own time per request (lookups, inserts, evictions; tensor work aside), against
 the fastest of three 1k-token prefills. Goal: bookkeeping <= 1 % of that prefill. Each reusing policy also
@@ -19,8 +19,8 @@ import time
 import torch
 
 from kvbench.bridge.models import load_model
-from kvbench.harness.serving.replay import Compression, Settings, cache_of, run_policies
-from kvbench.harness.serving.trace import make_trace
+from kvbench.serving.replay import Compression, Settings, cache_of, run_policies
+from kvbench.serving.trace import make_trace
 
 
 def prefill_1k(model) -> float:

@@ -1,5 +1,5 @@
 """The attention-substrate study (issue 29, item 3; docs/studies/attention-substrate.md): train the 2 x 2 x 2
-design of tiny byte-level models (kvbench.harness.substrate) for each seed, evaluate live-cache perplexity
+design of tiny byte-level models (benchmarks.substrate) for each seed, evaluate live-cache perplexity
 under eviction, then write the summary table and the plot.
 
     nice -n 10 uv run python benchmarks/substrate_study.py --out results/study-substrate
@@ -28,7 +28,7 @@ def merge_rows(folders: list[Path], out: Path) -> None:
     (`write_whole`): a full disk or a kill leaves it as it was."""
     import json
 
-    from kvbench.harness.substrate.summary import load
+    from benchmarks.substrate.summary import load
 
     rows = {}
     for path in [folder / "rows.jsonl" for folder in folders]:
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     if missing:
         print(f"error: no rows.jsonl in {', '.join(missing)}", file=sys.stderr)
         return 2
-    from kvbench.harness.substrate import study
+    from benchmarks.substrate import study
 
     wanted = set(args.models.split("-")) - {""}  # "gate" is not "nogate": names match part by part
     try:  # replace() validates the new size as the constructor does
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         print(f"error: no model of the design is named like {args.models!r}", file=sys.stderr)
         return 2
 
-    from kvbench.harness.substrate import summary
+    from benchmarks.substrate import summary
 
     try:
         if args.merge:

@@ -86,7 +86,7 @@ LAZY = {
     "DataTask": "kvbench.tasks.jsonl:DataTask",
     "PluginError": "kvbench.core.registry:PluginError",
     "evaluate_sample": "kvbench.engine:evaluate_sample",
-    "check_press": "kvbench.harness.conformance:check_press",
+    "check_press": "kvbench.diagnostics.conformance:check_press",
 }
 
 __all__ = [  # the lazy names above, kvbench's errors, and the console script

@@ -1,4 +1,4 @@
-"""`kvbench check-press`: the command, thin over kvbench.harness.conformance (loaded only when it runs)."""
+"""`kvbench check-press`: the command, thin over kvbench.diagnostics.conformance (loaded when it runs)."""
 
 import sys
 from pathlib import Path
@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 
 from kvbench.bridge.models import EMBEDDED
 from kvbench.cli.types import Folder
-from kvbench.harness.conformance import board, check_press, checkable_presses, failed, table, write_record
+from kvbench.diagnostics.conformance import board, check_press, checkable_presses, failed, record_of, table
+from kvbench.store.conformance import write_record
 
 
 @click.command("check-press")
@@ -74,9 +75,8 @@ def check_press_command(press, press_args, model, quick, out, every, markdown):
         checks = check_press(press, args, model=model, quick=quick)
         click.echo(table(checks))
         if out is not None:
-            click.echo(
-                f"verdicts: {write_record(out, resolve_press(press), args, checks, quick=quick, model=model)}"
-            )
+            record = record_of(resolve_press(press), args, checks, quick=quick, model=model)
+            click.echo(f"verdicts: {write_record(out, record)}")
         if failed(checks):
             raise SystemExit(1)
         return

@@ -328,8 +328,8 @@ def prefix_cache(
     """Replay a request trace against a byte-budgeted prefix store, policy by policy: TTFT, hit rate, reuse
     and accuracy against a full recompute (Pegasus's stateful path caching among them), and with --press
     the same policies with compressed entries. Writes the trace, rows, summary.md and its plots to OUT."""
-    from kvbench.harness.serving.bench import run, table
     from kvbench.presses import parse_press_args
+    from kvbench.serving.bench import run
 
     made["interleave"] = not made.pop("no_interleave")
     summaries = run(
@@ -348,7 +348,7 @@ def prefix_cache(
         device,
         dtype,
     )
-    from kvbench.reporting.prefix_cache import render
+    from kvbench.reporting.prefix_cache import render, table
 
     plots = render(out)
     click.echo(table(summaries))

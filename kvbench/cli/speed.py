@@ -1,10 +1,10 @@
-"""`kvbench speed`: the command, thin over kvbench.harness.speed (loaded only when it runs)."""
+"""`kvbench speed`: the command, thin over kvbench.diagnostics.speed (loaded only when it runs)."""
 
 import click
 
 from kvbench.cli.options import model_options
 from kvbench.cli.types import Folder
-from kvbench.harness.speed import DEFAULT_LENGTHS, DEFAULT_PRESSES, cost_table, plan_speed, run_speed
+from kvbench.diagnostics.speed import DEFAULT_LENGTHS, DEFAULT_PRESSES, cost_table, plan_speed, run_speed
 
 
 @click.command()

@@ -61,6 +61,7 @@ NonNegative = Annotated[float, annotated_types.Ge(0)]
 PositiveReal = Annotated[float, annotated_types.Gt(0)]  # a time, a rate: what ratios divide by
 Ratio = Annotated[float, annotated_types.Interval(ge=0, lt=1)]  # fraction of KV entries removed
 Memory = Annotated[float, annotated_types.Interval(gt=0, le=1)]  # fraction of the 16-bit full cache
+MIB = 2**20  # bytes in a MiB: the unit of byte budgets given and shown
 # What every schema is validated with: exact JSON types, finite floats.
 STRICT = {"strict": True, "allow_inf_nan": False}
 MAX_DEPTH = 200  # the deepest JSON nesting a reader accepts: pydantic's JSON parser's own limit

@@ -1,2 +1,2 @@
-"""From what a user asks to rows: planning, the runner, Ray, the lm-eval bridge, live-cache
-perplexity, press speed, the conformance kit, the serving benchmark and the substrate study."""
+"""From what a user asks to rows: planning, the runner, Ray, the lm-eval bridge, live-cache perplexity, and
+kvpress evaluation's output folders to and from rows."""

@@ -3,10 +3,10 @@ records under the results folders' conformance/), beside its scores."""
 
 import pandas as pd
 
-from kvbench.harness.conformance import ConformanceRecord, read_records
 from kvbench.reporting.blocks import Heading, Paragraph, Table
 from kvbench.reporting.boards import Leaderboard
 from kvbench.reporting.read import config_label
+from kvbench.store.conformance import ConformanceRecord, read_records
 
 
 def read_conformance(dirs: list[str]) -> dict[str, ConformanceRecord]:

@@ -18,11 +18,11 @@ import pandas as pd
 
 from kvbench.core.errors import BadInput
 from kvbench.core.validation import parse_json, read_text
-from kvbench.harness.speed import Cost, load_costs
 from kvbench.reporting.blocks import Heading, Image, Paragraph, Table, file_stem, fmt_interval
 from kvbench.reporting.boards import Leaderboard
 from kvbench.reporting.plots import Style, error_bars, new_figure, plain_ticks, save, wrapped_title
 from kvbench.reporting.read import config_label
+from kvbench.store.costs import Cost, load_costs
 
 
 @dataclass

@@ -11,8 +11,7 @@ A policy keeps its colour everywhere; its compressed runs are dashed (lines) or 
 
 from pathlib import Path
 
-from kvbench.core.validation import jsonl_lines, parse_json, read_text
-from kvbench.harness.serving.bench import MIB, table
+from kvbench.core.validation import MIB, jsonl_lines, parse_json, read_text
 from kvbench.reporting.plots import MARKERS, PALETTE, new_figure, save, wrapped_title
 
 PLOTS = {
@@ -132,6 +131,28 @@ def accuracy_figure(summaries: list[dict], policies: list[str]):
     same_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.suptitle("accuracy vs TTFT (hollow: compressed entries; larger: larger store)", fontsize=10)
     return figure
+
+
+def table(summaries: list[dict]) -> str:
+    """Markdown: one row per policy, press and budget, TTFT and throughput as ratios to no reuse."""
+    base = next(s for s in summaries if s["policy"] == "none")
+    lines = [
+        "| policy | press | budget MiB | TTFT p50 ms | TTFT p90 ms | TTFT vs none | throughput vs none "
+        "| hit rate | reused | KiB per entry | max logit error | answers same |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        budget = "-" if s["policy"] == "none" else f"{s['budget'] / MIB:g}"
+        press = "-" if s["press"] == "none" else s["press"]
+        lines.append(
+            f"| {s['policy']} | {press} | {budget} "
+            f"| {s['ttft_p50_s'] * 1e3:.1f} | {s['ttft_p90_s'] * 1e3:.1f} "
+            f"| {s['ttft_total_s'] / base['ttft_total_s']:.2f} "
+            f"| {s['throughput_rps'] / base['throughput_rps']:.2f} "
+            f"| {s['hit_rate']:.2f} | {s['reused_fraction']:.2f} | {s['bytes_per_entry'] / 1024:.1f} "
+            f"| {s['logit_error_max']:.3g} | {s['answer_same']:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def render(folder: Path | str) -> list[Path]:

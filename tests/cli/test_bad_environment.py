@@ -243,8 +243,8 @@ def test_a_rows_file_or_claim_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
 
 
 def test_a_costs_file_or_trace_that_is_a_fifo_is_refused(tmp_path):
-    from kvbench.harness.serving.trace import read_trace
-    from kvbench.harness.speed import load_costs
+    from kvbench.serving.trace import read_trace
+    from kvbench.store.costs import load_costs
 
     os.mkfifo(tmp_path / "costs.jsonl")
     with released(tmp_path / "costs.jsonl"), pytest.raises(DataFileError, match="is not a plain file"):
@@ -339,9 +339,9 @@ def test_learned_state_under_a_file_size_limit_leaves_no_folder_and_keeps_the_ol
 
 def test_the_other_readers_refuse_a_fifo_too(tmp_path):
     """Conformance records, kvpress's metrics.json and predictions.csv, MemDecay's calibration."""
-    from kvbench.harness.conformance import CONFORMANCE_DIR, read_records
     from kvbench.harness.interop import read_predictions
     from kvbench.learned.memdecay.press import MemDecayError, load_calibration
+    from kvbench.store.conformance import CONFORMANCE_DIR, read_records
 
     (tmp_path / CONFORMANCE_DIR).mkdir()
     os.mkfifo(tmp_path / CONFORMANCE_DIR / "x.json")

@@ -101,7 +101,7 @@ def perplexity(tmp: Path, depth: int):
 
 
 def trace(tmp: Path, depth: int):
-    from kvbench.harness.serving.trace import read_trace
+    from kvbench.serving.trace import read_trace
 
     path = write(tmp / "trace.jsonl", record(depth, kind="chunk", id="c", text="t") + "\n")
     read_trace(path)

@@ -10,8 +10,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kvbench"
 
 # The package's folders are its layers: (folder, layer), a layer may import its own and the layers below it.
 FOLDERS = {
-    "cli": 6,  # the commands: thin, they parse and call the library (the only place that imports click)
-    "harness": 5,  # from what a user asks to rows: planning, runner, Ray, lm-eval, perplexity, speed, ...
+    "cli": 7,  # the commands: thin, they parse and call the library (the only place that imports click)
+    "diagnostics": 6,  # each press on its own: its cost (speed) and its conformance, planned by the harness
+    "harness": 5,  # from what a user asks to rows: planning, runner, Ray, lm-eval, perplexity, interop
+    "serving": 5,  # prefix caching as a serving benchmark: trace, store, replay, bench
     "reporting": 5,  # from rows to reports
     "engine": 4,  # the protocols and the batched decoder
     "presses": 3,  # the registry of presses, our heuristic presses and codecs
@@ -21,7 +23,7 @@ FOLDERS = {
     "bridge": 1,  # model loading and the adapter, the one module on kvpress's and transformers' internals
     "core": 0,  # vocabulary, errors, validation, provenance, shipped files, registries
 }
-API = 6  # kvbench/__init__.py: the Python API
+API = 7  # kvbench/__init__.py: the Python API
 PUBLIC = {"kvbench.lmeval"}  # stable public paths beside the API, at its layer: re-exports only
 
 
@@ -140,6 +142,25 @@ def test_public_modules_only_re_export():
         tree = ast.parse(module_files()[module].read_text())
         kinds = {type(node) for node in tree.body} - {ast.Expr}  # the docstring
         assert kinds <= {ast.Import, ast.ImportFrom, ast.Assign}, module
+
+
+def documented_layers(page: str) -> tuple[dict[str, int], int | None]:
+    """The table of layers of docs/architecture.md: each folder a row names (`harness/`, at the start of its
+    cell or after "; ") at that row's layer, and the layer of the row that names `kvbench/__init__.py`."""
+    folders, api = {}, None
+    for line in page.splitlines():
+        row = re.match(r"\| (\d+) [^|]*\| (.*?) \|", line)
+        if row:
+            folders |= {folder: int(row[1]) for folder in re.findall(r"(?:^|; )`(\w+)/`", row[2])}
+            api = int(row[1]) if "`kvbench/__init__.py`" in row[2] else api
+    return folders, api
+
+
+def test_the_documented_layers_are_the_folders():
+    """docs/architecture.md's table and `FOLDERS` are one list: a folder moved or added in one is in the
+    other, at the same layer."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    assert documented_layers(page) == (FOLDERS, API)
 
 
 def test_click_is_imported_in_cli_only():

@@ -7,11 +7,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvbench.cli import main
-from kvbench.harness.speed import COSTS_FILE, Cost
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
 from kvbench.reporting.costs import cost_points, read_costs
 from kvbench.reporting.read import collect
+from kvbench.store.costs import COSTS_FILE, Cost
 from tests.reporting.test_report import PNG_SIGNATURE, markdown_tables, memory_rows, write_results
 
 

@@ -187,20 +187,20 @@ def study_row(index: int, text: str) -> dict:
 
 
 def read_costs(path: Path):
-    from kvbench.harness.speed import load_costs
+    from kvbench.store.costs import load_costs
 
     path.rename(path.parent / "costs.jsonl")
     return load_costs(path.parent)
 
 
 def read_trace(path: Path):
-    from kvbench.harness.serving.trace import read_trace
+    from kvbench.serving.trace import read_trace
 
     return read_trace(path)
 
 
 def read_study(path: Path):
-    from kvbench.harness.substrate.summary import load
+    from benchmarks.substrate.summary import load
 
     return load(path)
 

@@ -1,4 +1,4 @@
-"""The substrate study's model and live-cache evaluation (kvbench.harness.substrate): sigmoid attention
+"""The substrate study's model and live-cache evaluation (benchmarks.substrate): sigmoid attention
 against a plain float64 loop, softmax against torch's SDPA, gates of 1 and 0, the live cache against the
 parallel
 forward, eviction holding the budget, and training lowering the loss."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvbench.harness.substrate import study
-from kvbench.harness.substrate.model import SubstrateConfig, SubstrateLM, attend
+from benchmarks.substrate import study
+from benchmarks.substrate.model import SubstrateConfig, SubstrateLM, attend
 
 TINY = dict(d_model=16, n_layer=2, n_head=2, context=12)
 

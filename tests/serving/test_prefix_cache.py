@@ -1,4 +1,4 @@
-"""The prefix-cache benchmark (kvbench.harness.serving): exactness of each policy's reuse against a full
+"""The prefix-cache benchmark (kvbench.serving): exactness of each policy's reuse against a full
 recompute on a tiny float64 model, the store's budget and eviction orders against plain references, replay
 determinism,
 and the command's bad input."""
@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from kvbench.cli import main
-from kvbench.harness.serving.replay import (
+from kvbench.serving.replay import (
     Compression,
     Settings,
     apply_delta,
@@ -22,8 +22,8 @@ from kvbench.harness.serving.replay import (
     shift,
     sparse_delta,
 )
-from kvbench.harness.serving.store import Store
-from kvbench.harness.serving.trace import Request, Trace, make_trace, read_trace, write_trace
+from kvbench.serving.store import Store
+from kvbench.serving.trace import Request, Trace, make_trace, read_trace, write_trace
 
 
 class CharTokenizer:

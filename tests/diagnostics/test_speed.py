@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from kvbench.cli import main
 from kvbench.core.errors import DataFileError
-from kvbench.harness import speed
+from kvbench.diagnostics import speed
 
 
 def test_allocated_bytes_count_each_storage_once():

@@ -1,4 +1,4 @@
-"""Summary of the substrate study's rows (kvbench.harness.substrate.study): per (model, method, keep), the
+"""Summary of the substrate study's rows (benchmarks.substrate.study): per (model, method, keep), the
 mean over seeds and a Student-t 95 % interval (scipy.stats.t, n - 1 degrees of freedom) of the perplexity and
 of the perplexity change against the model's own no-eviction reference (paired within a seed: the same trained
 model, the same windows). Writes summary.csv, summary.md (the tables the study page quotes) and

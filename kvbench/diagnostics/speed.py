@@ -24,56 +24,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvbench.core.config import Config
-from kvbench.core.errors import BadInput, DataFileError
-from kvbench.core.validation import (
-    STRICT,
-    Count,
-    Memory,
-    Positive,
-    PositiveReal,
-    Ratio,
-    check_json,
-    jsonl_lines,
-    parse_int,
-    read_text,
-)
+from kvbench.core.errors import BadInput
+from kvbench.core.validation import MIB, parse_int
 from kvbench.harness.planning import configs_for_sweep, split
+from kvbench.store.costs import COSTS_FILE, Cost, cost_key, load_costs
 from kvbench.store.results import check_folder_writable
 
-COSTS_FILE = "costs.jsonl"
 DEFAULT_PRESSES = "knorm,snapkv,tova,streaming_llm,kvp,qevict,memdecay,quant"
 DEFAULT_LENGTHS = "1024,4096"
-
-
-@dataclass
-class Cost:
-    """One line of costs.jsonl, its schema (checked when a folder is resumed): a press at one budget on one
-    context length and device."""
-
-    __pydantic_config__ = STRICT
-
-    press: str
-    ratio: Ratio
-    memory: Memory | None
-    press_args: dict
-    tokens: Positive
-    device: str
-    prefill_s: PositiveReal
-    prefill_none_s: PositiveReal
-    prefill_overhead: float  # prefill_s / prefill_none_s - 1
-    decode_tokens_per_s: PositiveReal
-    decode_none_tokens_per_s: PositiveReal  # the report divides by it, and by the full bytes
-    allocated_bytes: Count
-    allocated_bytes_full: Positive
-    accounted_bytes: Count
-    accounted_bytes_full: Positive
-
-    def key(self) -> tuple:
-        return cost_key(self.press, self.ratio, self.memory, self.press_args, self.tokens, self.device)
-
-
-def cost_key(press, ratio, memory, press_args, tokens, device) -> tuple:
-    return press, float(ratio), memory, json.dumps(press_args, sort_keys=True), tokens, device
 
 
 @dataclass
@@ -101,24 +59,6 @@ def plan_speed(presses, lengths, out, memory=None, ratios=None, new_tokens=32, r
     check_folder_writable(out, "--out folder")  # a loop of links, a read-only folder: now, not after timing
     new_tokens, repeats = parse_int(new_tokens, "--new-tokens", low=1), parse_int(repeats, "--repeats", low=1)
     return SpeedPlan(configs, length_values, new_tokens, repeats, out, load_costs(out))
-
-
-def load_costs(out: Path) -> dict:
-    """The costs already measured in `out` by cost_key; a line that does not fit `Cost` is refused (one
-    line naming it) before any work, so that a resumed run never appends to a damaged file."""
-    path = Path(out) / COSTS_FILE
-    if not path.exists():
-        return {}
-    done = {}
-    try:
-        lines = jsonl_lines(read_text(path, DataFileError))  # a FIFO is refused, not waited on
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataFileError(f"{path} is unreadable ({error})") from None
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            cost = check_json(Cost, line, f"{path} line {number}", DataFileError)
-            done[cost.key()] = cost
-    return done
 
 
 def allocated_bytes(cache) -> int:
@@ -280,7 +220,7 @@ def cost_table(costs: list[Cost]):
     ]
     frame["prefill +%"] = 100 * frame.prefill_overhead
     frame["decode x"] = frame.decode_tokens_per_s / frame.decode_none_tokens_per_s
-    frame["allocated MiB"] = frame.allocated_bytes / 2**20
-    frame["accounted MiB"] = frame.accounted_bytes / 2**20
+    frame["allocated MiB"] = frame.allocated_bytes / MIB
+    frame["accounted MiB"] = frame.accounted_bytes / MIB
     columns = ["prefill +%", "decode_tokens_per_s", "decode x", "allocated MiB", "accounted MiB"]
     return frame.set_index(["press", "budget", "tokens", "device"])[columns].sort_index()

@@ -13,8 +13,8 @@ from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept
 
 from kvbench.cli import main
-from kvbench.harness import conformance
-from kvbench.harness.conformance import CHECKS, check_press
+from kvbench.diagnostics import conformance
+from kvbench.diagnostics.conformance import CHECKS, check_press
 
 
 def in_cache_order(keys, values, scores, n_kept):
@@ -220,7 +220,7 @@ def test_built_in_presses_pass_quick(press):
 
 
 def test_the_cost_says_which_differences_are_within_the_noise_of_the_repeats(monkeypatch):
-    from kvbench.harness import speed
+    from kvbench.diagnostics import speed
 
     # Repeat by repeat, none's, knorm's and the press's seconds: none's spread (3 ms) exceeds its lead.
     seconds = iter([0.010, 0.021, 0.0105, 0.013, 0.021, 0.0105, 0.011, 0.021, 0.0105])

@@ -18,9 +18,9 @@ import time
 from contextlib import nullcontext
 
 from kvbench.bridge.adapter import attention_inputs, compress_entry, language_model
-from kvbench.harness.serving.store import Node, Store
-from kvbench.harness.serving.trace import Trace
 from kvbench.presses import build_press, needs_eager
+from kvbench.serving.store import Node, Store
+from kvbench.serving.trace import Trace
 
 POLICIES = {
     "none": "no reuse: every prompt recomputed",

@@ -1,6 +1,6 @@
 """The attention-substrate study (issue 29, item 3): tiny byte-level GPT-style models trained from scratch in
 the 2 x 2 x 2 design (softmax / sigmoid attention, learned gate / none, RoPE / NoPE;
-kvbench.harness.substrate.model says which variants and why), each evaluated by live-cache perplexity with no
+benchmarks.substrate.model says which variants and why), each evaluated by live-cache perplexity with no
 eviction and with hard eviction by its own gates (gated models), H2O and KeyDiff (and a sliding window, as a
 floor) at keep fractions 0.5, 0.25 and 0.1.
 
@@ -33,7 +33,7 @@ window (positions T/2 .. T-2), where every budget below 0.5 is already binding. 
 - `keydiff` (Park et al. 2025): the entry whose key has the highest cosine similarity to the mean key of the
   entries now in the cache goes (the most "typical" key).
 - `window`: the oldest entry goes (a sliding window of B), a floor any scorer should reach.
-- `none`: the full cache (B = T); equal to the model's parallel forward (tests/harness/test_substrate.py
+- `none`: the full cache (B = T); equal to the model's parallel forward (tests/project/test_substrate_study.py
   checks it).
 
 For gated models all of these run with the soft gates on (kept entries keep their log g in the logits), so
@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvbench.harness.substrate.model import SubstrateConfig, SubstrateLM, attend
+from benchmarks.substrate.model import SubstrateConfig, SubstrateLM, attend
 
 KEEPS = (0.5, 0.25, 0.1)
 METHODS = ("gate", "h2o", "keydiff", "window")
@@ -309,7 +309,7 @@ def run_study(
     rows_path = out / "rows.jsonl"
     done = set()
     if rows_path.exists() and rows_path.read_text().strip():
-        from kvbench.harness.substrate.summary import load  # checks every row against the file's schema
+        from benchmarks.substrate.summary import load  # checks every row against the file's schema
 
         done = {(r["model"], r["seed"]) for r in load(rows_path)}
     train_b, held_b = language_reference()

@@ -9,10 +9,9 @@ from pathlib import Path
 from kvbench.bridge.builtin import BUILTIN
 from kvbench.bridge.models import EMBEDDED, model_config
 from kvbench.core.errors import BadInput
-from kvbench.core.validation import parse_float, parse_int
+from kvbench.core.validation import MIB, parse_float, parse_int
 
 POLICY_NAMES = ("none", "prefix", "chunk", "pegasus")
-MIB = 2**20
 
 
 def config_bytes_per_token(model: str) -> int | None:
@@ -81,7 +80,7 @@ def check_compression(press: str, ratio, press_args: dict):
     if ratio is None:
         raise BadInput(f"--press {press} needs --ratio (the fraction of each entry's KV entries removed)")
     ratio = parse_float(ratio, "--ratio", 0, 1, high_open=True)
-    from kvbench.harness.serving.replay import Compression  # torch's import: after every check
+    from kvbench.serving.replay import Compression  # torch's import: after every check
 
     return Compression(press, ratio, tuple(sorted(press_args.items())))
 
@@ -147,9 +146,9 @@ def run(
     dtype: str = "float32",
     threads: int | None = None,
 ) -> list[dict]:
-    """Check everything, replay, write `out`/{trace.jsonl, requests.jsonl, summary.json, summary.md}; the
-    summaries."""
-    from kvbench.harness.serving import trace as traces
+    """Check everything, replay, write `out`/{trace.jsonl, requests.jsonl, summary.json}; the summaries
+    (`kvbench.reporting.prefix_cache` renders summary.md and the plots from them)."""
+    from kvbench.serving import trace as traces
 
     out = check_out(out)
     names = check_policies(policies)
@@ -166,7 +165,7 @@ def run(
 
     from kvbench.bridge.models import check_device, load_model
     from kvbench.core.provenance import run_record
-    from kvbench.harness.serving.replay import Settings, bytes_per_token, run_policies
+    from kvbench.serving.replay import Settings, bytes_per_token, run_policies
 
     started = datetime.now(timezone.utc).isoformat()
     if compression:
@@ -196,7 +195,6 @@ def run(
     summary = {"bytes_per_token": bytes_per_token(loaded), "transition_kept_per_layer": sparsity}
     record = run_record(config, summary | {"policies": summaries}, device, started)
     (out / "summary.json").write_text(json.dumps(record, indent=1) + "\n")
-    (out / "summary.md").write_text(table(summaries) + "\n")
     return summaries
 
 
@@ -208,25 +206,3 @@ def shortest_entry(tokenizer, trace, policies: list[str], block: int) -> int:
             len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in trace.chunks.values()
         ]
     return min(lengths, default=block)
-
-
-def table(summaries: list[dict]) -> str:
-    """Markdown: one row per policy, press and budget, TTFT and throughput as ratios to no reuse."""
-    base = next(s for s in summaries if s["policy"] == "none")
-    lines = [
-        "| policy | press | budget MiB | TTFT p50 ms | TTFT p90 ms | TTFT vs none | throughput vs none "
-        "| hit rate | reused | KiB per entry | max logit error | answers same |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in summaries:
-        budget = "-" if s["policy"] == "none" else f"{s['budget'] / MIB:g}"
-        press = "-" if s["press"] == "none" else s["press"]
-        lines.append(
-            f"| {s['policy']} | {press} | {budget} "
-            f"| {s['ttft_p50_s'] * 1e3:.1f} | {s['ttft_p90_s'] * 1e3:.1f} "
-            f"| {s['ttft_total_s'] / base['ttft_total_s']:.2f} "
-            f"| {s['throughput_rps'] / base['throughput_rps']:.2f} "
-            f"| {s['hit_rate']:.2f} | {s['reused_fraction']:.2f} | {s['bytes_per_entry'] / 1024:.1f} "
-            f"| {s['logit_error_max']:.3g} | {s['answer_same']:.2f} |"
-        )
-    return "\n".join(lines)

@@ -23,7 +23,7 @@ Choices the sigmoid-gated eviction abstract leaves open, and why:
 - Pre-LayerNorm blocks, GELU MLP of width 4d, tied input/output embeddings, byte vocabulary (256), no dropout.
 
 `attend` is the one implementation of both attention kinds; the parallel forward (training) and the
-token-by-token step over a cache (live-cache evaluation, kvbench.harness.substrate.study) both call it.
+token-by-token step over a cache (live-cache evaluation, benchmarks.substrate.study) both call it.
 """
 
 import math
