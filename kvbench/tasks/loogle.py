@@ -29,7 +29,9 @@ from pathlib import Path
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, check_json
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
@@ -244,3 +246,82 @@ def make_samples(
             "%s: %d of %d prompts truncated in the middle to %d tokens", task, truncated, len(result), length
         )
     return result
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressLooGLE(kvpress.Dataset):
+    name = "loogle"
+    exports = "loogle/NAME"
+    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
+    reads = ("task",)
+    schema = dict[str, dict[str, float]]
+    cloze = "shortdep_cloze"
+
+    def target(self, row):
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in DATASETS:
+            return None
+        return kvpress.Target(self.name, name, name, row["length"])
+
+    def cells(self, row):
+        return {"answer": row["references"][0], "task": row["task"].partition("/")[2]}
+
+    def key(self, name: str) -> str:
+        return "exact_match" if name == self.cloze else "rouge-l"
+
+    def metrics(self, rows):
+        tasks = kvpress.grouped(rows, self.label)
+        result = {}
+        for name in sorted(tasks):
+            value = (
+                pooled_exact_match(tasks[name])
+                if name == self.cloze
+                else kvpress.mean([r["score"] / 100 for r in tasks[name]])
+            )
+            result[name] = {self.key(name): value}
+        return result
+
+    def check_metrics(self, metrics, path):
+        for name, scores in metrics.items():
+            if self.key(name) not in scores:
+                raise DataFileError(f"{path}: field '{name}.{self.key(name)}': missing")
+
+    def task(self, config, line):
+        return f"{self.name}/{line['task']}" if line["task"] in DATASETS else None
+
+    def sample(self, task, line, config, where):
+        name = task.partition("/")[2]
+        answer = kvpress.text_of(line, self.answer, where)
+        if name == self.cloze:
+            try:
+                masks = json.loads(answer)
+            except ValueError:
+                masks = None
+            if not isinstance(masks, dict) or not masks:
+                raise DataFileError(f"{where}: field 'answer': not the cloze's masks as a JSON object")
+        return kvpress.scored(task, [answer], f"loogle_{DATASETS[name][4]}")
+
+    def figures(self, metrics):
+        return {name: 100 * scores[self.key(name)] for name, scores in metrics.items()}
+
+    def label(self, row):
+        return row["task"].partition("/")[2]
+
+
+def pooled_exact_match(rows: list[dict]) -> float:
+    """calculate_metrics' cloze `exact_match`: masks matched over masks, a prediction that is no dict counting
+    one mask, rounded to 4; each row's matches from kvbench's score (its share of the masks)."""
+    matched = counted = 0
+    for row in rows:
+        masks = len(json.loads(row["references"][0]))
+        if read_dict(row["prediction"] or "None") is None:
+            counted += 1
+        else:
+            matched += round(row["score"] / 100 * masks)
+            counted += masks
+    return round(matched / counted, 4) if counted else float("nan")
+
+
+FAMILY = Family("loogle", kinds={task: task.replace("/", "-") for task in TASKS}, kvpress=(KvpressLooGLE(),))

@@ -34,7 +34,9 @@ from pathlib import Path
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
 HUB = HubFile("alessiodevoto/paul_graham_essays", "data/test-00000-of-00001.parquet")
@@ -220,3 +222,72 @@ def make_samples(
             )
         )
     return result
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressNeedle(kvpress.Dataset):
+    name = exports = TASK
+    columns = ("needle", "needle_depth", "question", "answer_prefix", "max_new_tokens")
+    answer = "needle"
+    reads = ("needle_depth",)
+    schema = list[dict[str, dict[str, float]]]
+
+    def target(self, row):
+        if row["task"] != TASK:
+            return None
+        meta = row["meta"] or {}
+        return kvpress.Target(self.name, "", self.name, meta.get("length", row["length"]), meta.get("depth"))
+
+    def cells(self, row):
+        return {"needle": row["references"][0], "needle_depth": (row["meta"] or {}).get("depth", "")}
+
+    def metrics(self, rows):
+        return [rouge_scores(row["references"][0], row["prediction"] or "") for row in rows]
+
+    def check_config(self, config, path):
+        if config.max_context_length is None:
+            raise DataFileError(f"{path}: field 'max_context_length': missing (needle_in_haystack sets it)")
+
+    def check_metrics(self, metrics, path):
+        for index, scores in enumerate(metrics):
+            if "f" not in scores.get("rouge-l", {}):
+                raise DataFileError(f"{path}: field '{index}.rouge-l.f': missing")
+
+    def task(self, config, line):
+        return self.name
+
+    def sample(self, task, line, config, where):
+        meta = {
+            "length": config.max_context_length,
+            "depth": kvpress.whole(line["needle_depth"], "needle_depth", where),
+        }
+        return kvpress.scored(task, [kvpress.text_of(line, self.answer, where)], "needle_rouge", meta)
+
+    def sample_id(self, task, line, index, config):
+        return f"{config.max_context_length}-{int(line['needle_depth'])}"
+
+    def figures(self, metrics):
+        return {
+            "rouge-l": 100 * kvpress.mean([scores["rouge-l"]["f"] for scores in metrics]) if metrics else None
+        }
+
+    def label(self, row):
+        return "rouge-l"
+
+
+def rouge_scores(needle_text: str, prediction: str) -> dict:
+    """calculate_metrics' entry of one row: `Rouge().get_scores(needle, prediction)[0]`, stripped; zeros where
+    the package raises (an empty prediction: kvpress's scorer would raise there)."""
+    from rouge import Rouge
+
+    try:
+        return Rouge().get_scores(needle_text.strip(), prediction.strip())[0]
+    except (ValueError, RecursionError):
+        return {name: {"r": 0.0, "p": 0.0, "f": 0.0} for name in ("rouge-1", "rouge-2", "rouge-l")}
+
+
+FAMILY = Family(
+    "needle_in_haystack", kinds={task: "needle-in-a-haystack" for task in TASKS}, kvpress=(KvpressNeedle(),)
+)

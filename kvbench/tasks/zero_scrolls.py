@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from kvbench.core.errors import BadInput, DataFileError, TaskUnavailable, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family
 from kvbench.tasks.published import HubFile, checked_rows, read_json_lines, read_objects
 from kvbench.tasks.zero_scrolls_metrics import SCORERS, find_letter, summary_ids
 
@@ -231,3 +232,13 @@ def make_samples(
     if truncated:
         logger.warning("%s: %d of %d prompts cut to %d tokens", task, truncated, len(result), length)
     return result
+
+
+FAMILY = Family(
+    "zero_scrolls",
+    kinds={task: task.replace("/", "-") for task in TASKS},
+    not_kvpress=(
+        "kvpress's zero_scrolls is ZeroSCROLLS's test split, whose answers are private (its metrics.json is "
+        "{}); kvbench's zero_scrolls tasks score the validation split"
+    ),
+)

@@ -1,0 +1,18 @@
+"""What a built-in task family declares beside the functions of its module (`FAMILY_API` of
+kvbench.tasks.registry): a module ends with `FAMILY = Family(...)`, and `BUILT_IN` of the registry lists the
+modules. The registry registers each under its name, the training mixtures' `KINDS` (kvbench.tasks.mixture)
+read its kinds, and `kvbench export` / `kvbench import` (kvbench.harness.interop) its kvpress datasets."""
+
+from dataclasses import dataclass
+
+from kvbench.tasks.kvpress import Dataset
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # in the task registry and `kvbench tasks`; a held-out family's is its suite's
+    kinds: dict[
+        str, str
+    ]  # task -> kind: what its context is made of and what it asks (kvbench.tasks.mixture)
+    kvpress: tuple[Dataset, ...] = ()  # the datasets of kvpress's evaluation that carry its rows
+    not_kvpress: str = ""  # why kvpress's dataset of this family's name is not this family's (refused)
