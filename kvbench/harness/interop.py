@@ -22,60 +22,10 @@ The format, as read from NVIDIA/kvpress (github, `evaluation/`, at commit 8bb29b
   (`decoding_*` are DecodingPress).
 
 The datasets, each from its `evaluation/benchmarks/<dir>/calculate_metrics.py` (the metrics.json shape) and
-`create_huggingface_dataset.py` (the `data_dir` values, one per `config_name`, and the columns), and how
-kvbench's tasks map to them:
-
-- `ruler` (`benchmarks/ruler/`, and `generate.sh`): metrics.json is `{task: {"string_match": score}}` per
-  RULER task (`niah_single_1`, ..., `qa_2`; string_match_part for `qa_*`, string_match_all otherwise, mean x
-  100 rounded to 2); columns `question`, `answer_prefix`, `answer`, `task`, `max_new_tokens`. kvbench's
-  RULER task T at length L is `ruler`, data_dir L, task T.
-- `longbench`, `longbench-e` (`benchmarks/longbench/`): for `longbench` metrics.json is one number (the
-  dataset's official metric, mean x 100 rounded to 2); for `longbench-e`, `{"0-4k": .., "4-8k": .., "8k+":
-  ..}` by the row's `length` (NaN for an empty bucket); one `data_dir` per LongBench dataset (`narrativeqa`;
-  LongBench-E's `qasper_e`), columns `question`, `answers`, `all_classes`, `length`, `_id`, `answer_prefix`,
-  `task`, `max_new_tokens`. `longbench/NAME` is `longbench`, data_dir NAME; `longbench-e/NAME` is
-  `longbench-e`, data_dir `NAME_e`; the kvbench length is `max_context_length`.
-- `longbench-v2` (`benchmarks/longbenchv2/`): metrics.json `{"average": .., "easy": .., "hard": ..,
-  "long": .., "medium": .., "short": ..}` (means in [0, 1] by `difficulty` and by `length`, the length
-  class); data_dir `0shot` (its config_name; import takes none too); columns THUDM's (`_id`, `domain`,
-  `sub_domain`, `difficulty`, `length`, `question`, `choice_A`..`choice_D`, `answer`) and `max_new_tokens`,
-  `answer_prefix`. `longbench-v2` and `longbench-v2/<length>` are `longbench-v2` (a subset comes back as
-  `longbench-v2`; the length class is a row's `meta.length_class`). kvpress scores a choice present anywhere
-  ("The correct answer is (X)" in the answer), kvbench as THUDM's `extract_answer` (the first one
-  found); kvpress's prompt is its own (16 new tokens), kvbench's THUDM's 0shot.txt (128).
-- `infinitebench` (`benchmarks/infinite_bench/`): metrics.json is one number, the mean score in [0, 1];
-  data_dir and `task` the task name; columns `question`, `answer_prefix`, `answer` (strings), `task`,
-  `max_new_tokens`. `infinitebench/NAME` is `infinitebench`, data_dir NAME. kvpress's prompts are its own
-  (answer prefixes, 20 more new tokens), kvbench's OpenBMB's; its choice answers are the letter alone where
-  OpenBMB's `get_answer` (and kvbench's export) gives [option, letter]: on import the option is read from
-  the question's "X. option" line, and code_debug, whose scorer needs the function's name, is refused
-  without it. kvpress's scorer copy raises on longbook_sum_eng, code_debug, math_find and math_calc (its
-  labels are strings, or a letter alone) and scores code_run 0 (a string label against an int): its folders
-  of those have no config.yaml, or a published score kvbench does not give back (a warning).
-- `loogle` (`benchmarks/loogle/`): metrics.json `{task: {"bleu1", "bleu4", "rouge-1", "rouge-2", "rouge-l",
-  "meteor", "bert"}}` (means in [0, 1]), for `shortdep_cloze` `{"exact_match", "partial_match"}` (masks
-  matched over masks, a prediction that is not a dict counting one, rounded to 4); data_dir and `task` the
-  task name; columns `question`, `answer_prefix`, `answer` (a string; the cloze's as JSON), `task`,
-  `max_new_tokens`. `loogle/NAME` is `loogle`, data_dir NAME. kvbench has ROUGE-L recall and exact match
-  only: an export's metrics.json holds `rouge-l` and `exact_match`.
-- `needle_in_haystack` (`benchmarks/needle_in_haystack/`, its `utils.py`): metrics.json a list, one
-  `Rouge().get_scores(needle, prediction)[0]` per row (`rouge-1`, `rouge-2`, `rouge-l`, each `r`, `p`,
-  `f`); no data_dir, `max_context_length` and `needle_depth` set; columns `needle`, `needle_depth`,
-  `question`, `answer_prefix`, `max_new_tokens`. kvbench's `needle_in_haystack` cell of length C and depth
-  D is a folder with max_context_length C and needle_depth D (a run at length L comes back as its cells'
-  lengths). kvpress puts the needle at the token of the depth in `max_context_length - 150 - needle` tokens
-  of essays, kvbench after the sentence before it in a cell's length less the prompt (gkamradt's): the same
-  grid, not the same contexts.
-- `aime25`, `math500` (`benchmarks/aime25/`, `benchmarks/math500/`; datasets alessiodevoto/aime25 and
-  alessiodevoto/math500, no creation script): metrics.json `{"correct", "answered", "accuracy", "total"}`,
-  the text after "boxed{" (AIME25: the last, MATH-500: the first) up to the next "}" equal to `answer`; no
-  data_dir; columns the ones evaluate.py and the scorer read, `question`, `answer_prefix`, `answer`,
-  `max_new_tokens`. kvbench scores these tasks with math-verify (`math_equivalence`), not that string
-  match: rows keep kvbench's score; an export's metrics.json is kvpress's string match of its predictions,
-  and an import's check compares the published accuracy with that same string match.
-- `zero_scrolls` (`benchmarks/zero_scrolls/`): kvpress reads the test split, whose answers are private
-  (`answer` empty, metrics.json `{}`); kvbench's `zero_scrolls/NAME` tasks score the validation split.
-  Refused both ways.
+`create_huggingface_dataset.py` (the `data_dir` values, one per `config_name`, and the columns), are those
+the task families declare (`Family.kvpress`: kvbench.tasks.ruler's `KvpressRuler`, ...); each class's
+docstring says how kvbench's tasks map to it. A family whose name kvpress gives another dataset says why in
+`Family.not_kvpress` (ZeroSCROLLS: kvpress's is the test split), and is refused both ways.
 
 Protocols: query-agnostic is `query_aware: false`, query-aware is `query_aware: true`. kvbench's `none` is
 kvpress's `no_press`. Everything else (other tasks, other protocols, memory or absolute budgets, presses set

@@ -1,10 +1,12 @@
 """What a built-in task family declares beside the functions of its module (`FAMILY_API` of
 kvbench.tasks.registry): a module ends with `FAMILY = Family(...)`, and `BUILT_IN` of the registry lists the
 modules. The registry registers each under its name, the training mixtures' `KINDS` (kvbench.tasks.mixture)
-read its kinds, and `kvbench export` / `kvbench import` (kvbench.harness.interop) its kvpress datasets."""
+read its kinds, and `kvbench export` / `kvbench import` (kvbench.harness.interop) its kvpress datasets. The
+checks every loader of a published dataset makes are here too (`check_request`)."""
 
 from dataclasses import dataclass
 
+from kvbench.core.errors import BadInput
 from kvbench.tasks.kvpress import Dataset
 
 
@@ -16,3 +18,12 @@ class Family:
     ]  # task -> kind: what its context is made of and what it asks (kvbench.tasks.mixture)
     kvpress: tuple[Dataset, ...] = ()  # the datasets of kvpress's evaluation that carry its rows
     not_kvpress: str = ""  # why kvpress's dataset of this family's name is not this family's (refused)
+
+
+def check_request(dataset: str, length: int, samples: int, min_length: int) -> None:
+    """BadInput in one line unless `length` is at least `min_length` tokens and `samples` at least 1;
+    `dataset` names what needs the length (`LooGLE`, or the task)."""
+    if length < min_length:
+        raise BadInput(f"{dataset} needs length >= {min_length} tokens, got {length}")
+    if samples < 1:
+        raise BadInput(f"samples must be at least 1, got {samples}")

@@ -18,11 +18,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family
+from kvbench.tasks.family import Family, check_request
 from kvbench.tasks.infinitebench_metrics import SCORERS
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
@@ -184,10 +184,7 @@ def make_samples(
     """The first `samples` rows, prompts truncated in the middle to `length` tokens. `seed` plays no part:
     the set is fixed; ids are the rows' `id`."""
     name = parse_task(task)
-    if length < MIN_LENGTH:
-        raise BadInput(f"InfiniteBench needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("InfiniteBench", length, samples, MIN_LENGTH)
     result, truncated = [], 0
     for row in read_rows(name, data_dir)[:samples]:
         context, question, cut = fit_prompt(*prompt(name, row), length, tokenizer)
@@ -220,6 +217,17 @@ def make_samples(
 
 
 class KvpressInfiniteBench(kvpress.Dataset):
+    """`infinitebench` (`benchmarks/infinite_bench/`): metrics.json is one number, the mean score in [0,
+    1]; data_dir and `task` the task name; columns `question`, `answer_prefix`, `answer` (strings), `task`,
+    `max_new_tokens`. `infinitebench/NAME` is `infinitebench`, data_dir NAME. kvpress's prompts are its own
+    (answer prefixes, 20 more new tokens), kvbench's OpenBMB's; its choice answers are the letter alone
+    where OpenBMB's `get_answer` (and kvbench's export) gives [option, letter]: on import the option is
+    read from the question's "X. option" line, and code_debug, whose scorer needs the function's name, is
+    refused without it. kvpress's scorer copy raises on longbook_sum_eng, code_debug, math_find and
+    math_calc (its labels are strings, or a letter alone) and scores code_run 0 (a string label against an
+    int): its folders of those have no config.yaml, or a published score kvbench does not give back (a
+    warning)."""
+
     name = "infinitebench"
     exports = "infinitebench/NAME"
     columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")

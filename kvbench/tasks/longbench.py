@@ -25,11 +25,11 @@ from urllib.parse import urlparse
 
 import annotated_types
 
-from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, Count, check_json, parse_json
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample, TaskUnavailable
-from kvbench.tasks.family import Family
+from kvbench.tasks.family import Family, check_request
 from kvbench.tasks.longbench_metrics import (
     classification_score,
     code_sim_score,
@@ -373,10 +373,7 @@ def make_samples(
 
     `seed` plays no part: LongBench is a fixed set, and ids come from the rows themselves.
     """
-    if length < MIN_LENGTH:
-        raise BadInput(f"LongBench needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("LongBench", length, samples, MIN_LENGTH)
     name, stem = parse_task(task)
     dataset = DATASETS[name]
     result, truncated = [], 0
@@ -450,7 +447,13 @@ def longbench_e_buckets(rows):
 
 
 class KvpressLongBench(kvpress.Dataset):
-    """`longbench`, or with `e` `longbench-e` (the same columns; metrics.json by length bucket)."""
+    """`longbench`, `longbench-e` (`benchmarks/longbench/`): for `longbench` metrics.json is one number
+    (the dataset's official metric, mean x 100 rounded to 2); for `longbench-e`, `{"0-4k": .., "4-8k": ..,
+    "8k+": ..}` by the row's `length` (NaN for an empty bucket); one `data_dir` per LongBench dataset
+    (`narrativeqa`; LongBench-E's `qasper_e`), columns `question`, `answers`, `all_classes`, `length`,
+    `_id`, `answer_prefix`, `task`, `max_new_tokens`. `longbench/NAME` is `longbench`, data_dir NAME;
+    `longbench-e/NAME` is `longbench-e`, data_dir `NAME_e`; the kvbench length is `max_context_length`.
+    With `e`, `longbench-e`."""
 
     columns = (
         "question",

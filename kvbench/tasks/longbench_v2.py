@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family
+from kvbench.tasks.family import Family, check_request
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
@@ -141,10 +141,7 @@ def make_samples(
     in the middle to `length` tokens. `seed` plays no part: the set is fixed; ids are the rows' `_id`."""
     if task not in TASKS:
         raise UnknownTask(f"unknown LongBench-v2 task {task!r} (see `kvbench tasks`)")
-    if length < MIN_LENGTH:
-        raise BadInput(f"LongBench-v2 needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("LongBench-v2", length, samples, MIN_LENGTH)
     wanted = task.partition("/")[2]
     rows = [row for row in read_rows(data_dir) if not wanted or row.length == wanted][:samples]
     result, truncated = [], 0
@@ -180,6 +177,16 @@ def make_samples(
 
 
 class KvpressLongBenchV2(kvpress.Dataset):
+    """`longbench-v2` (`benchmarks/longbenchv2/`): metrics.json `{"average": .., "easy": .., "hard": ..,
+    "long": .., "medium": .., "short": ..}` (means in [0, 1] by `difficulty` and by `length`, the length
+    class); data_dir `0shot` (its config_name; import takes none too); columns THUDM's (`_id`, `domain`,
+    `sub_domain`, `difficulty`, `length`, `question`, `choice_A`..`choice_D`, `answer`) and
+    `max_new_tokens`, `answer_prefix`. `longbench-v2` and `longbench-v2/<length>` are `longbench-v2` (a
+    subset comes back as `longbench-v2`; the length class is a row's `meta.length_class`). kvpress scores a
+    choice present anywhere ("The correct answer is (X)" in the answer), kvbench as THUDM's
+    `extract_answer` (the first one found); kvpress's prompt is its own (16 new tokens), kvbench's THUDM's
+    0shot.txt (128)."""
+
     name = exports = "longbench-v2"
     data_dir = "0shot"  # create_huggingface_dataset.py's config_name
     classes = ("domain", "sub_domain", "difficulty")  # the meta import keeps, beside the length class

@@ -27,11 +27,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, check_json
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family
+from kvbench.tasks.family import Family, check_request
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
@@ -213,10 +213,7 @@ def make_samples(
     """The first `samples` questions, in file order, prompts truncated in the middle to `length` tokens.
     `seed` plays no part: the set is fixed."""
     name = parse_task(task)
-    if length < MIN_LENGTH:
-        raise BadInput(f"LooGLE needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("LooGLE", length, samples, MIN_LENGTH)
     instruction, template, answer_prefix, new_tokens, metric = DATASETS[name]
     asked = [
         (f"{row}.{index}", document, question, answer)
@@ -252,6 +249,13 @@ def make_samples(
 
 
 class KvpressLooGLE(kvpress.Dataset):
+    """`loogle` (`benchmarks/loogle/`): metrics.json `{task: {"bleu1", "bleu4", "rouge-1", "rouge-2",
+    "rouge-l", "meteor", "bert"}}` (means in [0, 1]), for `shortdep_cloze` `{"exact_match",
+    "partial_match"}` (masks matched over masks, a prediction that is not a dict counting one, rounded to
+    4); data_dir and `task` the task name; columns `question`, `answer_prefix`, `answer` (a string; the
+    cloze's as JSON), `task`, `max_new_tokens`. `loogle/NAME` is `loogle`, data_dir NAME. kvbench has
+    ROUGE-L recall and exact match only: an export's metrics.json holds `rouge-l` and `exact_match`."""
+
     name = "loogle"
     exports = "loogle/NAME"
     columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")

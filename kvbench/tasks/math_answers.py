@@ -210,8 +210,15 @@ def make_samples(
 
 
 class KvpressMath(kvpress.Dataset):
-    """`aime25` or `math500`; `last`: kvpress's AIME25 scorer reads the last "boxed{", its MATH-500 one the
-    first."""
+    """`aime25`, `math500` (`benchmarks/aime25/`, `benchmarks/math500/`; datasets alessiodevoto/aime25 and
+    alessiodevoto/math500, no creation script): metrics.json `{"correct", "answered", "accuracy",
+    "total"}`, the text after "boxed{" (AIME25: the last, MATH-500: the first) up to the next "}" equal to
+    `answer`; no data_dir; columns the ones evaluate.py and the scorer read, `question`, `answer_prefix`,
+    `answer`, `max_new_tokens`. kvbench scores these tasks with math-verify (`math_equivalence`), not that
+    string match: rows keep kvbench's score; an export's metrics.json is kvpress's string match of its
+    predictions, and an import's check compares the published accuracy with that same string match.
+
+    `last`: kvpress's AIME25 scorer reads the last "boxed{", its MATH-500 one the first."""
 
     columns = ("question", "answer_prefix", "answer", "max_new_tokens")
 

@@ -36,7 +36,7 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family
+from kvbench.tasks.family import Family, check_request
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
 HUB = HubFile("alessiodevoto/paul_graham_essays", "data/test-00000-of-00001.parquet")
@@ -188,10 +188,7 @@ def make_samples(
     `seed` plays no part: the haystack and the placement are fixed."""
     if task not in TASKS:
         raise UnknownTask(f"unknown needle task {task!r} (see `kvbench tasks`)")
-    if length < MIN_LENGTH:
-        raise BadInput(f"{task} needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request(task, length, samples, MIN_LENGTH)
     row = read_haystack(data_dir)
     cells = grid(length)[:samples]
     needle = encode(tokenizer, row.needle)
@@ -228,6 +225,15 @@ def make_samples(
 
 
 class KvpressNeedle(kvpress.Dataset):
+    """`needle_in_haystack` (`benchmarks/needle_in_haystack/`, its `utils.py`): metrics.json a list, one
+    `Rouge().get_scores(needle, prediction)[0]` per row (`rouge-1`, `rouge-2`, `rouge-l`, each `r`, `p`,
+    `f`); no data_dir, `max_context_length` and `needle_depth` set; columns `needle`, `needle_depth`,
+    `question`, `answer_prefix`, `max_new_tokens`. kvbench's `needle_in_haystack` cell of length C and
+    depth D is a folder with max_context_length C and needle_depth D (a run at length L comes back as its
+    cells' lengths). kvpress puts the needle at the token of the depth in `max_context_length - 150 -
+    needle` tokens of essays, kvbench after the sentence before it in a cell's length less the prompt
+    (gkamradt's): the same grid, not the same contexts."""
+
     name = exports = TASK
     columns = ("needle", "needle_depth", "question", "answer_prefix", "max_new_tokens")
     answer = "needle"

@@ -720,6 +720,11 @@ def fit(
 
 
 class KvpressRuler(kvpress.Dataset):
+    """`ruler` (`benchmarks/ruler/`, and `generate.sh`): metrics.json is `{task: {"string_match": score}}`
+    per RULER task (`niah_single_1`, ..., `qa_2`; string_match_part for `qa_*`, string_match_all otherwise,
+    mean x 100 rounded to 2); columns `question`, `answer_prefix`, `answer`, `task`, `max_new_tokens`.
+    kvbench's RULER task T at length L is `ruler`, data_dir L, task T."""
+
     name = "ruler"
     exports = "RULER"
     columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from kvbench.tasks import METRICS, list_tasks, load_samples
+from kvbench.tasks import METRICS, TASK_FAMILIES, list_tasks, load_samples
+from kvbench.tasks.family import Family
 from kvbench.tasks.mixture import KINDS
 from kvbench.tasks.published import HubFile
+from kvbench.tasks.registry import BUILT_IN
 
 
 def digest(value) -> str:
@@ -24,6 +26,25 @@ def test_the_task_tables_are_pinned():
     assert len(tasks) == 112
     assert digest(tasks) == "91d502a90b212b86"
     assert digest(sorted(METRICS.entries)) == "02fae05754cd2fbb"
+
+
+def test_each_family_is_one_declaration():
+    """A built-in family module declares its `FAMILY`, which the registry registers it under (in `BUILT_IN`'s
+    order), which gives every task of it a kind, and whose kvpress datasets take its tasks and no other's."""
+    assert all(isinstance(module.FAMILY, Family) for module in BUILT_IN)
+    names = [module.FAMILY.name for module in BUILT_IN]
+    assert [name for name in TASK_FAMILIES.entries if name in names] == names
+    assert all(TASK_FAMILIES[module.FAMILY.name] is module for module in BUILT_IN)
+    assert all(set(module.FAMILY.kinds) == set(module.TASKS) for module in BUILT_IN)
+    for module in BUILT_IN:
+        for dataset in module.FAMILY.kvpress:
+            taken = {
+                task
+                for other in BUILT_IN
+                for task in other.TASKS
+                if dataset.target({"task": task, "length": 4096, "meta": {}}) is not None
+            }
+            assert taken and taken <= set(module.TASKS), dataset.name
 
 
 @pytest.fixture
