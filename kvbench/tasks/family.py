@@ -2,8 +2,10 @@
 kvbench.tasks.registry): a module ends with `FAMILY = Family(...)`, and `BUILT_IN` of the registry lists the
 modules. The registry registers each under its name, the training mixtures' `KINDS` (kvbench.tasks.mixture)
 read its kinds, and `kvbench export` / `kvbench import` (kvbench.harness.interop) its kvpress datasets. The
-checks every loader of a published dataset makes are here too (`check_request`)."""
+checks and the interface every family of a published dataset shares are here too (`check_request`,
+`published_api`)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvbench.core.errors import BadInput
@@ -27,3 +29,9 @@ def check_request(dataset: str, length: int, samples: int, min_length: int) -> N
         raise BadInput(f"{dataset} needs length >= {min_length} tokens, got {length}")
     if samples < 1:
         raise BadInput(f"samples must be at least 1, got {samples}")
+
+
+def published_api(min_length: int) -> tuple[Callable[[str], int], Callable[[str], bool]]:
+    """`min_length(task)` and `reads_data_dir(task)` (`FAMILY_API`) of a family of published datasets: each
+    of its tasks needs `min_length` tokens and reads its files from --data-dir (else the hub)."""
+    return (lambda task: min_length), (lambda task: True)

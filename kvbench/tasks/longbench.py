@@ -29,7 +29,7 @@ from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, Count, check_json, parse_json
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample, TaskUnavailable
-from kvbench.tasks.family import Family, check_request
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.longbench_metrics import (
     classification_score,
     code_sim_score,
@@ -207,12 +207,7 @@ METRICS = {
 }
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def check_data(task: str, data_dir: Path | None) -> None:

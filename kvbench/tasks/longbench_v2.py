@@ -23,7 +23,7 @@ from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family, check_request
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
@@ -90,12 +90,7 @@ def accuracy(prediction: str, sample: Sample) -> float:
 METRICS = {"longbench_v2_accuracy": accuracy}
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(data_dir: Path | None) -> list[Path]:

@@ -31,7 +31,7 @@ from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, check_json
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family, check_request
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
@@ -146,12 +146,7 @@ def parse_task(task: str) -> str:
     return task.split("/", 1)[1]
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(name: str, data_dir: Path | None) -> list[Path]:

@@ -29,7 +29,7 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family
+from kvbench.tasks.family import Family, published_api
 from kvbench.tasks.published import SUFFIXES, HubFile, checked_rows, find_rows
 
 MIN_LENGTH = 1  # the problem is asked whole, whatever the length
@@ -136,12 +136,7 @@ def equivalence(prediction: str, sample: Sample) -> float:
 METRICS = {"math_equivalence": equivalence}
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def sized_by_tokenizer(task: str) -> bool:

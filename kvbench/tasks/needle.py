@@ -36,7 +36,7 @@ from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family, check_request
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
 HUB = HubFile("alessiodevoto/paul_graham_essays", "data/test-00000-of-00001.parquet")
@@ -89,12 +89,7 @@ def needle_rouge(prediction: str, sample: Sample) -> float:
 METRICS = {"needle_rouge": needle_rouge}
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(data_dir: Path | None) -> list[Path]:

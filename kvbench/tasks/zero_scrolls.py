@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from kvbench.core.errors import DataFileError, TaskUnavailable, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks.base import Sample
-from kvbench.tasks.family import Family, check_request
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.published import HubFile, checked_rows, read_json_lines, read_objects
 from kvbench.tasks.zero_scrolls_metrics import SCORERS, find_letter, summary_ids
 
@@ -95,12 +95,7 @@ def parse_task(task: str) -> str:
     return task.split("/", 1)[1]
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(name: str, data_dir: Path | None) -> list[Path]:

@@ -9,7 +9,14 @@ import sys
 
 import pytest
 
-from kvbench.tasks import METRICS, TASK_FAMILIES, list_tasks, load_samples
+from kvbench.tasks import (
+    METRICS,
+    TASK_FAMILIES,
+    list_tasks,
+    load_samples,
+    reads_data_dir,
+    sized_by_tokenizer,
+)
 from kvbench.tasks.family import Family
 from kvbench.tasks.mixture import KINDS
 from kvbench.tasks.published import HubFile
@@ -21,10 +28,22 @@ def digest(value) -> str:
 
 
 def test_the_task_tables_are_pinned():
-    """Names, families, descriptions, shortest lengths and kinds of every built-in task, and the metrics."""
-    tasks = [(t.name, t.family, t.description, t.min_length, KINDS.get(t.name)) for t in list_tasks()]
+    """Names, families, descriptions, shortest lengths, kinds, whether it reads --data-dir and is sized by the
+    tokenizer, of every built-in task; and the metrics."""
+    tasks = [
+        (
+            t.name,
+            t.family,
+            t.description,
+            t.min_length,
+            KINDS.get(t.name),
+            reads_data_dir(t.name),
+            sized_by_tokenizer(t.name),
+        )
+        for t in list_tasks()
+    ]
     assert len(tasks) == 112
-    assert digest(tasks) == "91d502a90b212b86"
+    assert digest(tasks) == "e6845c141da762b7"
     assert digest(sorted(METRICS.entries)) == "02fae05754cd2fbb"
 
 
