@@ -14,10 +14,11 @@ from kvbench.tasks.kvpress import Dataset
 
 @dataclass(frozen=True)
 class Family:
+    """A family's declaration. `kinds`: task -> kind, what its context is made of and what it asks (for the
+    training mixtures and the held-out rule, kvbench.tasks.mixture)."""
+
     name: str  # in the task registry and `kvbench tasks`; a held-out family's is its suite's
-    kinds: dict[
-        str, str
-    ]  # task -> kind: what its context is made of and what it asks (kvbench.tasks.mixture)
+    kinds: dict[str, str]
     kvpress: tuple[Dataset, ...] = ()  # the datasets of kvpress's evaluation that carry its rows
     not_kvpress: str = ""  # why kvpress's dataset of this family's name is not this family's (refused)
 

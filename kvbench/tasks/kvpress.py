@@ -167,7 +167,8 @@ def whole(text: str, column: str, where: str) -> int:
 
 
 class Dataset:
-    """One kvpress dataset as kvbench writes and reads its folders (its class's docstring says how).
+    """One kvpress dataset as kvbench writes and reads its folders (a subclass's docstring says how its tasks
+    map to them).
 
     Export: `target` (where a kvbench row goes; None: not in this dataset), `cells` (its predictions.csv
     cells by column), `metrics` (a folder's metrics.json, in kvpress's shape, from kvbench rows). Import:
