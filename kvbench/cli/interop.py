@@ -17,11 +17,10 @@ def export_command(format_, results, out):
     """Write results as kvpress evaluation's output folders.
 
     The results folder RESULTS goes to OUT, a new folder: one folder per config and dataset, named as
-    kvpress's evaluate.py names it, holding predictions.csv, metrics.json and config.yaml. RULER,
-    longbench/NAME, longbench-e/NAME, longbench-v2, infinitebench/NAME, loogle/NAME, needle_in_haystack,
-    aime25 and math500 rows, query-agnostic or query-aware, at a compression ratio; anything else
-    (ZeroSCROLLS: kvbench scores its validation split, kvpress its test split) is refused and nothing is
-    written.
+    kvpress's evaluate.py names it, holding predictions.csv, metrics.json and config.yaml. Rows of the
+    tasks kvpress's evaluation has too (RULER, LongBench, LooGLE, ...: docs/usage.md lists them),
+    query-agnostic or query-aware, at a compression ratio; anything else is refused, naming the tasks it
+    takes, and nothing is written.
 
     A text cell of predictions.csv that a spreadsheet would open as a formula (=, +, -, @, tab, CR; not a
     number) is written after a single quote; import takes the quote off again.

@@ -22,60 +22,10 @@ The format, as read from NVIDIA/kvpress (github, `evaluation/`, at commit 8bb29b
   (`decoding_*` are DecodingPress).
 
 The datasets, each from its `evaluation/benchmarks/<dir>/calculate_metrics.py` (the metrics.json shape) and
-`create_huggingface_dataset.py` (the `data_dir` values, one per `config_name`, and the columns), and how
-kvbench's tasks map to them:
-
-- `ruler` (`benchmarks/ruler/`, and `generate.sh`): metrics.json is `{task: {"string_match": score}}` per
-  RULER task (`niah_single_1`, ..., `qa_2`; string_match_part for `qa_*`, string_match_all otherwise, mean x
-  100 rounded to 2); columns `question`, `answer_prefix`, `answer`, `task`, `max_new_tokens`. kvbench's
-  RULER task T at length L is `ruler`, data_dir L, task T.
-- `longbench`, `longbench-e` (`benchmarks/longbench/`): for `longbench` metrics.json is one number (the
-  dataset's official metric, mean x 100 rounded to 2); for `longbench-e`, `{"0-4k": .., "4-8k": .., "8k+":
-  ..}` by the row's `length` (NaN for an empty bucket); one `data_dir` per LongBench dataset (`narrativeqa`;
-  LongBench-E's `qasper_e`), columns `question`, `answers`, `all_classes`, `length`, `_id`, `answer_prefix`,
-  `task`, `max_new_tokens`. `longbench/NAME` is `longbench`, data_dir NAME; `longbench-e/NAME` is
-  `longbench-e`, data_dir `NAME_e`; the kvbench length is `max_context_length`.
-- `longbench-v2` (`benchmarks/longbenchv2/`): metrics.json `{"average": .., "easy": .., "hard": ..,
-  "long": .., "medium": .., "short": ..}` (means in [0, 1] by `difficulty` and by `length`, the length
-  class); data_dir `0shot` (its config_name; import takes none too); columns THUDM's (`_id`, `domain`,
-  `sub_domain`, `difficulty`, `length`, `question`, `choice_A`..`choice_D`, `answer`) and `max_new_tokens`,
-  `answer_prefix`. `longbench-v2` and `longbench-v2/<length>` are `longbench-v2` (a subset comes back as
-  `longbench-v2`; the length class is a row's `meta.length_class`). kvpress scores a choice present anywhere
-  ("The correct answer is (X)" in the answer), kvbench as THUDM's `extract_answer` (the first one
-  found); kvpress's prompt is its own (16 new tokens), kvbench's THUDM's 0shot.txt (128).
-- `infinitebench` (`benchmarks/infinite_bench/`): metrics.json is one number, the mean score in [0, 1];
-  data_dir and `task` the task name; columns `question`, `answer_prefix`, `answer` (strings), `task`,
-  `max_new_tokens`. `infinitebench/NAME` is `infinitebench`, data_dir NAME. kvpress's prompts are its own
-  (answer prefixes, 20 more new tokens), kvbench's OpenBMB's; its choice answers are the letter alone where
-  OpenBMB's `get_answer` (and kvbench's export) gives [option, letter]: on import the option is read from
-  the question's "X. option" line, and code_debug, whose scorer needs the function's name, is refused
-  without it. kvpress's scorer copy raises on longbook_sum_eng, code_debug, math_find and math_calc (its
-  labels are strings, or a letter alone) and scores code_run 0 (a string label against an int): its folders
-  of those have no config.yaml, or a published score kvbench does not give back (a warning).
-- `loogle` (`benchmarks/loogle/`): metrics.json `{task: {"bleu1", "bleu4", "rouge-1", "rouge-2", "rouge-l",
-  "meteor", "bert"}}` (means in [0, 1]), for `shortdep_cloze` `{"exact_match", "partial_match"}` (masks
-  matched over masks, a prediction that is not a dict counting one, rounded to 4); data_dir and `task` the
-  task name; columns `question`, `answer_prefix`, `answer` (a string; the cloze's as JSON), `task`,
-  `max_new_tokens`. `loogle/NAME` is `loogle`, data_dir NAME. kvbench has ROUGE-L recall and exact match
-  only: an export's metrics.json holds `rouge-l` and `exact_match`.
-- `needle_in_haystack` (`benchmarks/needle_in_haystack/`, its `utils.py`): metrics.json a list, one
-  `Rouge().get_scores(needle, prediction)[0]` per row (`rouge-1`, `rouge-2`, `rouge-l`, each `r`, `p`,
-  `f`); no data_dir, `max_context_length` and `needle_depth` set; columns `needle`, `needle_depth`,
-  `question`, `answer_prefix`, `max_new_tokens`. kvbench's `needle_in_haystack` cell of length C and depth
-  D is a folder with max_context_length C and needle_depth D (a run at length L comes back as its cells'
-  lengths). kvpress puts the needle at the token of the depth in `max_context_length - 150 - needle` tokens
-  of essays, kvbench after the sentence before it in a cell's length less the prompt (gkamradt's): the same
-  grid, not the same contexts.
-- `aime25`, `math500` (`benchmarks/aime25/`, `benchmarks/math500/`; datasets alessiodevoto/aime25 and
-  alessiodevoto/math500, no creation script): metrics.json `{"correct", "answered", "accuracy", "total"}`,
-  the text after "boxed{" (AIME25: the last, MATH-500: the first) up to the next "}" equal to `answer`; no
-  data_dir; columns the ones evaluate.py and the scorer read, `question`, `answer_prefix`, `answer`,
-  `max_new_tokens`. kvbench scores these tasks with math-verify (`math_equivalence`), not that string
-  match: rows keep kvbench's score; an export's metrics.json is kvpress's string match of its predictions,
-  and an import's check compares the published accuracy with that same string match.
-- `zero_scrolls` (`benchmarks/zero_scrolls/`): kvpress reads the test split, whose answers are private
-  (`answer` empty, metrics.json `{}`); kvbench's `zero_scrolls/NAME` tasks score the validation split.
-  Refused both ways.
+`create_huggingface_dataset.py` (the `data_dir` values, one per `config_name`, and the columns), are those
+the task families declare (`Family.kvpress`: kvbench.tasks.ruler's `KvpressRuler`, ...); each class's
+docstring says how kvbench's tasks map to it. A family whose name kvpress gives another dataset says why in
+`Family.not_kvpress` (ZeroSCROLLS: kvpress's is the test split), and is refused both ways.
 
 Protocols: query-agnostic is `query_aware: false`, query-aware is `query_aware: true`. kvbench's `none` is
 kvpress's `no_press`. Everything else (other tasks, other protocols, memory or absolute budgets, presses set
@@ -104,7 +54,6 @@ Both write their OUT folder whole: built in a temporary folder beside it, then r
 that exists is refused.
 """
 
-import ast
 import csv
 import hashlib
 import io
@@ -117,7 +66,7 @@ import tempfile
 import unicodedata
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +83,9 @@ from kvbench.store.results import (
     load_rows,
     results_files,
 )
-from kvbench.tasks import infinitebench, longbench, longbench_v2, loogle, needle, ruler, score_sample
-from kvbench.tasks.base import Sample
+from kvbench.tasks import score_sample
+from kvbench.tasks.kvpress import Dataset, KvpressConfig, Target
+from kvbench.tasks.registry import BUILT_IN
 
 PREDICTIONS = "predictions.csv"
 METRICS = "metrics.json"
@@ -145,91 +95,8 @@ EXPORTED = "kvbench "  # how press_init_command starts in the folders kvbench wr
 SUFFIX = " (kvpress)"  # ... and its press name's suffix
 NO_PRESS = "no_press"  # kvpress's name of kvbench's "none"
 DECODING = "decoding_"  # the names of kvpress's DecodingPress runs (evaluate_registry.py)
-RULER_TASKS = tuple(ruler.TASKS)  # kvpress scores RULER per task, under the same 13 names
 PROTOCOL_OF = {False: "query-agnostic", True: "query-aware"}  # kvpress's query_aware -> kvbench protocol
 ROUNDING = 0.005 + 1e-9  # how far a published figure (x 100, rounded to 2) may be from kvbench's
-ZERO_SCROLLS = (
-    "kvpress's zero_scrolls is ZeroSCROLLS's test split, whose answers are private (its metrics.json is {}); "
-    "kvbench's zero_scrolls tasks score the validation split"
-)
-
-
-@dataclass
-class KvpressConfig:
-    """kvpress's `EvaluationConfig` as `save_config` writes it to config.yaml (evaluation/evaluate.py), in
-    its field order; the fields import reads are checked, the others kept as written."""
-
-    dataset: str = "ruler"
-    data_dir: str | int | None = None
-    model: str = "meta-llama/Meta-Llama-3.1-8B-Instruct"
-    device: str | None = None
-    press_name: str = "knorm"
-    compression_ratio: float | None = 1.0
-    key_channel_compression_ratio: float | None = None
-    head_compression_ratio: float | None = None
-    threshold: float | None = None
-    fraction: float = 1.0
-    max_new_tokens: int | None = None
-    max_context_length: int | None = None
-    query_aware: bool = False
-    needle_depth: int | list[int] | None = None
-    compression_interval: int | None = None
-    target_size: int | None = None
-    hidden_states_buffer_size: int | None = None
-    output_dir: str = "./results"
-    log_level: str = "INFO"
-    model_kwargs: dict[str, Any] | None = field(default_factory=dict)
-    press_init_command: str | None = None
-    seed: int = 42
-    fp8: bool = False
-
-    def to_yaml(self) -> str:
-        """config.yaml's text, as `save_config` writes it."""
-        import yaml
-
-        data = asdict(self)
-        if self.threshold is not None or self.head_compression_ratio is not None:
-            data.pop("compression_ratio")
-        if self.threshold is None:
-            data.pop("threshold")
-        if self.head_compression_ratio is None:
-            data.pop("head_compression_ratio")
-        return yaml.dump(data, default_flow_style=False, indent=2, sort_keys=False)
-
-    def folder_name(self) -> str:
-        """`get_results_dir`'s folder name of this config."""
-        ratio = self.threshold if self.threshold is not None else self.head_compression_ratio
-        ratio = self.compression_ratio if ratio is None else ratio
-        parts = [
-            self.dataset,
-            str(self.data_dir) if self.data_dir else "",
-            self.model.replace("/", "--"),
-            self.press_name,
-            f"{ratio:.2f}",
-        ]
-        if self.fraction < 1.0:
-            parts.append(f"fraction{self.fraction:.3f}")
-        if self.max_context_length is not None:
-            parts.append(f"max_context{self.max_context_length}")
-        if self.query_aware:
-            parts.append("query_aware")
-        if self.key_channel_compression_ratio is not None:
-            parts.append(f"key_channel_cr{self.key_channel_compression_ratio:.2f}")
-        if self.needle_depth is not None and self.dataset == needle.TASK:
-            parts.append(f"needle_depth{self.needle_depth}")
-        return "__".join(part for part in parts if part)
-
-
-@dataclass
-class Target:
-    """Where a kvbench row goes in kvpress: its dataset, data_dir, the name in its `task` column, and the
-    folder's `max_context_length` and `needle_depth`."""
-
-    dataset: str
-    data_dir: str
-    task: str
-    max_context_length: int | None = None
-    needle_depth: int | None = None
 
 
 @dataclass
@@ -241,20 +108,6 @@ class Summary:
 
 
 # ---- numpy's and pandas' cells ----
-
-QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
-
-
-def list_cell(values: list[str]) -> str:
-    """A list of strings as pandas writes a numpy array cell (numpy's `str`, what kvpress's CSV holds)."""
-    import numpy as np
-
-    return str(np.array(values, dtype=object))
-
-
-def parse_list_cell(text: str) -> list[str]:
-    """The strings of a list cell: numpy's `['a' 'b']` (kvpress's) or Python's `['a', 'b']`; empty: []."""
-    return [ast.literal_eval(token) for token in QUOTED.findall(text)]
 
 
 def number_cell(value: float) -> str:
@@ -292,572 +145,13 @@ def unquoted(text: str) -> str:
     return text[1:] if text.startswith("'") and opens_as_formula(text[1:]) else text
 
 
-def mean(scores: list[float]) -> float:
-    return sum(scores) / len(scores) if scores else float("nan")
-
-
-def mean2(scores: list[float]) -> float:
-    """kvpress's `round(mean, 2)` of scores already x 100; NaN for none."""
-    return round(mean(scores), 2)
-
-
-def grouped(rows: list[dict], key) -> dict[Any, list[dict]]:
-    groups: dict[Any, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(key(row), []).append(row)
-    return groups
-
-
-def scored(task: str, references: list[str], metric: str, meta: dict | None = None, **fields) -> Sample:
-    """A Sample as kvbench's metric `metric` reads it: the task, references, meta and scoring flags."""
-    return Sample(
-        task=task,
-        id="",
-        context="",
-        question="",
-        answer_prefix="",
-        references=references,
-        max_new_tokens=1,
-        metric=metric,
-        meta=meta or {},
-        **fields,
-    )
-
-
-def references_of(line: dict[str, str], column: str, where: str) -> list[str]:
-    """The reference answers of a list cell; DataFileError when there are none."""
-    references = parse_list_cell(line[column])
-    if not references:
-        raise DataFileError(f"{where}: field {column!r}: no reference answer")
-    return references
-
-
-def text_of(line: dict[str, str], column: str, where: str) -> str:
-    """A one-answer cell; DataFileError when it is empty."""
-    if not line[column]:
-        raise DataFileError(f"{where}: field {column!r}: no reference answer")
-    return line[column]
-
-
-def is_whole(text) -> bool:
-    """Whether `text` is a whole number in ASCII digits (`isdigit` also takes '²', which int() refuses)."""
-    return re.fullmatch(r"[0-9]+", str(text or "")) is not None
-
-
-def whole(text: str, column: str, where: str) -> int:
-    if not is_whole(text):
-        raise DataFileError(f"{where}: field {column!r}: not a whole number (got {text!r})")
-    return int(text)
-
-
 # ---- the datasets ----
 
 
-class Dataset:
-    """One kvpress dataset as kvbench writes and reads its folders (see the module's docstring).
-
-    Export: `target` (where a kvbench row goes; None: not in this dataset), `cells` (its predictions.csv
-    cells by column), `metrics` (a folder's metrics.json, in kvpress's shape, from kvbench rows). Import:
-    `check_config` and `check_metrics` (DataFileError in one line), `task` (a line's kvbench task; None:
-    none), `sample` (a line as kvbench's metric reads it), `length` and `sample_id` of its row. Both:
-    `figures` (the comparable figures of a metrics.json object, x 100) and `label` (the figure a row is
-    part of). Rows are dicts with the fields of `Row` (load_rows' records, or import's before they are
-    Rows)."""
-
-    name = ""
-    columns: tuple[str, ...] = ()  # predictions.csv's columns but predicted_answer and compression_ratio
-    answer = "answer"  # the column of the reference answers
-    reads: tuple[str, ...] = ()  # the other columns import reads
-    schema: Any = float  # metrics.json's
-
-    def target(self, row: dict) -> Target | None:
-        raise NotImplementedError
-
-    def cells(self, row: dict) -> dict[str, Any]:
-        return {self.answer: list_cell(row["references"])}
-
-    def metrics(self, rows: list[dict]) -> Any:
-        raise NotImplementedError
-
-    def check_config(self, config: KvpressConfig, path: Path) -> None:
-        """DataFileError if config.yaml lacks what this dataset's runs set."""
-
-    def check_metrics(self, metrics: Any, path: Path) -> None:
-        """DataFileError if metrics.json (its schema checked) lacks a figure import reads."""
-
-    def task(self, config: KvpressConfig, line: dict[str, str]) -> str | None:
-        raise NotImplementedError
-
-    def sample(self, task: str, line: dict[str, str], config: KvpressConfig, where: str) -> Sample:
-        raise NotImplementedError
-
-    def length(self, config: KvpressConfig) -> int | None:
-        return config.max_context_length
-
-    def sample_id(self, task: str, line: dict[str, str], index: int, config: KvpressConfig) -> str:
-        return line.get("_id") or f"{task}-{index}"
-
-    def figures(self, metrics: Any) -> dict[str, float | None]:
-        raise NotImplementedError
-
-    def label(self, row: dict) -> str | None:
-        raise NotImplementedError
-
-
-class Ruler(Dataset):
-    name = "ruler"
-    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
-    reads = ("task",)
-    schema = dict[str, dict[str, float]]
-
-    def target(self, row):
-        if row["task"] not in RULER_TASKS:
-            return None
-        if row["length"] is None:
-            raise BadInput(f"task {row['task']!r} has no context length: kvpress's ruler is named by it")
-        return Target(self.name, str(row["length"]), row["task"])
-
-    def cells(self, row):
-        return {**super().cells(row), "task": row["task"]}
-
-    def metrics(self, rows):
-        tasks = grouped(rows, lambda row: row["task"])
-        return {task: {"string_match": mean2([r["score"] for r in tasks[task]])} for task in sorted(tasks)}
-
-    def check_config(self, config, path):
-        if not is_whole(config.data_dir):
-            raise DataFileError(
-                f"{path}: field 'data_dir': ruler's is its context length (got {config.data_dir!r})"
-            )
-
-    def check_metrics(self, metrics, path):
-        for task, scores in metrics.items():
-            if "string_match" not in scores:
-                raise DataFileError(f"{path}: field '{task}.string_match': missing")
-
-    def task(self, config, line):
-        return line["task"] if line["task"] in RULER_TASKS else None
-
-    def sample(self, task, line, config, where):
-        metric = "string_match_part" if task.startswith("qa_") else "string_match_all"
-        return scored(task, references_of(line, self.answer, where), metric, {"length": self.length(config)})
-
-    def length(self, config):
-        return int(str(config.data_dir))
-
-    def sample_id(self, task, line, index, config):
-        return f"{task}-{index}"
-
-    def figures(self, metrics):
-        return {task: scores["string_match"] for task, scores in metrics.items()}
-
-    def label(self, row):
-        return row["task"]
-
-
-class LongBench(Dataset):
-    """`longbench`, or with `e` `longbench-e` (the same columns; metrics.json by length bucket)."""
-
-    columns = (
-        "question",
-        "answers",
-        "length",
-        "dataset",
-        "all_classes",
-        "_id",
-        "answer_prefix",
-        "task",
-        "max_new_tokens",
-    )
-    answer = "answers"
-    reads = ("task", "length")
-
-    def __init__(self, e: bool):
-        self.e = e
-        self.name = "longbench-e" if e else "longbench"
-        self.names = longbench.E_DATASETS if e else list(longbench.DATASETS)
-        self.schema = dict[str, float | None] if e else float
-
-    def target(self, row):
-        family, _, name = row["task"].partition("/")
-        if family != self.name or name not in self.names:
-            return None
-        return Target(self.name, f"{name}_e" if self.e else name, name, row["length"])
-
-    def cells(self, row):
-        meta = row["meta"] or {}
-        name = row["task"].partition("/")[2]
-        classes = meta.get("all_classes") or []
-        return {
-            **super().cells(row),
-            "length": meta.get("length", ""),
-            "dataset": name,
-            "all_classes": list_cell(classes) if classes else "",
-            "_id": row["sample_id"],
-            "task": name,
-        }
-
-    def metrics(self, rows):
-        if not self.e:
-            return mean2([row["score"] for row in rows])
-        buckets = grouped(rows, self.label)
-        return {
-            bucket: mean2([row["score"] for row in buckets.get(bucket, [])]) for bucket in longbench.E_BUCKETS
-        }
-
-    def task(self, config, line):
-        return f"{self.name}/{line['task']}" if line["task"] in self.names else None
-
-    def sample(self, task, line, config, where):
-        name = task.partition("/")[2]
-        dataset = longbench.DATASETS[name]
-        meta = {
-            "all_classes": parse_list_cell(line.get("all_classes") or ""),
-            "length": whole(line["length"], "length", where),
-        }
-        return scored(
-            task,
-            references_of(line, self.answer, where),
-            dataset.metric,
-            meta,
-            first_line=name in longbench.FIRST_LINE,
-        )
-
-    def figures(self, metrics):
-        if not self.e:
-            return {"score": metrics}
-        return {bucket: value for bucket, value in metrics.items() if value is None or not math.isnan(value)}
-
-    def label(self, row):
-        return longbench.length_bucket(row["meta"]["length"]) if self.e else "score"
-
-
-class LongBenchV2(Dataset):
-    name = "longbench-v2"
-    data_dir = "0shot"  # create_huggingface_dataset.py's config_name
-    classes = ("domain", "sub_domain", "difficulty")  # the meta import keeps, beside the length class
-    columns = (
-        "_id",
-        *classes,
-        "length",
-        "question",
-        "choice_A",
-        "choice_B",
-        "choice_C",
-        "choice_D",
-        "answer",
-        "max_new_tokens",
-        "answer_prefix",
-    )
-    reads = ("difficulty", "length")  # what its scorer groups by
-    schema = dict[str, float]
-
-    def target(self, row):
-        if row["task"] not in longbench_v2.TASKS:
-            return None
-        return Target(self.name, self.data_dir, self.name, row["length"])
-
-    def cells(self, row):
-        meta = row["meta"] or {}
-        return {
-            **{name: meta.get(name, "") for name in self.classes},
-            "length": meta.get("length_class", ""),
-            "answer": row["references"][0],
-            "_id": row["sample_id"],
-        }
-
-    def metrics(self, rows):
-        """calculate_metrics: the mean of 0/1 scores, then by difficulty and by length class, sorted."""
-        result = {"average": mean([row["score"] / 100 for row in rows])}
-        for key in ("difficulty", "length_class"):
-            groups: dict[str, list[float]] = {}
-            for row in rows:
-                value = (row["meta"] or {}).get(key)
-                if value:
-                    groups.setdefault(value, []).append(row["score"] / 100)
-            result.update({value: mean(groups[value]) for value in sorted(groups)})
-        return result
-
-    def check_config(self, config, path):
-        if config.data_dir not in (None, "", self.data_dir):
-            raise DataFileError(
-                f"{path}: field 'data_dir': longbench-v2's is {self.data_dir} (got {config.data_dir!r})"
-            )
-
-    def check_metrics(self, metrics, path):
-        if "average" not in metrics:
-            raise DataFileError(f"{path}: field 'average': missing")
-
-    def task(self, config, line):
-        return self.name
-
-    def sample(self, task, line, config, where):
-        answer = line["answer"]
-        if answer not in ("A", "B", "C", "D"):
-            raise DataFileError(f"{where}: field 'answer': not a choice A-D (got {answer!r})")
-        meta = {name: line[name] for name in self.classes if line.get(name)}
-        if line["length"]:
-            meta["length_class"] = line["length"]
-        return scored(task, [answer], "longbench_v2_accuracy", meta)
-
-    def figures(self, metrics):
-        return {"average": 100 * metrics["average"]}
-
-    def label(self, row):
-        return "average"
-
-
-class InfiniteBench(Dataset):
-    name = "infinitebench"
-    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
-    reads = ("task",)
-    numeric = ("math_find", "math_calc", "code_run")  # labels that are numbers (strings in kvpress's CSV)
-
-    def target(self, row):
-        family, _, name = row["task"].partition("/")
-        if family != self.name or name not in infinitebench.TEMPLATES:
-            return None
-        return Target(self.name, name, name, row["length"])
-
-    def cells(self, row):
-        return {**super().cells(row), "task": row["task"].partition("/")[2]}
-
-    def metrics(self, rows):
-        return mean([row["score"] / 100 for row in rows])
-
-    def task(self, config, line):
-        return f"{self.name}/{line['task']}" if line["task"] in infinitebench.TEMPLATES else None
-
-    def sample(self, task, line, config, where):
-        name = task.partition("/")[2]
-        label: list = references_of(line, self.answer, where)
-        if name in self.numeric:
-            try:
-                label = [json.loads(value) for value in label]
-            except ValueError:
-                label = []
-            if not label or any(isinstance(value, (str, bool, dict)) or value is None for value in label):
-                raise DataFileError(f"{where}: field 'answer': not numbers (got {line['answer']!r})")
-        elif name in infinitebench.CHOICE_TASKS and len(label) == 1:
-            label = self.choice_label(name, label[0], line.get("question") or "", where)
-        references = [value if isinstance(value, str) else json.dumps(value) for value in label]
-        return scored(task, references, f"infinitebench_{name}", {"label": label})
-
-    def choice_label(self, name: str, letter: str, question: str, where: str) -> list[str]:
-        """[option, letter], as get_answer gives, from kvpress's letter and the question's "X. option" line;
-        longbook_choice_eng without that line: [letter] (what kvpress scores it on)."""
-        found = re.search(rf"^{re.escape(letter)}\. (.*)$", question, re.MULTILINE)
-        if found:
-            return [found.group(1).strip(), letter]
-        if name == "code_debug":
-            raise DataFileError(
-                f"{where}: field 'question': no option {letter!r} in it (code_debug's scorer needs the "
-                "function's name, which kvpress's answer leaves out)"
-            )
-        return [letter]
-
-    def figures(self, metrics):
-        return {"score": 100 * metrics}
-
-    def label(self, row):
-        return "score"
-
-
-class LooGLE(Dataset):
-    name = "loogle"
-    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
-    reads = ("task",)
-    schema = dict[str, dict[str, float]]
-    cloze = "shortdep_cloze"
-
-    def target(self, row):
-        family, _, name = row["task"].partition("/")
-        if family != self.name or name not in loogle.DATASETS:
-            return None
-        return Target(self.name, name, name, row["length"])
-
-    def cells(self, row):
-        return {"answer": row["references"][0], "task": row["task"].partition("/")[2]}
-
-    def key(self, name: str) -> str:
-        return "exact_match" if name == self.cloze else "rouge-l"
-
-    def metrics(self, rows):
-        tasks = grouped(rows, self.label)
-        result = {}
-        for name in sorted(tasks):
-            value = (
-                pooled_exact_match(tasks[name])
-                if name == self.cloze
-                else mean([r["score"] / 100 for r in tasks[name]])
-            )
-            result[name] = {self.key(name): value}
-        return result
-
-    def check_metrics(self, metrics, path):
-        for name, scores in metrics.items():
-            if self.key(name) not in scores:
-                raise DataFileError(f"{path}: field '{name}.{self.key(name)}': missing")
-
-    def task(self, config, line):
-        return f"{self.name}/{line['task']}" if line["task"] in loogle.DATASETS else None
-
-    def sample(self, task, line, config, where):
-        name = task.partition("/")[2]
-        answer = text_of(line, self.answer, where)
-        if name == self.cloze:
-            try:
-                masks = json.loads(answer)
-            except ValueError:
-                masks = None
-            if not isinstance(masks, dict) or not masks:
-                raise DataFileError(f"{where}: field 'answer': not the cloze's masks as a JSON object")
-        return scored(task, [answer], f"loogle_{loogle.DATASETS[name][4]}")
-
-    def figures(self, metrics):
-        return {name: 100 * scores[self.key(name)] for name, scores in metrics.items()}
-
-    def label(self, row):
-        return row["task"].partition("/")[2]
-
-
-def pooled_exact_match(rows: list[dict]) -> float:
-    """calculate_metrics' cloze `exact_match`: masks matched over masks, a prediction that is no dict counting
-    one mask, rounded to 4; each row's matches from kvbench's score (its share of the masks)."""
-    matched = counted = 0
-    for row in rows:
-        masks = len(json.loads(row["references"][0]))
-        if loogle.read_dict(row["prediction"] or "None") is None:
-            counted += 1
-        else:
-            matched += round(row["score"] / 100 * masks)
-            counted += masks
-    return round(matched / counted, 4) if counted else float("nan")
-
-
-class Needle(Dataset):
-    name = needle.TASK
-    columns = ("needle", "needle_depth", "question", "answer_prefix", "max_new_tokens")
-    answer = "needle"
-    reads = ("needle_depth",)
-    schema = list[dict[str, dict[str, float]]]
-
-    def target(self, row):
-        if row["task"] != needle.TASK:
-            return None
-        meta = row["meta"] or {}
-        return Target(self.name, "", self.name, meta.get("length", row["length"]), meta.get("depth"))
-
-    def cells(self, row):
-        return {"needle": row["references"][0], "needle_depth": (row["meta"] or {}).get("depth", "")}
-
-    def metrics(self, rows):
-        return [rouge_scores(row["references"][0], row["prediction"] or "") for row in rows]
-
-    def check_config(self, config, path):
-        if config.max_context_length is None:
-            raise DataFileError(f"{path}: field 'max_context_length': missing (needle_in_haystack sets it)")
-
-    def check_metrics(self, metrics, path):
-        for index, scores in enumerate(metrics):
-            if "f" not in scores.get("rouge-l", {}):
-                raise DataFileError(f"{path}: field '{index}.rouge-l.f': missing")
-
-    def task(self, config, line):
-        return self.name
-
-    def sample(self, task, line, config, where):
-        meta = {
-            "length": config.max_context_length,
-            "depth": whole(line["needle_depth"], "needle_depth", where),
-        }
-        return scored(task, [text_of(line, self.answer, where)], "needle_rouge", meta)
-
-    def sample_id(self, task, line, index, config):
-        return f"{config.max_context_length}-{int(line['needle_depth'])}"
-
-    def figures(self, metrics):
-        return {"rouge-l": 100 * mean([scores["rouge-l"]["f"] for scores in metrics]) if metrics else None}
-
-    def label(self, row):
-        return "rouge-l"
-
-
-def rouge_scores(needle_text: str, prediction: str) -> dict:
-    """calculate_metrics' entry of one row: `Rouge().get_scores(needle, prediction)[0]`, stripped; zeros where
-    the package raises (an empty prediction: kvpress's scorer would raise there)."""
-    from rouge import Rouge
-
-    try:
-        return Rouge().get_scores(needle_text.strip(), prediction.strip())[0]
-    except (ValueError, RecursionError):
-        return {name: {"r": 0.0, "p": 0.0, "f": 0.0} for name in ("rouge-1", "rouge-2", "rouge-l")}
-
-
-class MathAnswers(Dataset):
-    """`aime25` or `math500`; `last`: kvpress's AIME25 scorer reads the last "boxed{", its MATH-500 one the
-    first."""
-
-    columns = ("question", "answer_prefix", "answer", "max_new_tokens")
-
-    def __init__(self, name: str, last: bool):
-        self.name = name
-        self.last = last
-        self.schema = dict[str, float]
-
-    def target(self, row):
-        return Target(self.name, "", self.name, row["length"]) if row["task"] == self.name else None
-
-    def cells(self, row):
-        return {"answer": row["references"][0]}
-
-    def boxed(self, prediction: str) -> str | None:
-        """extract_boxed: the text after "boxed{" (the last, or the first) up to the next "}"."""
-        parts = prediction.split("boxed{")
-        if not self.last and len(parts) < 2:
-            return None
-        return parts[-1 if self.last else 1].split("}")[0]
-
-    def metrics(self, rows):
-        """calculate_metrics, kvpress's string match (not kvbench's math-verify score)."""
-        correct = sum(self.boxed(row["prediction"] or "") == row["references"][0] for row in rows)
-        answered = sum("boxed{" in (row["prediction"] or "") for row in rows)
-        return {"correct": correct, "answered": answered, "accuracy": correct / len(rows), "total": len(rows)}
-
-    def check_metrics(self, metrics, path):
-        if "accuracy" not in metrics:
-            raise DataFileError(f"{path}: field 'accuracy': missing")
-
-    def task(self, config, line):
-        return self.name
-
-    def sample(self, task, line, config, where):
-        return scored(task, [text_of(line, self.answer, where)], "math_equivalence")
-
-    def sample_id(self, task, line, index, config):
-        return line.get("id") or line.get("unique_id") or f"{task}-{index}"
-
-    def figures(self, metrics):
-        return {"accuracy": 100 * metrics["accuracy"]}
-
-    def label(self, row):
-        return "accuracy"
-
-
 DATASETS: dict[str, Dataset] = {
-    dataset.name: dataset
-    for dataset in (
-        Ruler(),
-        LongBench(e=False),
-        LongBench(e=True),
-        LongBenchV2(),
-        InfiniteBench(),
-        LooGLE(),
-        Needle(),
-        MathAnswers("aime25", last=True),
-        MathAnswers("math500", last=False),
-    )
+    dataset.name: dataset for module in BUILT_IN for dataset in module.FAMILY.kvpress
 }
+NOT_KVPRESS = {module.FAMILY.name: module for module in BUILT_IN if module.FAMILY.not_kvpress}
 
 
 # ---- the correspondence ----
@@ -866,17 +160,18 @@ DATASETS: dict[str, Dataset] = {
 def kvpress_target(row: dict) -> Target:
     """kvpress's dataset, data_dir and task name of a kvbench row; BadInput if it has none."""
     task = row["task"]
-    if task.startswith("zero_scrolls/"):
-        raise BadInput(f"task {task!r} has no counterpart in kvpress's evaluation: {ZERO_SCROLLS}")
+    for module in NOT_KVPRESS.values():
+        if task in module.TASKS:
+            raise BadInput(
+                f"task {task!r} has no counterpart in kvpress's evaluation: {module.FAMILY.not_kvpress}"
+            )
     for dataset in DATASETS.values():
         target = dataset.target(row)
         if target is not None:
             return target
-    raise BadInput(
-        f"task {task!r} has no counterpart in kvpress's evaluation (export takes RULER, longbench/NAME, "
-        "longbench-e/NAME, longbench-v2, infinitebench/NAME, loogle/NAME, needle_in_haystack, aime25 and "
-        "math500)"
-    )
+    *others, last = [dataset.exports for dataset in DATASETS.values()]
+    takes = f"{', '.join(others)} and {last}"
+    raise BadInput(f"task {task!r} has no counterpart in kvpress's evaluation (export takes {takes})")
 
 
 # ---- export ----
@@ -1014,8 +309,8 @@ def read_config(path: Path) -> KvpressConfig:
         KvpressConfig, {k: v for k, v in known.items() if v is not None}, str(path), DataFileError
     )
     config = KvpressConfig(**{**{name: None for name in known}, **checked})
-    if config.dataset == "zero_scrolls":
-        raise DataFileError(f"{path}: field 'dataset': {ZERO_SCROLLS}")
+    if config.dataset in NOT_KVPRESS:
+        raise DataFileError(f"{path}: field 'dataset': {NOT_KVPRESS[config.dataset].FAMILY.not_kvpress}")
     if config.dataset not in DATASETS:
         raise DataFileError(
             f"{path}: field 'dataset': {config.dataset!r} has no kvbench task (import takes "

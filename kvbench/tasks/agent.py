@@ -38,6 +38,7 @@ from pathlib import Path
 from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family
 from kvbench.tasks.prompt import tokenize_sample, transcript
 from kvbench.tasks.words import adjective, adjective_noun, free_of, noun, two_nouns
 
@@ -478,3 +479,14 @@ def make_samples(
         rows = ruler.largest_fitting(tokens_at, budget, low, 10**6, rows)
         result.append(as_sample(task, draft_at(rows), length, f"{seed}-{i}"))
     return result
+
+
+FAMILY = Family(
+    "agent",
+    kinds={  # by where the answer sits
+        "agent_system_fact": "agent-system-prompt",
+        "agent_tool_value": "agent-tool-output",
+        "agent_early_tool_value": "agent-tool-output",
+        "agent_scratchpad": "agent-scratchpad",
+    },
+)

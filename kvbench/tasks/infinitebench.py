@@ -18,9 +18,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.infinitebench_metrics import SCORERS
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
@@ -99,12 +101,7 @@ def parse_task(task: str) -> str:
     return task.split("/", 1)[1]
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(name: str, data_dir: Path | None) -> list[Path]:
@@ -182,10 +179,7 @@ def make_samples(
     """The first `samples` rows, prompts truncated in the middle to `length` tokens. `seed` plays no part:
     the set is fixed; ids are the rows' `id`."""
     name = parse_task(task)
-    if length < MIN_LENGTH:
-        raise BadInput(f"InfiniteBench needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("InfiniteBench", length, samples, MIN_LENGTH)
     result, truncated = [], 0
     for row in read_rows(name, data_dir)[:samples]:
         context, question, cut = fit_prompt(*prompt(name, row), length, tokenizer)
@@ -212,3 +206,81 @@ def make_samples(
             "%s: %d of %d prompts truncated in the middle to %d tokens", task, truncated, len(result), length
         )
     return result
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressInfiniteBench(kvpress.Dataset):
+    """`infinitebench` (`benchmarks/infinite_bench/`): metrics.json is one number, the mean score in [0,
+    1]; data_dir and `task` the task name; columns `question`, `answer_prefix`, `answer` (strings), `task`,
+    `max_new_tokens`. `infinitebench/NAME` is `infinitebench`, data_dir NAME. kvpress's prompts are its own
+    (answer prefixes, 20 more new tokens), kvbench's OpenBMB's; its choice answers are the letter alone
+    where OpenBMB's `get_answer` (and kvbench's export) gives [option, letter]: on import the option is
+    read from the question's "X. option" line, and code_debug, whose scorer needs the function's name, is
+    refused without it. kvpress's scorer copy raises on longbook_sum_eng, code_debug, math_find and
+    math_calc (its labels are strings, or a letter alone) and scores code_run 0 (a string label against an
+    int): its folders of those have no config.yaml, or a published score kvbench does not give back (a
+    warning)."""
+
+    name = "infinitebench"
+    exports = "infinitebench/NAME"
+    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
+    reads = ("task",)
+    numeric = ("math_find", "math_calc", "code_run")  # labels that are numbers (strings in kvpress's CSV)
+
+    def target(self, row):
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in TEMPLATES:
+            return None
+        return kvpress.Target(self.name, name, name, row["length"])
+
+    def cells(self, row):
+        return {**super().cells(row), "task": row["task"].partition("/")[2]}
+
+    def metrics(self, rows):
+        return kvpress.mean([row["score"] / 100 for row in rows])
+
+    def task(self, config, line):
+        return f"{self.name}/{line['task']}" if line["task"] in TEMPLATES else None
+
+    def sample(self, task, line, config, where):
+        name = task.partition("/")[2]
+        label: list = kvpress.references_of(line, self.answer, where)
+        if name in self.numeric:
+            try:
+                label = [json.loads(value) for value in label]
+            except ValueError:
+                label = []
+            if not label or any(isinstance(value, (str, bool, dict)) or value is None for value in label):
+                raise DataFileError(f"{where}: field 'answer': not numbers (got {line['answer']!r})")
+        elif name in CHOICE_TASKS and len(label) == 1:
+            label = self.choice_label(name, label[0], line.get("question") or "", where)
+        references = [value if isinstance(value, str) else json.dumps(value) for value in label]
+        return kvpress.scored(task, references, f"infinitebench_{name}", {"label": label})
+
+    def choice_label(self, name: str, letter: str, question: str, where: str) -> list[str]:
+        """[option, letter], as get_answer gives, from kvpress's letter and the question's "X. option" line;
+        longbook_choice_eng without that line: [letter] (what kvpress scores it on)."""
+        found = re.search(rf"^{re.escape(letter)}\. (.*)$", question, re.MULTILINE)
+        if found:
+            return [found.group(1).strip(), letter]
+        if name == "code_debug":
+            raise DataFileError(
+                f"{where}: field 'question': no option {letter!r} in it (code_debug's scorer needs the "
+                "function's name, which kvpress's answer leaves out)"
+            )
+        return [letter]
+
+    def figures(self, metrics):
+        return {"score": 100 * metrics}
+
+    def label(self, row):
+        return "score"
+
+
+FAMILY = Family(
+    "infinitebench",
+    kinds={task: f"infinitebench-{task.split('/')[1]}" for task in TASKS},
+    kvpress=(KvpressInfiniteBench(),),
+)

@@ -22,6 +22,7 @@ from kvbench.core.registry import first_line
 from kvbench.core.templates import render_capped, sandboxed_environment
 from kvbench.core.validation import STRICT, check, check_json, jsonl_lines, load_yaml, parse_json
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,9 @@ def min_length(task: str) -> int:
     return MIN_LENGTH
 
 
-def reads_data_dir(task: str) -> bool:
-    return False
+def check_data(task: str, data_dir: Path | None) -> None:
+    """Read the task's records now, so a missing or malformed file fails before any model loads."""
+    checked_records(DATA_TASKS[task])
 
 
 def read_records(task: DataTask) -> list[dict]:
@@ -350,3 +352,6 @@ def data_task(path: Path | str, metric: str = "qa_f1") -> DataTask:
         raise BadInput(f"--data {str(path)!r}: no such file or folder")
     name = path.stem if path.is_file() else path.name
     return DataTask(name=name, path=path.resolve(), metric=metric)
+
+
+FAMILY = Family("jsonl", kinds={})  # the user's own data: in no training mixture

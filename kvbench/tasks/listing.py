@@ -19,6 +19,7 @@ import re
 from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler, words
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family
 from kvbench.tasks.prompt import tokenize_sample
 
 ITEMS = 24  # crates a sample lists
@@ -192,3 +193,6 @@ def make_samples(task: str, length: int, samples: int, seed: int, tokenizer, dat
         return sample_at(task, sample_id, seed_text, n)
 
     return fitted_samples(task, length, samples, seed, tokenizer, records, 0, 10 * length)
+
+
+FAMILY = Family("listing", kinds={task: "listing" for task in TASKS})

@@ -14,6 +14,7 @@ script no longer runs with `datasets` >= 4, so we read that zip directly.
 """
 
 import logging
+import math
 import socket
 import zipfile
 from dataclasses import dataclass
@@ -24,9 +25,11 @@ from urllib.parse import urlparse
 
 import annotated_types
 
-from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, Count, check_json, parse_json
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample, TaskUnavailable
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.longbench_metrics import (
     classification_score,
     code_sim_score,
@@ -204,8 +207,13 @@ METRICS = {
 }
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
+min_length, reads_data_dir = published_api(MIN_LENGTH)
+
+
+def check_data(task: str, data_dir: Path | None) -> None:
+    """Read the local file now, so a malformed one fails before any model loads."""
+    if data_dir is not None:
+        read_rows(parse_task(task)[1], data_dir)
 
 
 def parse_task(task: str) -> tuple[str, str]:
@@ -360,10 +368,7 @@ def make_samples(
 
     `seed` plays no part: LongBench is a fixed set, and ids come from the rows themselves.
     """
-    if length < MIN_LENGTH:
-        raise BadInput(f"LongBench needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("LongBench", length, samples, MIN_LENGTH)
     name, stem = parse_task(task)
     dataset = DATASETS[name]
     result, truncated = [], 0
@@ -431,3 +436,97 @@ def longbench_e_buckets(rows):
         index=keys, columns="bucket", values="score", aggfunc="mean"
     )
     return table.reindex(columns=E_BUCKETS)
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressLongBench(kvpress.Dataset):
+    """`longbench`, `longbench-e` (`benchmarks/longbench/`): for `longbench` metrics.json is one number
+    (the dataset's official metric, mean x 100 rounded to 2); for `longbench-e`, `{"0-4k": .., "4-8k": ..,
+    "8k+": ..}` by the row's `length` (NaN for an empty bucket); one `data_dir` per LongBench dataset
+    (`narrativeqa`; LongBench-E's `qasper_e`), columns `question`, `answers`, `all_classes`, `length`,
+    `_id`, `answer_prefix`, `task`, `max_new_tokens`. `longbench/NAME` is `longbench`, data_dir NAME;
+    `longbench-e/NAME` is `longbench-e`, data_dir `NAME_e`; the kvbench length is `max_context_length`.
+    With `e`, `longbench-e`."""
+
+    columns = (
+        "question",
+        "answers",
+        "length",
+        "dataset",
+        "all_classes",
+        "_id",
+        "answer_prefix",
+        "task",
+        "max_new_tokens",
+    )
+    answer = "answers"
+    reads = ("task", "length")
+
+    def __init__(self, e: bool):
+        self.e = e
+        self.name = "longbench-e" if e else "longbench"
+        self.exports = f"{self.name}/NAME"
+        self.names = E_DATASETS if e else list(DATASETS)
+        self.schema = dict[str, float | None] if e else float
+
+    def target(self, row):
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in self.names:
+            return None
+        return kvpress.Target(self.name, f"{name}_e" if self.e else name, name, row["length"])
+
+    def cells(self, row):
+        meta = row["meta"] or {}
+        name = row["task"].partition("/")[2]
+        classes = meta.get("all_classes") or []
+        return {
+            **super().cells(row),
+            "length": meta.get("length", ""),
+            "dataset": name,
+            "all_classes": kvpress.list_cell(classes) if classes else "",
+            "_id": row["sample_id"],
+            "task": name,
+        }
+
+    def metrics(self, rows):
+        if not self.e:
+            return kvpress.mean2([row["score"] for row in rows])
+        buckets = kvpress.grouped(rows, self.label)
+        return {
+            bucket: kvpress.mean2([row["score"] for row in buckets.get(bucket, [])]) for bucket in E_BUCKETS
+        }
+
+    def task(self, config, line):
+        return f"{self.name}/{line['task']}" if line["task"] in self.names else None
+
+    def sample(self, task, line, config, where):
+        name = task.partition("/")[2]
+        dataset = DATASETS[name]
+        meta = {
+            "all_classes": kvpress.parse_list_cell(line.get("all_classes") or ""),
+            "length": kvpress.whole(line["length"], "length", where),
+        }
+        return kvpress.scored(
+            task,
+            kvpress.references_of(line, self.answer, where),
+            dataset.metric,
+            meta,
+            first_line=name in FIRST_LINE,
+        )
+
+    def figures(self, metrics):
+        if not self.e:
+            return {"score": metrics}
+        return {bucket: value for bucket, value in metrics.items() if value is None or not math.isnan(value)}
+
+    def label(self, row):
+        return length_bucket(row["meta"]["length"]) if self.e else "score"
+
+
+FAMILY = Family(
+    "longbench",
+    kinds={task: f"longbench-{parse_task(task)[0]}" for task in TASKS},
+    kvpress=(KvpressLongBench(e=False), KvpressLongBench(e=True)),
+)

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kvbench.core.errors import BadInput, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
@@ -88,12 +90,7 @@ def accuracy(prediction: str, sample: Sample) -> float:
 METRICS = {"longbench_v2_accuracy": accuracy}
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(data_dir: Path | None) -> list[Path]:
@@ -139,10 +136,7 @@ def make_samples(
     in the middle to `length` tokens. `seed` plays no part: the set is fixed; ids are the rows' `_id`."""
     if task not in TASKS:
         raise UnknownTask(f"unknown LongBench-v2 task {task!r} (see `kvbench tasks`)")
-    if length < MIN_LENGTH:
-        raise BadInput(f"LongBench-v2 needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("LongBench-v2", length, samples, MIN_LENGTH)
     wanted = task.partition("/")[2]
     rows = [row for row in read_rows(data_dir) if not wanted or row.length == wanted][:samples]
     result, truncated = [], 0
@@ -172,3 +166,96 @@ def make_samples(
             "%s: %d of %d prompts truncated in the middle to %d tokens", task, truncated, len(result), length
         )
     return result
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressLongBenchV2(kvpress.Dataset):
+    """`longbench-v2` (`benchmarks/longbenchv2/`): metrics.json `{"average": .., "easy": .., "hard": ..,
+    "long": .., "medium": .., "short": ..}` (means in [0, 1] by `difficulty` and by `length`, the length
+    class); data_dir `0shot` (its config_name; import takes none too); columns THUDM's (`_id`, `domain`,
+    `sub_domain`, `difficulty`, `length`, `question`, `choice_A`..`choice_D`, `answer`) and
+    `max_new_tokens`, `answer_prefix`. `longbench-v2` and `longbench-v2/<length>` are `longbench-v2` (a
+    subset comes back as `longbench-v2`; the length class is a row's `meta.length_class`). kvpress scores a
+    choice present anywhere ("The correct answer is (X)" in the answer), kvbench as THUDM's
+    `extract_answer` (the first one found); kvpress's prompt is its own (16 new tokens), kvbench's THUDM's
+    0shot.txt (128)."""
+
+    name = exports = "longbench-v2"
+    data_dir = "0shot"  # create_huggingface_dataset.py's config_name
+    classes = ("domain", "sub_domain", "difficulty")  # the meta import keeps, beside the length class
+    columns = (
+        "_id",
+        *classes,
+        "length",
+        "question",
+        "choice_A",
+        "choice_B",
+        "choice_C",
+        "choice_D",
+        "answer",
+        "max_new_tokens",
+        "answer_prefix",
+    )
+    reads = ("difficulty", "length")  # what its scorer groups by
+    schema = dict[str, float]
+
+    def target(self, row):
+        if row["task"] not in TASKS:
+            return None
+        return kvpress.Target(self.name, self.data_dir, self.name, row["length"])
+
+    def cells(self, row):
+        meta = row["meta"] or {}
+        return {
+            **{name: meta.get(name, "") for name in self.classes},
+            "length": meta.get("length_class", ""),
+            "answer": row["references"][0],
+            "_id": row["sample_id"],
+        }
+
+    def metrics(self, rows):
+        """calculate_metrics: the mean of 0/1 scores, then by difficulty and by length class, sorted."""
+        result = {"average": kvpress.mean([row["score"] / 100 for row in rows])}
+        for key in ("difficulty", "length_class"):
+            groups: dict[str, list[float]] = {}
+            for row in rows:
+                value = (row["meta"] or {}).get(key)
+                if value:
+                    groups.setdefault(value, []).append(row["score"] / 100)
+            result.update({value: kvpress.mean(groups[value]) for value in sorted(groups)})
+        return result
+
+    def check_config(self, config, path):
+        if config.data_dir not in (None, "", self.data_dir):
+            raise DataFileError(
+                f"{path}: field 'data_dir': longbench-v2's is {self.data_dir} (got {config.data_dir!r})"
+            )
+
+    def check_metrics(self, metrics, path):
+        if "average" not in metrics:
+            raise DataFileError(f"{path}: field 'average': missing")
+
+    def task(self, config, line):
+        return self.name
+
+    def sample(self, task, line, config, where):
+        answer = line["answer"]
+        if answer not in ("A", "B", "C", "D"):
+            raise DataFileError(f"{where}: field 'answer': not a choice A-D (got {answer!r})")
+        meta = {name: line[name] for name in self.classes if line.get(name)}
+        if line["length"]:
+            meta["length_class"] = line["length"]
+        return kvpress.scored(task, [answer], "longbench_v2_accuracy", meta)
+
+    def figures(self, metrics):
+        return {"average": 100 * metrics["average"]}
+
+    def label(self, row):
+        return "average"
+
+
+FAMILY = Family(
+    "longbench-v2", kinds={task: "longbench-v2" for task in TASKS}, kvpress=(KvpressLongBenchV2(),)
+)

@@ -27,9 +27,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.core.errors import BadInput, DataFileError, UnknownTask
+from kvbench.core.errors import DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, check_json
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.longbench import fit_prompt
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
@@ -144,12 +146,7 @@ def parse_task(task: str) -> str:
     return task.split("/", 1)[1]
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(name: str, data_dir: Path | None) -> list[Path]:
@@ -211,10 +208,7 @@ def make_samples(
     """The first `samples` questions, in file order, prompts truncated in the middle to `length` tokens.
     `seed` plays no part: the set is fixed."""
     name = parse_task(task)
-    if length < MIN_LENGTH:
-        raise BadInput(f"LooGLE needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("LooGLE", length, samples, MIN_LENGTH)
     instruction, template, answer_prefix, new_tokens, metric = DATASETS[name]
     asked = [
         (f"{row}.{index}", document, question, answer)
@@ -244,3 +238,89 @@ def make_samples(
             "%s: %d of %d prompts truncated in the middle to %d tokens", task, truncated, len(result), length
         )
     return result
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressLooGLE(kvpress.Dataset):
+    """`loogle` (`benchmarks/loogle/`): metrics.json `{task: {"bleu1", "bleu4", "rouge-1", "rouge-2",
+    "rouge-l", "meteor", "bert"}}` (means in [0, 1]), for `shortdep_cloze` `{"exact_match",
+    "partial_match"}` (masks matched over masks, a prediction that is not a dict counting one, rounded to
+    4); data_dir and `task` the task name; columns `question`, `answer_prefix`, `answer` (a string; the
+    cloze's as JSON), `task`, `max_new_tokens`. `loogle/NAME` is `loogle`, data_dir NAME. kvbench has
+    ROUGE-L recall and exact match only: an export's metrics.json holds `rouge-l` and `exact_match`."""
+
+    name = "loogle"
+    exports = "loogle/NAME"
+    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
+    reads = ("task",)
+    schema = dict[str, dict[str, float]]
+    cloze = "shortdep_cloze"
+
+    def target(self, row):
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in DATASETS:
+            return None
+        return kvpress.Target(self.name, name, name, row["length"])
+
+    def cells(self, row):
+        return {"answer": row["references"][0], "task": row["task"].partition("/")[2]}
+
+    def key(self, name: str) -> str:
+        return "exact_match" if name == self.cloze else "rouge-l"
+
+    def metrics(self, rows):
+        tasks = kvpress.grouped(rows, self.label)
+        result = {}
+        for name in sorted(tasks):
+            value = (
+                pooled_exact_match(tasks[name])
+                if name == self.cloze
+                else kvpress.mean([r["score"] / 100 for r in tasks[name]])
+            )
+            result[name] = {self.key(name): value}
+        return result
+
+    def check_metrics(self, metrics, path):
+        for name, scores in metrics.items():
+            if self.key(name) not in scores:
+                raise DataFileError(f"{path}: field '{name}.{self.key(name)}': missing")
+
+    def task(self, config, line):
+        return f"{self.name}/{line['task']}" if line["task"] in DATASETS else None
+
+    def sample(self, task, line, config, where):
+        name = task.partition("/")[2]
+        answer = kvpress.text_of(line, self.answer, where)
+        if name == self.cloze:
+            try:
+                masks = json.loads(answer)
+            except ValueError:
+                masks = None
+            if not isinstance(masks, dict) or not masks:
+                raise DataFileError(f"{where}: field 'answer': not the cloze's masks as a JSON object")
+        return kvpress.scored(task, [answer], f"loogle_{DATASETS[name][4]}")
+
+    def figures(self, metrics):
+        return {name: 100 * scores[self.key(name)] for name, scores in metrics.items()}
+
+    def label(self, row):
+        return row["task"].partition("/")[2]
+
+
+def pooled_exact_match(rows: list[dict]) -> float:
+    """calculate_metrics' cloze `exact_match`: masks matched over masks, a prediction that is no dict counting
+    one mask, rounded to 4; each row's matches from kvbench's score (its share of the masks)."""
+    matched = counted = 0
+    for row in rows:
+        masks = len(json.loads(row["references"][0]))
+        if read_dict(row["prediction"] or "None") is None:
+            counted += 1
+        else:
+            matched += round(row["score"] / 100 * masks)
+            counted += masks
+    return round(matched / counted, 4) if counted else float("nan")
+
+
+FAMILY = Family("loogle", kinds={task: task.replace("/", "-") for task in TASKS}, kvpress=(KvpressLooGLE(),))

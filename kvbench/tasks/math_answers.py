@@ -27,7 +27,9 @@ from pathlib import Path
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family, published_api
 from kvbench.tasks.published import SUFFIXES, HubFile, checked_rows, find_rows
 
 MIN_LENGTH = 1  # the problem is asked whole, whatever the length
@@ -134,12 +136,7 @@ def equivalence(prediction: str, sample: Sample) -> float:
 METRICS = {"math_equivalence": equivalence}
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def sized_by_tokenizer(task: str) -> bool:
@@ -202,3 +199,70 @@ def make_samples(
         )
         for row in read_rows(task, data_dir)[:samples]
     ]
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressMath(kvpress.Dataset):
+    """`aime25`, `math500` (`benchmarks/aime25/`, `benchmarks/math500/`; datasets alessiodevoto/aime25 and
+    alessiodevoto/math500, no creation script): metrics.json `{"correct", "answered", "accuracy",
+    "total"}`, the text after "boxed{" (AIME25: the last, MATH-500: the first) up to the next "}" equal to
+    `answer`; no data_dir; columns the ones evaluate.py and the scorer read, `question`, `answer_prefix`,
+    `answer`, `max_new_tokens`. kvbench scores these tasks with math-verify (`math_equivalence`), not that
+    string match: rows keep kvbench's score; an export's metrics.json is kvpress's string match of its
+    predictions, and an import's check compares the published accuracy with that same string match.
+
+    `last`: kvpress's AIME25 scorer reads the last "boxed{", its MATH-500 one the first."""
+
+    columns = ("question", "answer_prefix", "answer", "max_new_tokens")
+
+    def __init__(self, name: str, last: bool):
+        self.name = self.exports = name
+        self.last = last
+        self.schema = dict[str, float]
+
+    def target(self, row):
+        return kvpress.Target(self.name, "", self.name, row["length"]) if row["task"] == self.name else None
+
+    def cells(self, row):
+        return {"answer": row["references"][0]}
+
+    def boxed(self, prediction: str) -> str | None:
+        """extract_boxed: the text after "boxed{" (the last, or the first) up to the next "}"."""
+        parts = prediction.split("boxed{")
+        if not self.last and len(parts) < 2:
+            return None
+        return parts[-1 if self.last else 1].split("}")[0]
+
+    def metrics(self, rows):
+        """calculate_metrics, kvpress's string match (not kvbench's math-verify score)."""
+        correct = sum(self.boxed(row["prediction"] or "") == row["references"][0] for row in rows)
+        answered = sum("boxed{" in (row["prediction"] or "") for row in rows)
+        return {"correct": correct, "answered": answered, "accuracy": correct / len(rows), "total": len(rows)}
+
+    def check_metrics(self, metrics, path):
+        if "accuracy" not in metrics:
+            raise DataFileError(f"{path}: field 'accuracy': missing")
+
+    def task(self, config, line):
+        return self.name
+
+    def sample(self, task, line, config, where):
+        return kvpress.scored(task, [kvpress.text_of(line, self.answer, where)], "math_equivalence")
+
+    def sample_id(self, task, line, index, config):
+        return line.get("id") or line.get("unique_id") or f"{task}-{index}"
+
+    def figures(self, metrics):
+        return {"accuracy": 100 * metrics["accuracy"]}
+
+    def label(self, row):
+        return "accuracy"
+
+
+FAMILY = Family(
+    "math",
+    kinds={task: f"math-{task}" for task in TASKS},
+    kvpress=(KvpressMath("aime25", last=True), KvpressMath("math500", last=False)),
+)

@@ -8,19 +8,8 @@ through `KINDS`. Training draws seeds >= 1000; evaluation uses 0..999."""
 from dataclasses import dataclass
 
 from kvbench.core.errors import BadInput
-from kvbench.tasks import (
-    heldout,
-    infinitebench,
-    listing,
-    longbench,
-    longbench_v2,
-    loogle,
-    math_answers,
-    needle,
-    ruler,
-    text,
-    zero_scrolls,
-)
+from kvbench.tasks import text
+from kvbench.tasks.registry import BUILT_IN
 
 
 @dataclass(frozen=True)
@@ -59,30 +48,8 @@ MIXTURES: dict[str, list[Part]] = {
 MIXTURES["broad"] = MIXTURES["ruler"] + MIXTURES["text"]
 
 
-# task -> kind, for every task of every family. RULER's tasks share kinds by generator (a needle sentence in
-# some haystack is one kind, whatever the haystack), the agent tasks by where the answer sits, LongBench's by
-# dataset; the text and held-out families declare theirs.
-KINDS: dict[str, str] = {
-    **{task: "ruler-niah" for task in ruler.NIAH},
-    "vt": "ruler-variable-tracking",
-    "cwe": "ruler-word-frequency",
-    "fwe": "ruler-word-frequency",
-    "qa_1": "ruler-document-qa",
-    "qa_2": "ruler-document-qa",
-    "agent_system_fact": "agent-system-prompt",
-    "agent_tool_value": "agent-tool-output",
-    "agent_early_tool_value": "agent-tool-output",
-    "agent_scratchpad": "agent-scratchpad",
-    **text.KINDS,
-    **{task: kind for suite in heldout.SUITES for task, kind in suite.module.KINDS.items()},
-    **{task: f"longbench-{longbench.parse_task(task)[0]}" for task in longbench.TASKS},
-    **{task: "longbench-v2" for task in longbench_v2.TASKS},
-    **{task: f"infinitebench-{task.split('/')[1]}" for task in infinitebench.TASKS},
-    **{task: "listing" for task in listing.TASKS},
-    **{task: task.replace("/", "-") for task in (*zero_scrolls.TASKS, *loogle.TASKS)},
-    **{task: "needle-in-a-haystack" for task in needle.TASKS},
-    **{task: f"math-{task}" for task in math_answers.TASKS},
-}
+# task -> kind, for every task of kvbench's families, as each declares them (`Family.kinds`).
+KINDS: dict[str, str] = {task: kind for module in BUILT_IN for task, kind in module.FAMILY.kinds.items()}
 
 
 class UnknownMixture(BadInput, KeyError):

@@ -34,7 +34,9 @@ from pathlib import Path
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.published import HubFile, checked_rows, find_rows
 
 HUB = HubFile("alessiodevoto/paul_graham_essays", "data/test-00000-of-00001.parquet")
@@ -87,12 +89,7 @@ def needle_rouge(prediction: str, sample: Sample) -> float:
 METRICS = {"needle_rouge": needle_rouge}
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(data_dir: Path | None) -> list[Path]:
@@ -186,10 +183,7 @@ def make_samples(
     `seed` plays no part: the haystack and the placement are fixed."""
     if task not in TASKS:
         raise UnknownTask(f"unknown needle task {task!r} (see `kvbench tasks`)")
-    if length < MIN_LENGTH:
-        raise BadInput(f"{task} needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request(task, length, samples, MIN_LENGTH)
     row = read_haystack(data_dir)
     cells = grid(length)[:samples]
     needle = encode(tokenizer, row.needle)
@@ -220,3 +214,81 @@ def make_samples(
             )
         )
     return result
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressNeedle(kvpress.Dataset):
+    """`needle_in_haystack` (`benchmarks/needle_in_haystack/`, its `utils.py`): metrics.json a list, one
+    `Rouge().get_scores(needle, prediction)[0]` per row (`rouge-1`, `rouge-2`, `rouge-l`, each `r`, `p`,
+    `f`); no data_dir, `max_context_length` and `needle_depth` set; columns `needle`, `needle_depth`,
+    `question`, `answer_prefix`, `max_new_tokens`. kvbench's `needle_in_haystack` cell of length C and
+    depth D is a folder with max_context_length C and needle_depth D (a run at length L comes back as its
+    cells' lengths). kvpress puts the needle at the token of the depth in `max_context_length - 150 -
+    needle` tokens of essays, kvbench after the sentence before it in a cell's length less the prompt
+    (gkamradt's): the same grid, not the same contexts."""
+
+    name = exports = TASK
+    columns = ("needle", "needle_depth", "question", "answer_prefix", "max_new_tokens")
+    answer = "needle"
+    reads = ("needle_depth",)
+    schema = list[dict[str, dict[str, float]]]
+
+    def target(self, row):
+        if row["task"] != TASK:
+            return None
+        meta = row["meta"] or {}
+        return kvpress.Target(self.name, "", self.name, meta.get("length", row["length"]), meta.get("depth"))
+
+    def cells(self, row):
+        return {"needle": row["references"][0], "needle_depth": (row["meta"] or {}).get("depth", "")}
+
+    def metrics(self, rows):
+        return [rouge_scores(row["references"][0], row["prediction"] or "") for row in rows]
+
+    def check_config(self, config, path):
+        if config.max_context_length is None:
+            raise DataFileError(f"{path}: field 'max_context_length': missing (needle_in_haystack sets it)")
+
+    def check_metrics(self, metrics, path):
+        for index, scores in enumerate(metrics):
+            if "f" not in scores.get("rouge-l", {}):
+                raise DataFileError(f"{path}: field '{index}.rouge-l.f': missing")
+
+    def task(self, config, line):
+        return self.name
+
+    def sample(self, task, line, config, where):
+        meta = {
+            "length": config.max_context_length,
+            "depth": kvpress.whole(line["needle_depth"], "needle_depth", where),
+        }
+        return kvpress.scored(task, [kvpress.text_of(line, self.answer, where)], "needle_rouge", meta)
+
+    def sample_id(self, task, line, index, config):
+        return f"{config.max_context_length}-{int(line['needle_depth'])}"
+
+    def figures(self, metrics):
+        return {
+            "rouge-l": 100 * kvpress.mean([scores["rouge-l"]["f"] for scores in metrics]) if metrics else None
+        }
+
+    def label(self, row):
+        return "rouge-l"
+
+
+def rouge_scores(needle_text: str, prediction: str) -> dict:
+    """calculate_metrics' entry of one row: `Rouge().get_scores(needle, prediction)[0]`, stripped; zeros where
+    the package raises (an empty prediction: kvpress's scorer would raise there)."""
+    from rouge import Rouge
+
+    try:
+        return Rouge().get_scores(needle_text.strip(), prediction.strip())[0]
+    except (ValueError, RecursionError):
+        return {name: {"r": 0.0, "p": 0.0, "f": 0.0} for name in ("rouge-1", "rouge-2", "rouge-l")}
+
+
+FAMILY = Family(
+    "needle_in_haystack", kinds={task: "needle-in-a-haystack" for task in TASKS}, kvpress=(KvpressNeedle(),)
+)

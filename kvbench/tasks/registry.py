@@ -43,9 +43,28 @@ from kvbench.tasks.longbench_metrics import normalize_answer
 
 # A family (a module or any object) exposes: TASKS {name: one-line description}, METRICS {name:
 # fn(prediction, sample) -> score in [0, 100]}, min_length(task) -> int, make_samples(task, length, samples,
-# seed, tokenizer, data_dir) -> list[Sample], and optionally reads_data_dir(task) -> bool (default False) and
-# sized_by_tokenizer(task) -> bool (default True: its samples depend on the tokenizer they are made with).
+# seed, tokenizer, data_dir) -> list[Sample], and optionally reads_data_dir(task) -> bool (default False),
+# sized_by_tokenizer(task) -> bool (default True: its samples depend on the tokenizer they are made with) and
+# check_data(task, data_dir) (reads the local files it would use, so a bad one fails before a model loads).
 FAMILY_API = ("TASKS", "METRICS", "min_length", "make_samples")
+
+# kvbench's own families, in the order `kvbench tasks` lists them: each module declares its `FAMILY`
+# (kvbench.tasks.family), which the registry, the training mixtures and kvpress's interop read.
+BUILT_IN = (
+    ruler,
+    agent,
+    text,
+    *heldout.SUITES,  # each held-out suite is its own family
+    longbench,
+    listing,  # long answers, for the decode-heavy protocol
+    jsonl,  # the user's own data
+    longbench_v2,
+    infinitebench,
+    zero_scrolls,
+    loogle,
+    needle,
+    math_answers,
+)
 
 
 def _family_from_plugin(name: str, family: Any) -> Any:
@@ -120,22 +139,8 @@ def exact_match(prediction: str, sample: Sample) -> float:
 METRICS: Registry = Registry("metrics", _metric_from_plugin)
 METRICS.register("exact_match", exact_match)
 METRICS.register("contains", ruler.string_match_part)  # any reference in the prediction, case-insensitive
-for family_name, family_module in {
-    "ruler": ruler,
-    "agent": agent,
-    "text": text,
-    **{suite.name: suite.module for suite in heldout.SUITES},  # each held-out suite is its own family
-    "longbench": longbench,
-    "listing": listing,  # long answers, for the decode-heavy protocol
-    "jsonl": jsonl,  # the user's own data
-}.items():
-    register_family(family_name, family_module)
-register_family("longbench-v2", longbench_v2)
-register_family("infinitebench", infinitebench)
-register_family("zero_scrolls", zero_scrolls)
-register_family("loogle", loogle)
-register_family("needle_in_haystack", needle)
-register_family("math", math_answers)
+for family_module in BUILT_IN:
+    register_family(family_module.FAMILY.name, family_module)
 _BUILT_IN_FAMILIES = frozenset(TASK_FAMILIES.entries)
 
 
@@ -222,9 +227,8 @@ def task_names() -> list[str]:
 
 
 def reads_data_dir(task: str) -> bool:
-    """Whether `task` reads local files from --data-dir (LongBench's JSONL, RULER QA's SQuAD or HotpotQA)."""
-    if task in longbench.TASKS or task in ruler.QA_FILES:
-        return True
+    """Whether `task` reads local files from --data-dir (LongBench's JSONL, RULER QA's SQuAD or HotpotQA), as
+    its family says (`FAMILY_API`)."""
     family = family_of(task)
     return bool(getattr(family, "reads_data_dir", lambda task: False)(task))
 
@@ -320,12 +324,6 @@ def load_samples(
 def check_data(task: str, data_dir: Path | None) -> None:
     """Read the local data files a task would use (LongBench's JSONL, RULER QA's SQuAD or HotpotQA JSON, a
     user's records), so that a missing or malformed file is an error naming it before any model loads."""
-    if task in jsonl.DATA_TASKS:
-        jsonl.checked_records(jsonl.DATA_TASKS[task])
-    if task in longbench.TASKS and data_dir is not None:
-        longbench.read_rows(longbench.parse_task(task)[1], data_dir)
-    if task in ruler.QA_FILES and data_dir is not None and (Path(data_dir) / ruler.QA_FILES[task]).is_file():
-        ruler.qa_data(task, Path(data_dir))
     if hasattr(family := family_of(task), "check_data"):  # a family that reads its own files checks them
         family.check_data(task, data_dir)
 

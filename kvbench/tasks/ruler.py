@@ -37,7 +37,9 @@ from pathlib import Path
 
 from kvbench.core.errors import BadInput, DataFileError, UnknownTask
 from kvbench.core.validation import STRICT, check_json
+from kvbench.tasks import kvpress
 from kvbench.tasks.base import Sample, TaskUnavailable
+from kvbench.tasks.family import Family
 
 TASKS = {
     "niah_single_1": "needle in a haystack: one number under one word key, in repeated noise",
@@ -575,6 +577,16 @@ def from_hub(task: str):
     return squad_from_hub() if task == "qa_1" else hotpot_from_hub()
 
 
+def reads_data_dir(task: str) -> bool:
+    return task in QA_FILES
+
+
+def check_data(task: str, data_dir: Path | None) -> None:
+    """Read a QA task's local SQuAD or HotpotQA file now, so a malformed one fails before any model loads."""
+    if task in QA_FILES and data_dir is not None and (Path(data_dir) / QA_FILES[task]).is_file():
+        qa_data(task, Path(data_dir))
+
+
 @functools.cache
 def qa_data(task: str, data_dir: Path | None) -> QaData:
     """The dataset of a QA task from `data_dir/<official file name>`, else from the hub."""
@@ -702,3 +714,81 @@ def fit(
         raise BadInput(
             f"{task} does not fit in {length} tokens with this tokenizer: use a larger length"
         ) from None
+
+
+# ---- kvpress's evaluation ----
+
+
+class KvpressRuler(kvpress.Dataset):
+    """`ruler` (`benchmarks/ruler/`, and `generate.sh`): metrics.json is `{task: {"string_match": score}}`
+    per RULER task (`niah_single_1`, ..., `qa_2`; string_match_part for `qa_*`, string_match_all otherwise,
+    mean x 100 rounded to 2); columns `question`, `answer_prefix`, `answer`, `task`, `max_new_tokens`.
+    kvbench's RULER task T at length L is `ruler`, data_dir L, task T."""
+
+    name = "ruler"
+    exports = "RULER"
+    columns = ("question", "answer_prefix", "answer", "task", "max_new_tokens")
+    reads = ("task",)
+    schema = dict[str, dict[str, float]]
+
+    def target(self, row):
+        if row["task"] not in TASKS:
+            return None
+        if row["length"] is None:
+            raise BadInput(f"task {row['task']!r} has no context length: kvpress's ruler is named by it")
+        return kvpress.Target(self.name, str(row["length"]), row["task"])
+
+    def cells(self, row):
+        return {**super().cells(row), "task": row["task"]}
+
+    def metrics(self, rows):
+        tasks = kvpress.grouped(rows, lambda row: row["task"])
+        return {
+            task: {"string_match": kvpress.mean2([r["score"] for r in tasks[task]])} for task in sorted(tasks)
+        }
+
+    def check_config(self, config, path):
+        if not kvpress.is_whole(config.data_dir):
+            raise DataFileError(
+                f"{path}: field 'data_dir': ruler's is its context length (got {config.data_dir!r})"
+            )
+
+    def check_metrics(self, metrics, path):
+        for task, scores in metrics.items():
+            if "string_match" not in scores:
+                raise DataFileError(f"{path}: field '{task}.string_match': missing")
+
+    def task(self, config, line):
+        return line["task"] if line["task"] in TASKS else None
+
+    def sample(self, task, line, config, where):
+        metric = "string_match_part" if task.startswith("qa_") else "string_match_all"
+        return kvpress.scored(
+            task, kvpress.references_of(line, self.answer, where), metric, {"length": self.length(config)}
+        )
+
+    def length(self, config):
+        return int(str(config.data_dir))
+
+    def sample_id(self, task, line, index, config):
+        return f"{task}-{index}"
+
+    def figures(self, metrics):
+        return {task: scores["string_match"] for task, scores in metrics.items()}
+
+    def label(self, row):
+        return row["task"]
+
+
+FAMILY = Family(
+    "ruler",
+    kinds={  # RULER's tasks share kinds by generator: a needle sentence in some haystack is one kind
+        **{task: "ruler-niah" for task in NIAH},
+        "vt": "ruler-variable-tracking",
+        "cwe": "ruler-word-frequency",
+        "fwe": "ruler-word-frequency",
+        "qa_1": "ruler-document-qa",
+        "qa_2": "ruler-document-qa",
+    },
+    kvpress=(KvpressRuler(),),
+)

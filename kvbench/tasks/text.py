@@ -28,6 +28,7 @@ import random
 import re
 
 from kvbench.tasks import agent, generated, prompt, words
+from kvbench.tasks.family import Family
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 # ---- Layouts ----
@@ -315,3 +316,4 @@ GENERATORS = {
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
+FAMILY = Family("text", KINDS)

@@ -21,9 +21,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kvbench.core.errors import BadInput, DataFileError, TaskUnavailable, UnknownTask
+from kvbench.core.errors import DataFileError, TaskUnavailable, UnknownTask
 from kvbench.core.validation import STRICT
 from kvbench.tasks.base import Sample
+from kvbench.tasks.family import Family, check_request, published_api
 from kvbench.tasks.published import HubFile, checked_rows, read_json_lines, read_objects
 from kvbench.tasks.zero_scrolls_metrics import SCORERS, find_letter, summary_ids
 
@@ -94,12 +95,7 @@ def parse_task(task: str) -> str:
     return task.split("/", 1)[1]
 
 
-def min_length(task: str) -> int:
-    return MIN_LENGTH
-
-
-def reads_data_dir(task: str) -> bool:
-    return task in TASKS
+min_length, reads_data_dir = published_api(MIN_LENGTH)
 
 
 def local_files(name: str, data_dir: Path | None) -> list[Path]:
@@ -207,10 +203,7 @@ def make_samples(
     """The first `samples` distinct inputs of the validation split, cut to `length` tokens. `seed` plays
     no part: the set is fixed; ids are the rows' `id`."""
     name = parse_task(task)
-    if length < MIN_LENGTH:
-        raise BadInput(f"ZeroSCROLLS needs length >= {MIN_LENGTH} tokens, got {length}")
-    if samples < 1:
-        raise BadInput(f"samples must be at least 1, got {samples}")
+    check_request("ZeroSCROLLS", length, samples, MIN_LENGTH)
     metric, new_tokens = DATASETS[name]
     result, truncated = [], 0
     for row, outputs in read_rows(name, data_dir)[:samples]:
@@ -231,3 +224,14 @@ def make_samples(
     if truncated:
         logger.warning("%s: %d of %d prompts cut to %d tokens", task, truncated, len(result), length)
     return result
+
+
+# kvpress's `zero_scrolls` (`benchmarks/zero_scrolls/`) reads the test split: refused both ways.
+FAMILY = Family(
+    "zero_scrolls",
+    kinds={task: task.replace("/", "-") for task in TASKS},
+    not_kvpress=(
+        "kvpress's zero_scrolls is ZeroSCROLLS's test split, whose answers are private (its metrics.json is "
+        "{}); kvbench's zero_scrolls tasks score the validation split"
+    ),
+)

@@ -186,7 +186,6 @@ INITS_WITH_CODE = {
     "kvbench",  # the Python API: names loaded on first use (a module `__getattr__`) and the console script
     "kvbench.learned.common",
     "kvbench.learned.fitted",
-    "kvbench.tasks.heldout",
 }
 
 

@@ -22,8 +22,8 @@ from kvbench.tasks import (
 from kvbench.tasks.mixture import KINDS, MIXTURES, UnknownMixture, mixture, mixture_kinds
 
 # In the order they were written: each may share no kind or layout with training or an earlier one.
-HELD_OUT_SUITES = [(suite.name, suite.module) for suite in heldout.SUITES]
-HELD_OUT_FAMILIES = [suite.module for suite in heldout.SUITES]
+HELD_OUT_SUITES = [(family.FAMILY.name, family) for family in heldout.SUITES]
+HELD_OUT_FAMILIES = list(heldout.SUITES)
 GENERATED = {name: g for family in [text, *HELD_OUT_FAMILIES] for name, g in family.GENERATORS.items()}
 TASKS = list(GENERATED)
 

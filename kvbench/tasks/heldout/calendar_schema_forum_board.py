@@ -23,6 +23,7 @@ import itertools
 import random
 
 from kvbench.tasks import generated, prompt, words
+from kvbench.tasks.family import Family
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -226,3 +227,4 @@ GENERATORS = {
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
+FAMILY = Family("heldout-third", KINDS)  # the suite tasks/heldout-third.yaml

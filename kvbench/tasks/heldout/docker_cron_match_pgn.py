@@ -22,6 +22,7 @@ import random
 import textwrap
 
 from kvbench.tasks import generated, prompt, words
+from kvbench.tasks.family import Family
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 PAGE_LINES = 24  # lines of material a page; every answer prefix is one line, so no page cuts one
@@ -263,3 +264,4 @@ GENERATORS = {
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
+FAMILY = Family("heldout-fifth", KINDS)  # the suite tasks/heldout-fifth.yaml

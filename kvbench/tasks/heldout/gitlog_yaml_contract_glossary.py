@@ -21,6 +21,7 @@ reference. Layouts, used by no training or earlier held-out task: the material w
 import random
 
 from kvbench.tasks import generated, prompt, words
+from kvbench.tasks.family import Family
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -198,3 +199,4 @@ GENERATORS = {
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
+FAMILY = Family("heldout-fourth", KINDS)  # the suite tasks/heldout-fourth.yaml

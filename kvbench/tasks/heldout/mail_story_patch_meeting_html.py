@@ -29,6 +29,7 @@ user pastes it). Neither is a training layout. Scores: RULER's `string_match_all
 import random
 
 from kvbench.tasks import generated, prompt, words
+from kvbench.tasks.family import Family
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -302,3 +303,4 @@ GENERATORS = {
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
+FAMILY = Family("heldout", KINDS)  # the suite tasks/heldout.yaml

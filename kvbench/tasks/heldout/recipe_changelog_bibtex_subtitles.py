@@ -24,6 +24,7 @@ material in the system turn with the instruction and question in the user turn.
 import random
 
 from kvbench.tasks import generated, prompt, words
+from kvbench.tasks.family import Family
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -254,3 +255,4 @@ GENERATORS = {
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
+FAMILY = Family("heldout-confirm", KINDS)  # the suite tasks/heldout-confirm.yaml

@@ -20,6 +20,7 @@ under "Input" and the question under "Question" (`headed-sections`).
 import random
 
 from kvbench.tasks import generated, prompt, words
+from kvbench.tasks.family import Family
 from kvbench.tasks.generated import Draft, Generator, Layout, Placed
 
 
@@ -277,3 +278,4 @@ GENERATORS = {
     ),
 }
 TASKS, KINDS, METRICS, min_length, make_samples = generated.family_api(GENERATORS, LAYOUTS)
+FAMILY = Family("heldout-sixth", KINDS)  # the suite tasks/heldout-sixth.yaml
