@@ -180,7 +180,7 @@ ALIASES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # module scope built it twice when xdist ran another module between
 def inputs(tmp_path_factory) -> Path:
     """A folder of what the docs' commands read from the user (`my_press.py`, `mine.jsonl`, a suite YAML,
     kvpress results) or from each other (`INPUTS`, `ALIASES`)."""
