@@ -54,7 +54,7 @@ def train(out, replace, model, device, **options):
     from kvbench.bridge.models import check_device, load_model, load_tokenizer, resolve
     from kvbench.core.provenance import command_line
     from kvbench.learned.common import check_training_out
-    from kvbench.learned.gate.checkpoint import save_gates
+    from kvbench.learned.gate.press import save_gates
     from kvbench.learned.gate.train import TRAIN_SEED, VAL_SEED
     from kvbench.learned.gate.train import train as train_gates
     from kvbench.store.results import check_folder_writable
@@ -90,9 +90,9 @@ def token_ids(tokenizer, source: str, count: int, length: int, seed: int) -> lis
 def report(weights):
     """The card of the gates in WEIGHTS: training, validation KL (soft gates vs ungated), mean gate."""
     from kvbench.learned.common import read_card
-    from kvbench.learned.gate.checkpoint import METHOD, train_command_hint
+    from kvbench.learned.gate.press import GatePress
 
-    card = read_card(weights, METHOD, train_command_hint("MODEL"))
+    card = read_card(weights, GatePress.method, GatePress.hint("MODEL"))
     training, validation = card["training"], card["validation"]
     rounded = f", rounded {validation['rounded_kl']:.4f}" if "rounded_kl" in validation else ""
     click.echo(

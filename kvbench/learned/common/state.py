@@ -3,9 +3,11 @@ of a safetensors file and `card.json` (the method, the model's shape and weights
 written whole, read through the card's schema, and refused in one line when made for another model.
 """
 
+import functools
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.bridge import models
@@ -221,3 +223,74 @@ def check_finite(state: dict, path: Path, hint: str, error=TrainingFileError) ->
                 f"make it again with: {hint}"
             )
     return state
+
+
+def read_state(directory: Path, method: str, file: str, shape: ModelShape | None, hint: str, what: str):
+    """The tensors of `file` in `directory`, its card and the file's digest (12 hex digits of its sha256);
+    refused in one line when missing, corrupt, not finite, or made for another model than `shape` (`what`,
+    e.g. "gate weights", names them in the message)."""
+    directory = Path(directory)
+    card = read_card(directory, method, hint)
+    if shape is not None:
+        check_fits(card, shape, directory, what, hint)
+    path = directory / file
+    tensors = load_weights(path, hint)
+    return tensors, card, hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def load_state(press: type["StatePress"], directory: Path, shape: ModelShape | None = None, device="cpu"):
+    """`press`'s state in `directory` as its `build` makes it (on `device`), its card and its digest; state
+    whose tensors `build` cannot take is refused as corrupt, in one line."""
+    hint = press.hint(shape.name if shape else "MODEL")
+    tensors, card, digest = read_state(directory, press.method, press.state_file, shape, hint, press.what)
+    try:
+        return press.build(tensors, card, device), card, digest
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise corrupt(Path(directory) / press.state_file, error, hint) from None
+
+
+@functools.lru_cache(maxsize=16)
+def cached_state(press: type, directory: Path, shape: ModelShape, modified_ns: int, device):
+    """The state loaded once per (press class, folder, model, version on disk, device): a sweep reuses it."""
+    return load_state(press, directory, shape, device)
+
+
+@dataclass
+class StatePress:
+    """Mixed into a kvpress press class ahead of it: the press reads its state (`state_file` + card.json)
+    from `weights` (a folder; default presses/<method>/<model name>/), matched to the model (its name before
+    it loads, its KV-cache shape and weights identity once it has) and refused in one line otherwise.
+    `build(tensors, card, device)` makes the state the press scores with (default: the tensors) and
+    `install(state, model)` hands it to the press; `state_digest` keys the press's rows."""
+
+    weights: str | None = None
+    state_digest: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    method = ""  # the state's method: its folder under presses/ and its card's `method`
+    state_file = ""  # the safetensors file beside card.json
+    what = ""  # the state in messages, e.g. "gate weights"
+
+    @classmethod
+    def hint(cls, name: str) -> str:
+        """The command that makes the state for model `name`, for error messages."""
+        return train_command_hint(cls.method, name, "weights")
+
+    @classmethod
+    def build(cls, tensors: dict, card: dict, device):
+        return tensors
+
+    def install(self, state, model) -> None:
+        raise NotImplementedError
+
+    def check_for_model(self, name: str) -> None:
+        """Refuse (one line) a missing or corrupt card, one made for another model, or weights missing,
+        corrupt or not finite, before the model loads; the KV-cache shape is checked once it has."""
+        directory, hint = state_folder(self.weights, self.method, name), self.hint(name)
+        check_made_for(read_card(directory, self.method, hint), name, directory, self.what, hint)
+        load_weights(directory / self.state_file, hint)
+
+    def post_init_from_model(self, model) -> None:
+        shape = model_shape(model)
+        directory, modified = state_version(state_folder(self.weights, self.method, shape.name))
+        state, _, self.state_digest = cached_state(type(self), directory, shape, modified, model.device)
+        self.install(state, model)
