@@ -15,8 +15,8 @@ from kvbench.bridge.adapter import seed_press
 from kvbench.bridge.models import load_model
 from kvbench.core.config import Config
 from kvbench.engine import evaluate_sample
-from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.distillcache.press import save_policy
 from kvbench.learned.fitted import METHODS as FITTED
 from kvbench.learned.gate.gates import GateSet
 from kvbench.learned.gate.press import save_gates
