@@ -242,7 +242,8 @@ def load_state(press: type["StatePress"], directory: Path, shape: ModelShape | N
     """`press`'s state in `directory` as its `build` makes it (on `device`), its card and its digest; state
     whose tensors `build` cannot take is refused as corrupt, in one line."""
     hint = press.hint(shape.name if shape else "MODEL")
-    tensors, card, digest = read_state(directory, press.method, press.state_file, shape, hint, press.what)
+    what = press.what or f"{press.method} state"
+    tensors, card, digest = read_state(directory, press.method, press.state_file, shape, hint, what)
     try:
         return press.build(tensors, card, device), card, digest
     except (KeyError, RuntimeError, ValueError) as error:
@@ -268,7 +269,7 @@ class StatePress:
 
     method = ""  # the state's method: its folder under presses/ and its card's `method`
     state_file = ""  # the safetensors file beside card.json
-    what = ""  # the state in messages, e.g. "gate weights"
+    what = ""  # the state in messages, e.g. "gate weights"; default "<method> state"
 
     @classmethod
     def hint(cls, name: str) -> str:
@@ -286,7 +287,8 @@ class StatePress:
         """Refuse (one line) a missing or corrupt card, one made for another model, or weights missing,
         corrupt or not finite, before the model loads; the KV-cache shape is checked once it has."""
         directory, hint = state_folder(self.weights, self.method, name), self.hint(name)
-        check_made_for(read_card(directory, self.method, hint), name, directory, self.what, hint)
+        what = self.what or f"{self.method} state"
+        check_made_for(read_card(directory, self.method, hint), name, directory, what, hint)
         load_weights(directory / self.state_file, hint)
 
     def post_init_from_model(self, model) -> None:

@@ -17,7 +17,8 @@ from kvpress import DuoAttentionPress
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kvbench.bridge.adapter import language_model, query_states
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.fitting import Method
+from kvbench.learned.fitted.press import FittedState
 
 SINK_SIZE, RECENT_SIZE = 128, 256  # kvpress's on-the-fly calibration's
 

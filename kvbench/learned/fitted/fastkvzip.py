@@ -23,7 +23,8 @@ from transformers import DynamicCache
 
 from kvbench.bridge.adapter import attention_hooks
 from kvbench.learned.common.datagen import reconstruction_prompt_ids, reconstruction_score
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.fitting import Method
+from kvbench.learned.fitted.press import FittedState
 
 
 def kvzip_targets(model, context_ids: torch.Tensor, repeat_ids: list[int]):

@@ -24,7 +24,8 @@ from kvbench.bridge import models
 from kvbench.bridge.adapter import attention_hooks, attention_implementation
 from kvbench.core.errors import TrainingFileError
 from kvbench.learned.common.datagen import reconstruction_prompt_ids
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.fitting import Method
+from kvbench.learned.fitted.press import FittedState
 
 TYPES = ("linear", "mlp")
 

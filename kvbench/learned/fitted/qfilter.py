@@ -15,7 +15,8 @@ import torch
 from kvpress import QFilterPress
 
 from kvbench.bridge.adapter import query_states
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.fitting import Method
+from kvbench.learned.fitted.press import FittedState
 
 
 def fit(model, tokenizer, contexts: list, options: dict) -> tuple[dict, dict]:
