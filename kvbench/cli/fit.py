@@ -5,7 +5,13 @@ import click
 
 from kvbench.cli.learned import device_option, mixture_name, model_option, out_option, replace_option
 from kvbench.cli.types import Whole
-from kvbench.learned.fitted import METHODS
+from kvbench.learned.catalog import FITTED
+
+METHODS = tuple(FITTED)
+# e.g. "kvzap: tokens, hidden_dim, ...; duo_attention: q_len": the options each method takes
+OPTIONS = "; ".join(
+    f"{name}: {', '.join(press.fit.options)}" for name, press in FITTED.items() if press.fit.options
+)
 
 
 def options_of(ctx, param, value: tuple[str, ...]) -> dict:
@@ -41,9 +47,7 @@ def options_of(ctx, param, value: tuple[str, ...]) -> dict:
     "options",
     multiple=True,
     callback=options_of,
-    help="NAME=VALUE of the method (kvzap: tokens, hidden_dim, epochs, lr, batch_size, alpha, seed; "
-    "fastkvzip: dim, sink, steps, batch_size, lr, seed; expected_attention_stats: n_sink; "
-    "duo_attention: q_len).",
+    help=f"NAME=VALUE of the method ({OPTIONS}).",
 )
 def fit(name, out, replace, model, device, mixture, samples, length, seed, options):
     """Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...

@@ -3,10 +3,11 @@ Fast KVzip, expected attention's query statistics, DuoAttention), with that stat
 model, offline, on kvbench's generated training text (a training mixture at seeds >= 1000, never
 evaluation's 0..999).
 
-A fitted press is one module (`qfilter.py`, `kvzap.py`, `fastkvzip.py`, ...) holding a `Method`
-(its `fit(model, tokenizer, contexts, options) -> (tensors, validation)`) and its press: kvpress's class
+A fitted press is one module (`qfilter.py`, `kvzap.py`, `fastkvzip.py`, ...) holding its
+`fit(model, tokenizer, contexts, options) -> (tensors, validation)` and its press: kvpress's class
 with only the loader replaced (press.py's `FittedState` hands the fitted tensors to the class through
-`install`; the scoring is kvpress's). fitting.py holds what every fit shares. State is written in the
+`install`; the scoring is kvpress's). fitting.py holds what every fit shares; a press's declaration (its
+options, what it fits, its line in the registry) is in kvbench.learned.catalog. State is written in the
 learned presses' one format: `state.safetensors` + `card.json` (method, the model's shape and weights
 identity, data, recipe, seed, the state file's sha256), default folder presses/<method>/<model>/, matched
 to the model by its weights identity.
@@ -15,7 +16,6 @@ to the model by its weights identity.
 from kvbench.learned.fitted.fitting import (
     METHODS,
     FitConfig,
-    Method,
     card_of,
     check_options,
     check_prompts,
@@ -30,7 +30,6 @@ __all__ = [
     "STATE_FILE",
     "FitConfig",
     "FittedState",
-    "Method",
     "card_of",
     "check_options",
     "check_prompts",

@@ -1,16 +1,17 @@
-"""Fitting a fitted press's state: what a fit reads (`FitConfig`), each method's fit and options (`Method`,
-`method`), the options checked before any work, and what the state's card records of the fit."""
+"""Fitting a fitted press's state: what a fit reads (`FitConfig`), each method's module (`method`), its
+options checked against its declaration (kvbench.learned.catalog) before any work, and what the state's
+card records of the fit."""
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kvbench.core.errors import BadInput
+from kvbench.learned.catalog import FITTED, Fit
 from kvbench.learned.common import model_shape
 
 # Each is a press name, the name of its fitting method and of its module here.
-METHODS = ("qfilter", "kvzap", "fastkvzip", "expected_attention_stats", "duo_attention")
+METHODS = tuple(FITTED)
 
 
 @dataclass
@@ -30,40 +31,37 @@ class FitConfig:
             raise BadInput(f"--seed {self.seed}: evaluation uses seeds 0..999, so fitting starts at 1000")
 
 
-@dataclass(frozen=True)
-class Method:
-    """A fitted press: `fit(model, tokenizer, contexts, options) -> (tensors, validation)` on (1, P) context
-    ids, the options it takes with their defaults, and what one line of `kvbench fit` says it fits."""
-
-    name: str
-    fit: Callable
-    defaults: dict
-    description: str
-    min_prompts: int = 1  # kvzap holds prompts out to validate
+def declared(name: str) -> Fit:
+    """How fitted press `name` is fitted (its declaration, kvbench.learned.catalog); BadInput for a name that
+    is no fitted press."""
+    if name not in FITTED:
+        raise BadInput(f"unknown fitted press {name!r}: choose one of {', '.join(METHODS)}")
+    return FITTED[name].fit
 
 
 def check_prompts(name: str, prompts: int) -> None:
     """BadInput when the mixture gives fewer prompts than the method fits on."""
-    needed = method(name).min_prompts
+    needed = declared(name).min_prompts
     if prompts < needed:
         raise BadInput(
             f"fit {name} needs {needed} prompts or more, the mixture gives {prompts}: give more --samples"
         )
 
 
-def method(name: str) -> Method:
+def method(name: str):
+    """The module of fitted press `name` (kvbench/learned/fitted/NAME.py): its press class and its
+    `fit(model, tokenizer, contexts, options) -> (tensors, validation)` on (1, P) context ids."""
     import importlib
 
-    if name not in METHODS:
-        raise BadInput(f"unknown fitted press {name!r}: choose one of {', '.join(METHODS)}")
-    return importlib.import_module(f"kvbench.learned.fitted.{name}").METHOD
+    declared(name)
+    return importlib.import_module(f"kvbench.learned.fitted.{name}")
 
 
 def check_options(name: str, options: dict) -> dict:
     """`options` (NAME=VALUE from the command line) over the method's defaults, each of its default's type;
     BadInput for one the method does not take, and for a number that is not finite, negative, or 0 where
     its default is not (a width, a step count or a learning rate of 0 fits nothing)."""
-    defaults = method(name).defaults
+    defaults = declared(name).options
     checked = dict(defaults)
     for key, value in options.items():
         if key not in defaults:
