@@ -280,7 +280,7 @@ class StatePress:
     def build(cls, tensors: dict, card: dict, device):
         return tensors
 
-    def install(self, state, model) -> None:
+    def install(self, state, model, /) -> None:
         raise NotImplementedError
 
     def check_for_model(self, name: str) -> None:

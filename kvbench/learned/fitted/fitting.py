@@ -34,9 +34,10 @@ class FitConfig:
 def declared(name: str) -> Fit:
     """How fitted press `name` is fitted (its declaration, kvbench.learned.catalog); BadInput for a name that
     is no fitted press."""
-    if name not in FITTED:
+    fit = FITTED[name].fit if name in FITTED else None
+    if fit is None:
         raise BadInput(f"unknown fitted press {name!r}: choose one of {', '.join(METHODS)}")
-    return FITTED[name].fit
+    return fit
 
 
 def check_prompts(name: str, prompts: int) -> None:
