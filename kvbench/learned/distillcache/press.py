@@ -23,8 +23,9 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
+from kvbench.bridge import models
 from kvbench.bridge.adapter import language_model
-from kvbench.learned.common import ModelShape, StatePress, load_state, model_shape, save_learned_state
+from kvbench.learned.common import ModelShape, StatePress, load_state, save_learned_state
 from kvbench.learned.distillcache.config import METHOD
 from kvbench.learned.distillcache.policy import FEATURES, WINDOW, DistillCachePolicy, token_features
 
@@ -56,7 +57,7 @@ class DistillCachePress(StatePress, ScorerPress):
 
     def install(self, policy: DistillCachePolicy, model: nn.Module) -> None:
         self.policy = policy
-        self.rotary, self.num_layers = language_model(model).rotary_emb, model_shape(model).num_layers
+        self.rotary, self.num_layers = language_model(model).rotary_emb, models.model_shape(model)["layers"]
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         if "position_ids" in kwargs and kwargs["position_ids"] is not None:
