@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from kvbench.cli.group import LAZY_COMMANDS
 from kvbench.core.errors import TrainingFileError
 from kvbench.learned.catalog import LEARNED
 from kvbench.learned.common import StatePress, read_card
@@ -45,9 +46,10 @@ def test_a_card_without_a_method_is_kvps(tmp_path):
 
 @pytest.mark.parametrize("declared", LEARNED, ids=lambda press: press.name)
 def test_each_declaration_is_what_its_press_reads(declared):
-    """The registry and the commands read a press's declaration; the press reads its own class attributes:
-    they name the same method and state file."""
+    """The registry and the commands read a press's declaration (no entry of their own); the press reads its
+    own class attributes: they name the same method and state file."""
     press = press_class(declared.press)
+    assert LAZY_COMMANDS.get(declared.name) == declared.command  # `kvbench NAME ...`, where it has commands
     assert PRESSES[declared.name].state == LearnedState(
         declared.folder_arg, declared.name, declared.state_file, declared.hashes_text
     )
