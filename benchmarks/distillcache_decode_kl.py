@@ -16,7 +16,7 @@ from pathlib import Path
 from kvbench.bridge.models import load_model
 from kvbench.core.errors import KvbenchError
 from kvbench.core.validation import parse_float, parse_int
-from kvbench.learned.distillcache.checkpoint import load_policy
+from kvbench.learned.distillcache.press import load_policy
 from kvbench.learned.distillcache.train import DistillData, decoding_references, mean_kl, validate_decoding
 
 

@@ -50,14 +50,14 @@ class KVPSoftGates:
 def soft_rows(keep: float, texts: int, length: int, seed: int) -> dict:
     from kvbench.bridge.models import load_model, load_tokenizer
     from kvbench.harness.perplexity import generated_texts
-    from kvbench.learned.common import model_shape
-    from kvbench.learned.gate.checkpoint import default_weights_dir, load_gates
+    from kvbench.learned.common import model_shape, shipped_state_dir
+    from kvbench.learned.gate.press import load_gates
     from kvbench.learned.gate.train import GateTap, soft_nll
     from kvbench.learned.kvp.press import cached_agents
 
     model, _ = load_model()
     shape = model_shape(model)
-    gates, card, digest = load_gates(default_weights_dir(shape.name), shape)
+    gates, card, digest = load_gates(shipped_state_dir("gate", shape.name), shape)
     from kvbench.learned.kvp.checkpoint import CARD_FILE, default_agents_dir
 
     directory = default_agents_dir(shape.name)

@@ -24,13 +24,13 @@ def main() -> None:
     from kvbench.core.errors import KvbenchError
     from kvbench.core.validation import parse_int
     from kvbench.learned.common import check_made_for, read_card
-    from kvbench.learned.gate.checkpoint import METHOD, load_gates, train_command_hint
+    from kvbench.learned.gate.press import GatePress, load_gates
 
     try:  # bad input is one line and exit 2, before the model loads
         count = parse_int(args.val_texts, "--val-texts", 1)
-        hint = train_command_hint(EMBEDDED)
+        hint = GatePress.hint(EMBEDDED)
         for folder in args.folders:
-            check_made_for(read_card(folder, METHOD, hint), EMBEDDED, folder, "gate weights", hint)
+            check_made_for(read_card(folder, GatePress.method, hint), EMBEDDED, folder, "gate weights", hint)
     except KvbenchError as error:
         print(f"gate_validate: {error}", file=sys.stderr)
         sys.exit(2)

@@ -9,7 +9,15 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from kvbench.cli.learned import data_option, datagen, device_option, model_option, out_option, replace_option
+from kvbench.cli.learned import (
+    check_training,
+    data_option,
+    datagen,
+    device_option,
+    model_option,
+    out_option,
+    replace_option,
+)
 from kvbench.cli.types import Number, Whole
 from kvbench.core.errors import BadInput
 from kvbench.core.validation import parse_float
@@ -118,22 +126,17 @@ def train(
     **rest,
 ):
     """Train the policy on datagen output with the model frozen; save the best (by validation) to --out."""
-    from kvbench.bridge.models import check_device, load_model, resolve
+    from kvbench.bridge.models import load_model
     from kvbench.core.provenance import command_line
-    from kvbench.learned.common import check_training_out
     from kvbench.learned.distillcache.config import DistillData
-    from kvbench.store.results import check_folder_writable
 
     given = click.get_current_context().get_parameter_source("interval") is ParameterSource.COMMANDLINE
     if given and rest["credit"] != "per-step":
         raise click.BadParameter(
             f"applies to --credit per-step only (got {rest['credit']})", param_hint="--interval"
         )
-    check_training_out(out, replace, data)
     DistillData(list(data))  # refuse a bad data store, an --out or a device that would fail after training
-    check_folder_writable(out, "--out folder")
-    check_device(device)
-    resolve(model)
+    check_training(out, replace, device, model, data)
     from kvbench.learned.distillcache.train import train as train_policy  # torch: after the checks
 
     config = TrainConfig(

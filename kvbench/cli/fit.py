@@ -3,9 +3,22 @@ download from a hub (kvbench.learned.fitted), on a training mixture's contexts."
 
 import click
 
-from kvbench.cli.learned import device_option, mixture_name, model_option, out_option, replace_option
+from kvbench.cli.learned import (
+    check_training,
+    device_option,
+    mixture_name,
+    model_option,
+    out_option,
+    replace_option,
+)
 from kvbench.cli.types import Whole
-from kvbench.learned.fitted import METHODS
+from kvbench.learned.catalog import FITTED
+
+METHODS = tuple(FITTED)
+# e.g. "kvzap: tokens, hidden_dim, ...; duo_attention: q_len": the options each method takes
+OPTIONS = "; ".join(
+    f"{name}: {', '.join(press.fit.options)}" for name, press in FITTED.items() if press.fit.options
+)
 
 
 def options_of(ctx, param, value: tuple[str, ...]) -> dict:
@@ -41,9 +54,7 @@ def options_of(ctx, param, value: tuple[str, ...]) -> dict:
     "options",
     multiple=True,
     callback=options_of,
-    help="NAME=VALUE of the method (kvzap: tokens, hidden_dim, epochs, lr, batch_size, alpha, seed; "
-    "fastkvzip: dim, sink, steps, batch_size, lr, seed; expected_attention_stats: n_sink; "
-    "duo_attention: q_len).",
+    help=f"NAME=VALUE of the method ({OPTIONS}).",
 )
 def fit(name, out, replace, model, device, mixture, samples, length, seed, options):
     """Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...
@@ -57,18 +68,13 @@ def fit(name, out, replace, model, device, mixture, samples, length, seed, optio
     """
     import time
 
-    from kvbench.bridge.models import check_device, load_model, load_tokenizer, resolve
+    from kvbench.bridge.models import load_model, load_tokenizer
     from kvbench.core.provenance import command_line
-    from kvbench.learned.common import check_training_out
     from kvbench.learned.fitted import FitConfig, card_of, check_options, check_prompts, method, save_fitted
     from kvbench.learned.fitted.data import mixture_contexts
-    from kvbench.store.results import check_folder_writable
 
     config = FitConfig(mixture, samples, length, seed, check_options(name, options))
-    check_training_out(out, replace)
-    check_folder_writable(out, "--out folder")
-    check_device(device)
-    resolve(model)
+    check_training(out, replace, device, model)
     tokenizer = load_tokenizer(model)
     contexts = mixture_contexts(tokenizer, mixture, samples, seed, length)
     check_prompts(name, len(contexts))

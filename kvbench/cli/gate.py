@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from kvbench.cli.learned import device_option, model_option, out_option, replace_option
+from kvbench.cli.learned import check_training, device_option, model_option, out_option, replace_option
 from kvbench.cli.types import Number, Whole
 from kvbench.learned.gate.config import TrainConfig
 
@@ -51,18 +51,13 @@ def gate():
 def train(out, replace, model, device, **options):
     """Train the gates on generated texts with the model frozen; save the best step (lowest validation KL
     + binarise x softness, among steps at the keep fraction)."""
-    from kvbench.bridge.models import check_device, load_model, load_tokenizer, resolve
+    from kvbench.bridge.models import load_model, load_tokenizer
     from kvbench.core.provenance import command_line
-    from kvbench.learned.common import check_training_out
-    from kvbench.learned.gate.checkpoint import save_gates
+    from kvbench.learned.gate.press import save_gates
     from kvbench.learned.gate.train import TRAIN_SEED, VAL_SEED
     from kvbench.learned.gate.train import train as train_gates
-    from kvbench.store.results import check_folder_writable
 
-    check_training_out(out, replace)
-    check_folder_writable(out, "--out folder")
-    check_device(device)
-    resolve(model)
+    check_training(out, replace, device, model)
     config = TrainConfig(**options)
     llm, _ = load_model(model, device=device)
     tokenizer = load_tokenizer(model)
@@ -90,9 +85,9 @@ def token_ids(tokenizer, source: str, count: int, length: int, seed: int) -> lis
 def report(weights):
     """The card of the gates in WEIGHTS: training, validation KL (soft gates vs ungated), mean gate."""
     from kvbench.learned.common import read_card
-    from kvbench.learned.gate.checkpoint import METHOD, train_command_hint
+    from kvbench.learned.gate.press import GatePress
 
-    card = read_card(weights, METHOD, train_command_hint("MODEL"))
+    card = read_card(weights, GatePress.method, GatePress.hint("MODEL"))
     training, validation = card["training"], card["validation"]
     rounded = f", rounded {validation['rounded_kl']:.4f}" if "rounded_kl" in validation else ""
     click.echo(

@@ -14,9 +14,10 @@ import click
 
 from kvbench.bridge.models import first_line
 from kvbench.core.errors import KvbenchError, KvbenchWarning
+from kvbench.learned.catalog import LEARNED
 
 # Commands whose modules are heavy to import (plots, lm-eval, training) load only when called; their one-line
-# help is here so that `kvbench --help` lists them without importing torch.
+# help is here (a learned press's in its declaration) so that `kvbench --help` lists them without torch.
 LAZY_COMMANDS = {
     "export": ("kvbench.cli.interop:export_command", "Write results as kvpress evaluation's output folders."),
     "import": ("kvbench.cli.interop:import_command", "Read kvpress evaluation's output folders as results."),
@@ -24,22 +25,7 @@ LAZY_COMMANDS = {
         "kvbench.cli.report:report",
         "Leaderboards, per-task tables and plots from one or more results folders.",
     ),
-    "kvp": (
-        "kvbench.cli.kvp:kvp",
-        "Make KVP eviction agents for a model: datagen, then train; report shows how good they are.",
-    ),
-    "distillcache": (
-        "kvbench.cli.distillcache:distillcache",
-        "Make a DistillCache eviction policy for a model: datagen, then train; report shows how good it is.",
-    ),
-    "memdecay": (
-        "kvbench.cli.memdecay:memdecay",
-        "MemDecay's per-region half-lives and base priorities, measured on a model (see `calibrate`).",
-    ),
-    "gate": (
-        "kvbench.cli.gate:gate",
-        "Learned sigmoid gates per (layer, KV head): trained soft on the frozen model, evicting hard.",
-    ),
+    **{press.name: press.command for press in LEARNED if press.command},  # `kvbench gate`, ...
     "fit": (
         "kvbench.cli.fit:fit",
         "Fit offline, for any model, the state kvpress downloads for qfilter, kvzap, duo_attention, ...",

@@ -41,6 +41,19 @@ data_option = click.option(
 )
 
 
+def check_training(out: Path, replace: bool, device: str, model: str, data: tuple[Path, ...] = ()) -> None:
+    """What a command that trains or fits a press's state checks before it loads anything: --out (no data
+    store, no learned state there without --replace, writable), --device and --model."""
+    from kvbench.bridge.models import check_device, resolve
+    from kvbench.learned.common import check_training_out
+    from kvbench.store.results import check_folder_writable
+
+    check_training_out(out, replace, data)
+    check_folder_writable(out, "--out folder")
+    check_device(device)
+    resolve(model)
+
+
 def seedless_reason(task: str) -> str | None:
     """Why a task's samples are known not to change with the seed (None if not known): such a task would
     train on evaluation's samples. Datagen also checks every task by drawing a sample at two seeds."""

@@ -41,6 +41,7 @@ from kvbench.core.registry import (
     source_of,
 )
 from kvbench.core.validation import parse_value
+from kvbench.learned.catalog import LEARNED
 
 _DEFAULT_INNER = "snapkv"
 
@@ -220,6 +221,23 @@ def _build_cam(ratio, inner="knorm", **args):
     return cam(base_press=_inner_scorer(inner), target_compression_ratio=ratio, **args)
 
 
+def learned_specs(fitted: bool) -> list[PressSpec]:
+    """The specs of the learned presses (`fitted=False`) or of the fitted ones, from their declarations
+    (kvbench.learned.catalog)."""
+    return [
+        PressSpec(
+            press.name,
+            press.description,
+            scorer(press.press, press.ratio_field),
+            state=LearnedState(press.folder_arg, press.name, press.state_file, press.hashes_text),
+            prefill_only=press.prefill_only,
+            caveat=press.caveat,
+        )
+        for press in LEARNED
+        if (press.fit is not None) == fitted
+    ]
+
+
 _SPECS = [
     PressSpec("none", "no compression (the reference)", None),
     PressSpec("knorm", "evict keys with the largest L2 norm", scorer("KnormPress")),
@@ -253,30 +271,7 @@ _SPECS = [
         scorer("kvbench.presses.h2o:H2OPress"),
         ("eager",),
     ),
-    PressSpec(
-        "kvp",
-        "KVP: learned per-head eviction agents (presses/kvp/<model>/)",
-        scorer("kvbench.learned.kvp.press:KVPPress"),
-        state=LearnedState("agents", "kvp", "agents.safetensors"),
-    ),
-    PressSpec(
-        "distillcache",
-        "DistillCache: learned KL-rewarded eviction policy (presses/distillcache/<model>/)",
-        scorer("kvbench.learned.distillcache.press:DistillCachePress"),
-        state=LearnedState("weights", "distillcache", "policy.safetensors"),
-    ),
-    PressSpec(
-        "memdecay",
-        "MemDecay: region priorities decaying since last attended, page eviction (presses/memdecay/<model>/)",
-        scorer("kvbench.learned.memdecay.press:MemDecayPress"),
-        state=LearnedState("calibration", "memdecay", "calibration.json", hashes_text=True),
-    ),
-    PressSpec(
-        "gate",
-        "Gate: learned sigmoid gates per KV head, trained soft, evicting by gate (presses/gate/<model>/)",
-        scorer("kvbench.learned.gate.press:GatePress"),
-        state=LearnedState("weights", "gate", "gates.safetensors"),
-    ),
+    *learned_specs(fitted=False),
     PressSpec("keydiff", "evict keys most similar to the mean key", scorer("KeyDiffPress")),
     PressSpec("lagkv", "lag-relative statistics of keys and values", scorer("LagKVPress")),
     PressSpec(
@@ -408,45 +403,7 @@ _SPECS = [
         codec("kvbench.presses.qevict:QEvictPress"),
         codec=True,
     ),
-    PressSpec(
-        "qfilter",
-        "Q-Filters: kvpress's press, filters fitted by `kvbench fit qfilter` (presses/qfilter/<model>/)",
-        scorer("kvbench.learned.fitted.qfilter:FittedQFilterPress"),
-        state=LearnedState("weights", "qfilter", "state.safetensors"),
-    ),
-    PressSpec(
-        "kvzap",
-        "KVzap: kvpress's press, surrogates fitted by `kvbench fit kvzap` (presses/kvzap/<model>/)",
-        scorer("kvbench.learned.fitted.kvzap:FittedKVzapPress"),
-        state=LearnedState("weights", "kvzap", "state.safetensors"),
-        prefill_only=True,
-        caveat="kvpress's KVzapPress scores only the forward's new tokens (from their hidden states): it "
-        "compresses a prefill, not a cache again (kvpress pairs it with DMSPress to compress while decoding)",
-    ),
-    PressSpec(
-        "fastkvzip",
-        "Fast KVzip: kvpress's press, gates fitted by `kvbench fit fastkvzip` (presses/fastkvzip/<model>/)",
-        scorer("kvbench.learned.fitted.fastkvzip:FittedFastKVzipPress"),
-        state=LearnedState("weights", "fastkvzip", "state.safetensors"),
-        caveat="one budget over all layers (kvpress's layerwise=False evicts the lowest gate scores of the "
-        "whole cache, rounded down once): a layer can hold more than the ratio's share (174 for 172 at "
-        "ratio 0.1 of 96 tokens)",
-    ),
-    PressSpec(
-        "expected_attention_stats",
-        "expected attention: kvpress's press, query statistics fitted by `kvbench fit` (presses/NAME/MODEL/)",
-        scorer("kvbench.learned.fitted.expected_attention_stats:FittedExpectedAttentionStatsPress"),
-        state=LearnedState("weights", "expected_attention_stats", "state.safetensors"),
-    ),
-    PressSpec(
-        "duo_attention",
-        "DuoAttention: kvpress's press, head patterns fitted by `kvbench fit duo_attention`",
-        scorer("kvbench.learned.fitted.duo_attention:FittedDuoAttentionPress", "head_compression_ratio"),
-        state=LearnedState("weights", "duo_attention", "state.safetensors"),
-        caveat="its ratio is kvpress's head_compression_ratio, the share of heads made streaming; a "
-        "streaming head keeps its 128 sink and 256 recent tokens, so the entries kept are not the ratio's "
-        "(none removed under 384 tokens)",
-    ),
+    *learned_specs(fitted=True),
     PressSpec(
         "restorekv",
         "RestoreKV: KVzip plus learned restore tokens (LoRA adapters downloaded per model; published for "

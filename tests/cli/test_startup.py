@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from kvbench.core.errors import did_you_mean
+from kvbench.learned.catalog import LEARNED
 
 HEAVY = ("torch", "transformers", "kvpress", "pandas")
 
@@ -126,7 +127,7 @@ def test_tokenizer_files_give_the_samples_transformers_tokenizer_gives(task, len
 
 @pytest.mark.parametrize(
     ("press", "press_args"),
-    [("kvp", {}), ("distillcache", {}), ("memdecay", {}), ("adakv", {"inner": "kvp"}), ("knorm", {})],
+    [*((press.name, {}) for press in LEARNED), ("adakv", {"inner": "kvp"}), ("knorm", {})],
 )
 def test_learned_state_digests_from_files_are_those_the_built_presses_load(press, press_args, embedded_model):
     from kvbench.presses import build_press, press_state, press_state_from_files

@@ -15,11 +15,11 @@ from kvbench.core.config import Config
 from kvbench.engine import decoder, evaluate_sample, steps
 from kvbench.engine import evaluate as engine
 from kvbench.engine.decoder import BatchedDecoder
-from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.policy import DistillCachePolicy
+from kvbench.learned.distillcache.press import save_policy
 from kvbench.learned.fitted import METHODS
-from kvbench.learned.gate.checkpoint import save_gates
 from kvbench.learned.gate.gates import GateSet
+from kvbench.learned.gate.press import save_gates
 from kvbench.learned.kvp.agent import KVPAgents
 from kvbench.learned.kvp.checkpoint import model_shape, save_agents
 from kvbench.presses import PRESSES, config_press, needs_eager

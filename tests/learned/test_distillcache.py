@@ -14,8 +14,8 @@ from kvbench.learned.common import MANIFEST_FILE, SHARED, TrainingFileError, mod
 from kvbench.learned.common.datagen import capture_prompt
 from kvbench.learned.common.ranking import sample_rankings
 from kvbench.learned.distillcache import train as training
-from kvbench.learned.distillcache.checkpoint import WEIGHTS_FILE, load_policy, save_policy
 from kvbench.learned.distillcache.policy import ARCHS, DistillCachePolicy, keep_order_log_prob, token_features
+from kvbench.learned.distillcache.press import DistillCachePress, load_policy, save_policy
 from kvbench.learned.distillcache.train import DistillData, TrainConfig, compressed_log_probs, kl_rewards
 from kvbench.presses import build_press, press_state
 
@@ -255,8 +255,8 @@ def test_bad_weights_are_one_line_errors(tmp_path, tiny_model):
     random_policy(model, tmp_path / "other", num_layers=30)
     one_line_error(lambda: load_policy(tmp_path / "other", shape), "were made for")
     random_policy(model, tmp_path / "corrupt")
-    (tmp_path / "corrupt" / WEIGHTS_FILE).write_bytes(b"not safetensors")
-    one_line_error(lambda: load_policy(tmp_path / "corrupt", shape), f"{WEIGHTS_FILE} is corrupt")
+    (tmp_path / "corrupt" / DistillCachePress.state_file).write_bytes(b"not safetensors")
+    one_line_error(lambda: load_policy(tmp_path / "corrupt", shape), "policy.safetensors is corrupt")
     random_policy(model, tmp_path / "kvp")
     card = json.loads((tmp_path / "kvp" / "card.json").read_text())
     (tmp_path / "kvp" / "card.json").write_text(json.dumps({**card, "method": "kvp"}))

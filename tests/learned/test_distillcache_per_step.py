@@ -4,10 +4,9 @@ from kvpress import DecodingPress
 from kvbench.bridge.adapter import keep_cache_order
 from kvbench.learned.common import model_shape
 from kvbench.learned.common.datagen import capture_prompt
-from kvbench.learned.distillcache.checkpoint import load_policy
 from kvbench.learned.distillcache.per_step import decode_rollout, per_step_loss
 from kvbench.learned.distillcache.policy import keep_count
-from kvbench.learned.distillcache.press import DistillCachePress
+from kvbench.learned.distillcache.press import DistillCachePress, load_policy
 from tests.learned.test_distillcache import prefill, random_policy
 
 

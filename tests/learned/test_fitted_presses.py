@@ -13,6 +13,7 @@ from kvpress.presses import expected_attention_with_stats, fastkvzip_press, kvza
 from transformers import DynamicCache
 
 from kvbench.cli import main
+from kvbench.learned.catalog import FITTED
 from kvbench.learned.common import TrainingFileError
 from kvbench.learned.fitted import (
     FitConfig,
@@ -26,8 +27,8 @@ from kvbench.learned.fitted import (
 )
 from kvbench.presses import build_press
 
-KVZAP_OPTIONS = {**kvzap.METHOD.defaults, "hidden_dim": 8, "epochs": 2, "tokens": 16}
-FASTKVZIP_OPTIONS = {**fastkvzip.METHOD.defaults, "steps": 3, "batch_size": 32}
+KVZAP_OPTIONS = {**FITTED["kvzap"].fit.options, "hidden_dim": 8, "epochs": 2, "tokens": 16}
+FASTKVZIP_OPTIONS = {**FITTED["fastkvzip"].fit.options, "steps": 3, "batch_size": 32}
 SMALL_OPTIONS = {"kvzap": KVZAP_OPTIONS, "fastkvzip": FASTKVZIP_OPTIONS}
 
 

@@ -11,8 +11,8 @@ from transformers import DynamicCache
 from kvbench.cli import main
 from kvbench.engine.steps import kv_counts
 from kvbench.learned.common import TrainingFileError, model_shape
-from kvbench.learned.gate.checkpoint import WEIGHTS_FILE, load_gates, save_gates
 from kvbench.learned.gate.gates import GateSet, soft_gates
+from kvbench.learned.gate.press import GatePress, load_gates, save_gates
 from kvbench.learned.gate.train import RoundedGates, TrainConfig, train
 from kvbench.presses import build_press
 
@@ -196,7 +196,7 @@ def test_bad_checkpoints_are_one_line_exit_2(tiny_llama_dir, tmp_path):
     shape = write_checkpoint(tmp_path / "other", tiny_llama_dir, name="some-other-model", identity="0" * 16)
     write_checkpoint(tmp_path / "shape", tiny_llama_dir, head_dim=shape.head_dim * 2)
     write_checkpoint(tmp_path / "weights", tiny_llama_dir)
-    (tmp_path / "weights" / WEIGHTS_FILE).write_bytes(b"not safetensors")
+    (tmp_path / "weights" / GatePress.state_file).write_bytes(b"not safetensors")
     write_checkpoint(tmp_path / "card", tiny_llama_dir)
     (tmp_path / "card" / "card.json").write_text("{not json")
     cases = {

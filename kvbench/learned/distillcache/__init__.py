@@ -5,6 +5,6 @@ samples keep-sets (Gumbel-top-k); its training data is the learned presses' shar
 (learned.common.datagen: per training prompt of the mixture, the features, keys and values of the context
 and the uncompressed model's next-token distributions over a teacher-forced continuation, among others);
 train.py runs the frozen model on caches compressed by sampled keep-sets and reinforces the keep-sets whose
-next-token distributions stay closest (KL) to the uncompressed ones; checkpoint.py reads and writes the
-policy; kvbench/learned/distillcache/press.py is the press.
+next-token distributions stay closest (KL) to the uncompressed ones; press.py is the press, and reads and
+writes the policy (the learned presses' one format, kvbench.learned.common.state).
 """

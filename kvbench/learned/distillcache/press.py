@@ -16,7 +16,6 @@ entropy bonus, EMA weights, prefill-time scoring with no forced sinks or window 
 position and may learn them).
 """
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,57 +23,41 @@ import torch
 from kvpress import ScorerPress
 from torch import nn
 
+from kvbench.bridge import models
 from kvbench.bridge.adapter import language_model
-from kvbench.learned.common import (
-    check_made_for,
-    load_weights,
-    model_shape,
-    read_card,
-    state_folder,
-    state_version,
-)
-from kvbench.learned.distillcache.checkpoint import (
-    METHOD,
-    WEIGHTS_FILE,
-    load_policy,
-    train_command_hint,
-)
-from kvbench.learned.distillcache.policy import DistillCachePolicy, token_features
-
-
-@functools.lru_cache(maxsize=4)
-def cached_policy(directory: Path, shape, modified_ns: int, device: torch.device):
-    """The policy loaded once per (folder, model shape, version on disk, device); a sweep reuses it."""
-    policy, card, digest = load_policy(directory, shape)
-    return policy.to(device).eval().requires_grad_(False), card, digest
+from kvbench.learned.common import ModelShape, StatePress, load_state, save_learned_state
+from kvbench.learned.distillcache.config import METHOD
+from kvbench.learned.distillcache.policy import FEATURES, WINDOW, DistillCachePolicy, token_features
 
 
 @dataclass
-class DistillCachePress(ScorerPress):
+class DistillCachePress(StatePress, ScorerPress):
     """Keep the entries the DistillCache policy scores highest, per layer and KV head.
 
     weights: folder holding policy.safetensors + card.json; default presses/distillcache/<model name>/.
     """
 
     compression_ratio: float = 0.0
-    weights: str | None = None
     policy: DistillCachePolicy | None = field(default=None, init=False, repr=False, compare=False)
     rotary: nn.Module | None = field(default=None, init=False, repr=False, compare=False)
     num_layers: int = field(default=0, init=False, repr=False, compare=False)
-    state_digest: str | None = field(default=None, init=False, repr=False, compare=False)  # of the weights
 
-    def check_for_model(self, name: str) -> None:
-        """Refuse (one line) a missing or corrupt card, one made for another model, or weights missing,
-        corrupt or not finite, before the model loads; the KV-cache shape is checked once it has."""
-        directory, hint = state_folder(self.weights, METHOD, name), train_command_hint(name)
-        check_made_for(read_card(directory, METHOD, hint), name, directory, "DistillCache weights", hint)
-        load_weights(directory / WEIGHTS_FILE, hint)
+    method, state_file, what = METHOD, "policy.safetensors", "DistillCache weights"
 
-    def post_init_from_model(self, model: nn.Module) -> None:
-        shape = model_shape(model)
-        directory, modified = state_version(state_folder(self.weights, METHOD, shape.name))
-        self.policy, _, self.state_digest = cached_policy(directory, shape, modified, model.device)
-        self.rotary, self.num_layers = language_model(model).rotary_emb, shape.num_layers
+    @classmethod
+    def build(cls, tensors: dict, card: dict, device) -> DistillCachePolicy:
+        """The policy of the card's architecture (cards from before per-head: shared)."""
+        arch = (card.get("policy") or {}).get("arch", "shared")
+        if arch == "per-head":
+            policy = DistillCachePolicy(tensors["w1"].shape[-1], arch, tuple(tensors["w1"].shape[:2]))
+        else:
+            policy = DistillCachePolicy(tensors["net.0.weight"].shape[0], arch)
+        policy.load_state_dict(tensors)
+        return policy.to(device).eval().requires_grad_(False)
+
+    def install(self, policy: DistillCachePolicy, model: nn.Module) -> None:
+        self.policy = policy
+        self.rotary, self.num_layers = language_model(model).rotary_emb, models.model_shape(model)["layers"]
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         if "position_ids" in kwargs and kwargs["position_ids"] is not None:
@@ -85,3 +68,18 @@ class DistillCachePress(ScorerPress):
             module, hidden_states, keys, values, self.rotary, last_position, self.num_layers
         )
         return self.policy(features, module.layer_idx)
+
+
+def save_policy(directory: Path, policy: DistillCachePolicy, card: dict) -> None:
+    """`policy.safetensors` (MLP weights, feature standardisation) and `card.json` (the model's shape, the
+    features, the training config and time, the data summary, the validation KL beside the reference
+    presses, the command)."""
+    policy_card = {"arch": policy.arch, "hidden": policy.hidden, "features": list(FEATURES), "window": WINDOW}
+    card = {"method": METHOD, **card, "policy": policy_card}
+    save_learned_state(directory, DistillCachePress.state_file, policy, card)
+
+
+def load_policy(directory: Path, shape: ModelShape | None = None) -> tuple[DistillCachePolicy, dict, str]:
+    """The policy, its card and the digest of its weights file; refused (one line) when missing, corrupt or
+    made for another model than `shape`."""
+    return load_state(DistillCachePress, directory, shape)

@@ -28,7 +28,6 @@ from transformers import DynamicCache
 from kvbench.core.provenance import git_commit
 from kvbench.learned.common import TrainingFileError, model_shape
 from kvbench.learned.common.ranking import sample_rankings
-from kvbench.learned.distillcache.checkpoint import save_policy
 from kvbench.learned.distillcache.config import CREDITS, TENSORS, DistillData, TrainConfig  # noqa: F401
 from kvbench.learned.distillcache.per_step import decision_log_prob, decode_rollout, per_step_loss
 from kvbench.learned.distillcache.policy import (
@@ -38,6 +37,7 @@ from kvbench.learned.distillcache.policy import (
     keep_count,
     keep_order_log_prob,
 )
+from kvbench.learned.distillcache.press import save_policy
 
 REFERENCES = ("knorm", "snapkv", "random")
 

@@ -17,7 +17,7 @@ from kvpress import DuoAttentionPress
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kvbench.bridge.adapter import language_model, query_states
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.press import FittedState
 
 SINK_SIZE, RECENT_SIZE = 128, 256  # kvpress's on-the-fly calibration's
 
@@ -65,11 +65,3 @@ class FittedDuoAttentionPress(FittedState, DuoAttentionPress):
         patterns = (sink, recent, tensors["head_scores"].double().numpy())
         self.load_attention_pattern = lambda model: patterns  # the loader kvpress's post_init calls
         DuoAttentionPress.post_init_from_model(self, model)
-
-
-METHOD = Method(
-    "duo_attention",
-    fit,
-    {"q_len": 500},
-    "retrieval and streaming heads by the area under the mean query's cumulated attention",
-)

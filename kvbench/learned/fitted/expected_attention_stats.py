@@ -13,7 +13,7 @@ import torch
 from kvpress import ExpectedAttentionStatsPress
 
 from kvbench.bridge.adapter import query_states
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.press import FittedState
 
 
 def fit(model, tokenizer, contexts: list, options: dict) -> tuple[dict, dict]:
@@ -55,11 +55,3 @@ class FittedExpectedAttentionStatsPress(FittedState, ExpectedAttentionStatsPress
     def install(self, tensors: dict, model) -> None:
         self.mu = tensors["query_mean"].to(model.device, dtype=model.dtype)
         self.cov = tensors["query_cov"].to(model.device, dtype=model.dtype)
-
-
-METHOD = Method(
-    "expected_attention_stats",
-    fit,
-    {"n_sink": 4},
-    "mean and covariance of the queries before RoPE per layer and head",
-)

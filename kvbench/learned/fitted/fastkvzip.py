@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from kvbench.bridge.adapter import attention_hooks
 from kvbench.learned.common.datagen import reconstruction_prompt_ids, reconstruction_score
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.press import FittedState
 
 
 def kvzip_targets(model, context_ids: torch.Tensor, repeat_ids: list[int]):
@@ -154,11 +154,3 @@ class FittedFastKVzipPress(FittedState, FastKVzipPress):
                 gate = gate.to(model.dtype)
             gates.append(gate.to(model.device))
         self.gates = gates
-
-
-METHOD = Method(
-    "fastkvzip",
-    fit,
-    {"dim": 16, "sink": 16, "steps": 5000, "batch_size": 1000, "lr": 0.2, "seed": 0},
-    "a low-rank sink-attention gate per layer, distilled from KVzip's scores",
-)

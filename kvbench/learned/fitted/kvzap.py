@@ -24,7 +24,7 @@ from kvbench.bridge import models
 from kvbench.bridge.adapter import attention_hooks, attention_implementation
 from kvbench.core.errors import TrainingFileError
 from kvbench.learned.common.datagen import reconstruction_prompt_ids
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.press import FittedState
 
 TYPES = ("linear", "mlp")
 
@@ -177,12 +177,3 @@ class FittedKVzapPress(FittedState, KVzapPress):
             raise TrainingFileError(f"{self.weights or 'kvzap state'}: {models.first_line(error)}") from None
         self.kvzap_model = kvzap.to(model.device).eval()
         self.kvzap_model_name = f"{self.model_type}:{self.state_digest}"
-
-
-METHOD = Method(
-    "kvzap",
-    fit,
-    {"tokens": 500, "hidden_dim": 512, "epochs": 15, "lr": 5e-3, "batch_size": 512, "alpha": 1.0, "seed": 0},
-    "linear and MLP surrogates of KVzip+ scores per layer, from the hidden states",
-    min_prompts=2,
-)

@@ -15,7 +15,7 @@ import torch
 from kvpress import QFilterPress
 
 from kvbench.bridge.adapter import query_states
-from kvbench.learned.fitted import FittedState, Method
+from kvbench.learned.fitted.press import FittedState
 
 
 def fit(model, tokenizer, contexts: list, options: dict) -> tuple[dict, dict]:
@@ -61,6 +61,3 @@ class FittedQFilterPress(FittedState, QFilterPress):
 
     def install(self, tensors: dict, model) -> None:
         self.q_filters = tensors["q_filters"].to(model.dtype)
-
-
-METHOD = Method("qfilter", fit, {}, "one filter direction per (layer, KV head) from the queries' SVD")

@@ -5,6 +5,6 @@ differentiable gate attenuates a token's contribution, at inference memory is sa
 physically removed). gates.py holds the gates (g_j = sigmoid(w . [k_j; v_j] + b), one (w, b) per layer and
 KV head) and the soft attention (log g_j added to the attention logits of every later query); train.py
 trains them on the frozen model (KL to the ungated next-token distribution + a sparsity term to a target
-keep fraction); checkpoint.py reads and writes them; press.py is the hard press (`--press gate`): entries
-evicted by gate rank to the budget.
+keep fraction); press.py is the hard press (`--press gate`), entries evicted by gate rank to the budget,
+and the gates' files (the learned presses' one format, kvbench.learned.common.state).
 """

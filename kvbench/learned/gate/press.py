@@ -7,36 +7,20 @@ other evictor (the engine and the live-cache protocol set the ratio or target si
 live in a folder (default presses/gate/<model name>/) made by `kvbench gate train`.
 """
 
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 from kvpress import ScorerPress
-from torch import nn
 
-from kvbench.learned.common import (
-    check_made_for,
-    load_weights,
-    model_shape,
-    read_card,
-    state_folder,
-    state_version,
-)
-from kvbench.learned.gate.checkpoint import METHOD, WEIGHTS_FILE, load_gates, train_command_hint
+from kvbench.core import resources
+from kvbench.learned.common import ModelShape, StatePress, load_state, save_learned_state, shipped_state_dir
 from kvbench.learned.gate.gates import GateSet
 
 
-@functools.lru_cache(maxsize=4)
-def cached_gates(directory: Path, shape, modified_ns: int, device: torch.device):
-    """The gates loaded once per (folder, model shape, version on disk, device)."""
-    gates, card, digest = load_gates(directory, shape)
-    return gates.to(device).eval().requires_grad_(False), card, digest
-
-
 @dataclass
-class GatePress(ScorerPress):
+class GatePress(StatePress, ScorerPress):
     """Keep the entries of highest learned gate, per layer and KV head.
 
     weights: folder holding gates.safetensors + card.json; default presses/gate/<model name>/.
@@ -44,21 +28,36 @@ class GatePress(ScorerPress):
 
     ratio_free_scores: ClassVar[bool] = True  # the gates do not depend on the ratio
     compression_ratio: float = 0.0
-    weights: str | None = None
     gates: GateSet | None = field(default=None, init=False, repr=False, compare=False)
-    state_digest: str | None = field(default=None, init=False, repr=False, compare=False)
 
-    def check_for_model(self, name: str) -> None:
-        """Refuse (one line) a missing or corrupt card, one made for another model, or weights missing,
-        corrupt or not finite, before the model loads; the KV-cache shape is checked once it has."""
-        directory, hint = state_folder(self.weights, METHOD, name), train_command_hint(name)
-        check_made_for(read_card(directory, METHOD, hint), name, directory, "gate weights", hint)
-        load_weights(directory / WEIGHTS_FILE, hint)
+    method, state_file, what = "gate", "gates.safetensors", "gate weights"
 
-    def post_init_from_model(self, model: nn.Module) -> None:
-        shape = model_shape(model)
-        directory, modified = state_version(state_folder(self.weights, METHOD, shape.name))
-        self.gates, _, self.state_digest = cached_gates(directory, shape, modified, model.device)
+    @classmethod
+    def hint(cls, name: str) -> str:
+        out = resources.out_option(shipped_state_dir(cls.method, name), "weights")
+        return f"kvbench gate train --model {name} {out}"
+
+    @classmethod
+    def build(cls, tensors: dict, card: dict, device) -> GateSet:
+        shape = ModelShape(**card["model"])
+        gates = GateSet(shape.num_layers, shape.num_kv_heads, shape.head_dim)
+        gates.load_state_dict(tensors)
+        return gates.to(device).eval().requires_grad_(False)
+
+    def install(self, gates: GateSet, model) -> None:
+        self.gates = gates
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         return self.gates.logits(module.layer_idx, keys, values).to(keys.dtype)
+
+
+def save_gates(directory: Path, gates: GateSet, card: dict) -> None:
+    """`gates.safetensors` (weight (layers, kv_heads, 2 head_dim), bias (layers, kv_heads)) and `card.json`
+    (the model's shape, the training config, data, steps, time, validation KL)."""
+    save_learned_state(directory, GatePress.state_file, gates, {"method": GatePress.method, **card})
+
+
+def load_gates(directory: Path, shape: ModelShape | None = None) -> tuple[GateSet, dict, str]:
+    """The gates, their card and the digest of the weights file; refused in one line when missing, corrupt
+    or made for another model than `shape`."""
+    return load_state(GatePress, directory, shape)

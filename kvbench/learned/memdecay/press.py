@@ -24,6 +24,7 @@ from kvbench.bridge import models
 from kvbench.core import resources
 from kvbench.core.errors import MemDecayError
 from kvbench.core.validation import STRICT, Count, check_json, parse_json, read_text
+from kvbench.learned.common import shipped_state_dir
 from kvbench.presses.queries import (
     SCORED_QUERIES,
     Scored,
@@ -39,7 +40,7 @@ CALIBRATION_FILE = "calibration.json"
 
 def default_calibration_dir(model_name: str) -> Path:
     """Where the shipped calibration of a model lives: presses/memdecay/<name>/ (kvbench.core.resources)."""
-    return resources.learned_state_dir("memdecay", model_name.replace("/", "--"))
+    return shipped_state_dir("memdecay", model_name)
 
 
 def calibrate_command(model_name: str) -> str:
