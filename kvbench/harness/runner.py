@@ -464,7 +464,7 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
 def press_source(config: Config) -> dict | None:
     """Where a config's press comes from if it is a user's (`registry.Source`), as its rows record it; None
     for kvbench's."""
-    source = press_of(config).source
+    source = press_of(config).spec.source
     return source.as_dict() if source is not None else None
 
 
@@ -622,7 +622,7 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
         "model": plan.model,
         "configs": [config.as_record() for config in plan.configs],
         **(
-            {"press_sources": {name: resolve(name).source.as_dict() for name in plan.user_presses}}
+            {"press_sources": {name: resolve(name).spec.source.as_dict() for name in plan.user_presses}}
             if plan.user_presses
             else {}
         ),
