@@ -559,17 +559,6 @@ def resolve_press(press: object, name: str | None = None) -> str:
     return name
 
 
-def user_presses() -> dict[str, str]:
-    """The presses registered from a user's target: name -> target, what a Ray worker registers again."""
-    return {name: spec.source.target for name, spec in PRESSES.entries.items() if spec.source is not None}
-
-
-def register_user_presses(targets: dict[str, str]) -> None:
-    """Register `user_presses()` of another process (a Ray worker's copy of the plan's)."""
-    for name, target in targets.items():
-        resolve_press(target, name)
-
-
 # kvpress's exported presses that the registry does not build, and why (tests/presses/test_kvpress_presses.py
 # fails on an exported press that is neither registered nor here, so a new kvpress release cannot add one
 # unseen).
