@@ -95,13 +95,17 @@ class Factory:
     # A wrapper's default inner press: the factory is given the press its `inner` argument names, resolved
     # (a ResolvedPress); "" for a press that wraps none.
     inner: str = ""
+    # A chain's default presses ("a+b"): the factory is given those its `presses` argument names, resolved
+    # (a tuple of ResolvedPress); "" for a press that chains none.
+    chains: str = ""
 
     def __call__(self, ratio: float, **press_args):
         return self.build(ratio, **press_args)
 
 
-def builds(path: str, *own_args: str, inner: str = "") -> Callable[[Callable], Factory]:
-    return lambda build: Factory(build, path, own_args + (("inner",) if inner else ()), inner)
+def builds(path: str, *own_args: str, inner: str = "", chains: str = "") -> Callable[[Callable], Factory]:
+    named = (("inner",) if inner else ()) + (("presses",) if chains else ())
+    return lambda build: Factory(build, path, own_args + named, inner, chains)
 
 
 def scorer(path: str, ratio_field: str = "compression_ratio") -> Factory:
@@ -173,23 +177,26 @@ def _build_per_layer(ratio, inner, compression_ratios=None, **args):
     return press_class("PerLayerCompressionPress")(press=scorer, compression_ratios=ratios, **args)
 
 
-@builds("ComposedPress", "presses")
-def _build_composed(ratio, presses="snapkv+think"):
+@builds("ComposedPress", chains="snapkv+think")
+def _build_composed(ratio, presses):
     """kvpress's ComposedPress over registry presses, each built at the config's ratio (each its own knob:
     think's is its share of key channels), as kvpress's evaluation builds its `snap_think`."""
     chained = []
-    for name in listed(presses, str):
-        spec = PRESSES.get(name)
-        chainable = spec is not None and spec.factory is not None and not (spec.codec or spec.knob)
-        press = build_press(name, ratio) if chainable else None
+    for part in presses:
+        spec = part.spec
+        chainable = spec.factory is not None and not (spec.codec or spec.knob)
+        press = part.build(ratio) if chainable else None
         if press is None or not _compresses_in_the_hook(press):
-            raise UnknownPress(
-                f"press {name!r} cannot be composed: ComposedPress chains evictors that compress in "
-                "kvpress's hook at a ratio (not adakv, kvzip, codecs, decoding presses or presses that "
-                "change the forward)"
-            )
+            raise not_composable(spec.name)
         chained.append(press)
     return press_class("ComposedPress")(chained)
+
+
+def not_composable(name) -> UnknownPress:
+    return UnknownPress(
+        f"press {name!r} cannot be composed: ComposedPress chains evictors that compress in kvpress's hook "
+        "at a ratio (not adakv, kvzip, codecs, decoding presses or presses that change the forward)"
+    )
 
 
 def _compresses_in_the_hook(press) -> bool:
@@ -660,14 +667,16 @@ def unknown_press(name: str) -> UnknownPress:
 class ResolvedPress:
     """A press resolved once from the registry (`resolve`): its entry (`spec`: factory, source and digest,
     what it declares: codec, knob, prefill-only, needs; read there, as `resolved.spec.codec`) with its
-    arguments, and the press its `inner` argument names (a wrapper's default included), resolved with it
-    and handed to the wrapper's factory. Configs carry it (`Config.resolved`); checks, the planner, the
-    engine and the wrappers ask it, never the registry. It pickles as its spec (name, a user's target,
-    arguments): a Ray worker resolves it again in its own registry."""
+    arguments, and the press its `inner` argument names (a wrapper's default included) or the presses its
+    `presses` argument chains (`composed`), resolved with it and handed to its factory. Configs carry it
+    (`Config.resolved`); checks, the planner, the engine and the wrappers ask it, never the registry. It
+    pickles as its spec (name, a user's target, arguments): a Ray worker resolves it again in its own
+    registry."""
 
     spec: PressSpec
     args: tuple[tuple[str, Any], ...] = ()
     inner: "ResolvedPress | None" = None  # the press named by `inner` (or its default), for wrappers
+    parts: "tuple[ResolvedPress, ...]" = ()  # the presses named by `presses` (or its default), for chains
 
     @property
     def needs_eager(self) -> bool:
@@ -678,7 +687,7 @@ class ResolvedPress:
 
     def __reduce__(self):
         target = self.spec.source.target if self.spec.source is not None else None
-        return (_resolved_again, (self.spec.name, target, self.args, self.inner))
+        return (_resolved_again, (self.spec.name, target, self.args, self.inner, self.parts))
 
     def check_args(self) -> None:
         """Refuse unknown press arguments and values that do not fit the press's dataclass fields
@@ -744,6 +753,8 @@ class ResolvedPress:
             press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
         if self.wraps:
             press_args["inner"] = self.inner
+        if spec.factory.chains:
+            press_args["presses"] = self.parts
         if spec.source is not None:
             return _built_by_user(spec, ratio, press_args)
         try:
@@ -822,12 +833,20 @@ def resolve(name: str, press_args: dict | tuple = ()) -> ResolvedPress:
         raise UnknownPress(
             f"inner press {inner!r} is not a press that can be wrapped{did_you_mean(str(inner), wrappable)}"
         )
+    if spec.factory is not None and spec.factory.chains:
+        names = listed(dict(args).get("presses", spec.factory.chains), str)
+        unknown = [name for name in names if name not in PRESSES]
+        if unknown:
+            raise not_composable(unknown[0])
+        resolved = dataclasses.replace(resolved, parts=tuple(resolve(name) for name in names))
     return resolved
 
 
-def _resolved_again(name: str, target: str | None, args: tuple, inner: ResolvedPress | None) -> ResolvedPress:
+def _resolved_again(
+    name: str, target: str | None, args: tuple, inner: ResolvedPress | None, parts: tuple = ()
+) -> ResolvedPress:
     """A ResolvedPress unpickled in another process (a Ray worker): a user's press registered there from
-    its target first (`inner`, unpickled before, has registered itself)."""
+    its target first (`inner` and `parts`, unpickled before, have registered themselves)."""
     if target is not None:
         resolve_press(target, name)
     return resolve(name, args)

@@ -275,11 +275,13 @@ def test_a_planned_press_is_resolved_once_and_carried(monkeypatch):
         ("dms", {"threshold": 0.5}, "DMSPress"),
         ("per_layer_compression", {"compression_ratios": "0.1,0.2"}, "PerLayerCompressionPress"),
         ("cam", {}, "CAMRatioPress"),
+        ("composed", {"presses": "knorm+tova"}, "ComposedPress"),
+        ("composed", {}, "ComposedPress"),
     ],
 )
 def test_a_wrapper_is_resolved_with_its_inner_press(monkeypatch, name, args, built):
-    """A wrapper's inner press (given or its default) is resolved with it, once: building it never asks the
-    registry for the inner press by name; an inner that cannot be wrapped is refused at resolution."""
+    """A wrapper's inner press (given or its default), or a chain's presses, are resolved with it, once:
+    building it never asks the registry for them by name."""
     from kvbench.presses import registry as owner
 
     resolved = registry.resolve(name, args)
@@ -292,6 +294,11 @@ def test_a_wrapper_is_resolved_with_its_inner_press(monkeypatch, name, args, bui
 def test_an_inner_press_that_cannot_be_wrapped_is_refused_at_resolution(inner):
     with pytest.raises(UnknownPress, match=f"inner press {inner!r} is not a press that can be wrapped"):
         registry.resolve("adakv", {"inner": inner})
+
+
+def test_a_chain_of_a_press_the_registry_lacks_is_refused_at_resolution():
+    with pytest.raises(UnknownPress, match="press 'nope' cannot be composed"):
+        registry.resolve("composed", {"presses": "knorm+nope"})
 
 
 def test_a_resolved_press_is_no_part_of_a_configs_identity():
