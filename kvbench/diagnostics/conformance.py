@@ -123,9 +123,9 @@ class Target:
         """A config of the press at `ratio`: a codec at memory 1 - ratio, a press set by a knob of its own
         at ratio 0 (its knob among the arguments)."""
         press = self.resolved
-        if press.codec:
+        if press.spec.codec:
             return Config(self.name, 0.0, self.args, memory=1 - ratio, resolved=press, **changes)
-        return Config(self.name, 0.0 if press.knob else ratio, self.args, resolved=press, **changes)
+        return Config(self.name, 0.0 if press.spec.knob else ratio, self.args, resolved=press, **changes)
 
     def press(self, ratio: float = RATIO):
         return config_press(self.config(ratio))
@@ -281,7 +281,7 @@ def kind_of(target: Target, press) -> str:
     "evictor"."""
     from kvpress import DecodingPress, ThinKPress
 
-    if target.resolved.codec or declared(press, "shares_prefill", False):
+    if target.resolved.spec.codec or declared(press, "shares_prefill", False):
         return "codec"
     if isinstance(press, DecodingPress):
         return "decoding"
@@ -301,7 +301,7 @@ def check_budget(subject: Subject, target: Target) -> str:
     layers, heads = subject.shape
     ids = subject.context_ids()
     length = ids.shape[1]
-    spec = target.resolved
+    spec = target.resolved.spec
     from kvpress import ScorerPress
     from kvpress.utils import compute_n_kept
 
@@ -711,7 +711,7 @@ def check_protocols(subject: Subject, target: Target) -> str:
             raise AssertionError(f"{protocol} crashes: {type(error).__name__}: {error}") from None
         for turn, row in enumerate(rows):
             promised = budget_entries(config, row["context_tokens"]) * layers * heads
-            if kind_of(target, target.press()) != "evictor" or target.resolved.knob:
+            if kind_of(target, target.press()) != "evictor" or target.resolved.spec.knob:
                 continue  # a codec holds every entry; a knob press's budget is its own
             if row["kv_kept"] != promised:
                 raise AssertionError(
@@ -809,7 +809,7 @@ def check_press(
     resolved.check_runnable()
     resolved.check_args()
     # Every budget the battery builds (a codec's at RATIO only): a bad argument fails here, in one line.
-    for ratio in (RATIO,) if resolved.codec or resolved.knob else RATIOS:
+    for ratio in (RATIO,) if resolved.spec.codec or resolved.spec.knob else RATIOS:
         config_press(target.config(ratio))
     subjects = tiny_subjects() + ([] if quick else [loaded_subject(model or EMBEDDED)])
     outcomes: dict[str, list[tuple[str, str]]] = {check: [] for check in CHECKS}
@@ -974,7 +974,7 @@ def record_of(
     """What `kvbench check-press --out` writes of a press's checks (`store.conformance.write_record`)."""
     from datetime import datetime, timezone
 
-    source = resolve(name, press_args).source
+    source = resolve(name, press_args).spec.source
     return ConformanceRecord(
         press=name,
         press_args=dict(press_args),

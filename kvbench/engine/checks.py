@@ -26,7 +26,7 @@ def check_protocol(config: Config, press=_UNBUILT) -> None:
     for name, value in args.items():
         if not isinstance(value, int) or value < 1:
             raise BadInput(f"--{name} must be a whole number of at least 1, got {value}")
-    if config.budget is not None and press_of(config).codec:
+    if config.budget is not None and press_of(config).spec.codec:
         raise BadInput(
             f"press {config.press!r} is a codec: it stores every entry in fewer bits, so it takes --memory, "
             "not an absolute --budget of kept entries"
@@ -51,7 +51,7 @@ def check_compresses_live(config: Config, press=_UNBUILT) -> None:
             + ("; kvpress's DecodingPress takes scorers" if again else "")
         )
     if again:
-        if press_of(config).prefill_only:
+        if press_of(config).spec.prefill_only:
             raise BadInput(
                 f"press {config.press!r} scores a whole prefill only (kvpress asserts it): it cannot "
                 f"compress the cache again under the {config.protocol} protocol"

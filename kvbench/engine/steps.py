@@ -76,7 +76,7 @@ def budget_entries(config: Config, context_length: int) -> int:
     16-bit entries (which a codec given a target ratio reads so)."""
     if config.budget is not None:
         return min(config.budget, context_length)
-    codec = press_of(config).codec
+    codec = press_of(config).spec.codec
     memory = config.memory if config.memory is not None else 1 - config.ratio
     return compute_n_kept(context_length, 1 - memory if codec else config.ratio)
 

@@ -97,9 +97,8 @@ def budget_configs(
     if budgets:
         return [Config(press, 0.0, budget=b, **common) for b in budgets]
     if memories:
-        return [
-            Config(press, 0.0 if resolved.codec else round(1 - m, 10), memory=m, **common) for m in memories
-        ]
+        codec = resolved.spec.codec
+        return [Config(press, 0.0 if codec else round(1 - m, 10), memory=m, **common) for m in memories]
     return [Config(press, r, **common) for r in ratios]
 
 
@@ -228,7 +227,7 @@ def drop_unreachable_budgets(configs: list[Config]) -> list[Config]:
     """The configs but those of codecs at a memory they cannot reach, each said in a KvbenchWarning."""
     kept = []
     for config in configs:
-        if press_of(config).codec:
+        if press_of(config).spec.codec:
             try:
                 config_press(config)
             except BadInput as error:
@@ -259,8 +258,8 @@ def check_configs(configs: list[Config], length: int | None = None) -> list:
         # Presses that download per model cannot run on the trial model (and were refused if the hub is
         # unreachable): their arguments are left to the real run.
         resolved = press_of(config)
-        tries = config.press_args or resolved.source is not None
-        if tries and group not in tried and not resolved.needs_hub:
+        tries = config.press_args or resolved.spec.source is not None
+        if tries and group not in tried and "hub" not in resolved.spec.needs:
             tried.add(group)
             check_press_args_run(config, min(length or TRIAL_TOKENS, TRIAL_TOKENS))
     return presses
@@ -284,7 +283,7 @@ def check_press_args_run(config: Config, tokens: int = TRIAL_TOKENS) -> None:
         try:
             trial_run(dataclasses.replace(config, press_args=()), tokens)
         except Exception as bare:
-            if press_of(config).source is None:
+            if press_of(config).spec.source is None:
                 return
             if isinstance(bare, KvbenchError):  # what the engine refuses of it, as the engine says it
                 raise bare from None

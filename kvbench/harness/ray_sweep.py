@@ -50,12 +50,10 @@ class SweepWorker:
         import torch
 
         from kvbench.bridge.models import load_model
-        from kvbench.presses import config_press, press_of, register_user_presses
-
-        torch.set_num_threads(threads)
+        from kvbench.presses import config_press, press_of
         from kvbench.tasks import register_user_metrics
 
-        register_user_presses(plan.user_presses)
+        torch.set_num_threads(threads)
         register_user_metrics(plan.user_metrics)
         for protocol in plan.user_protocols.values():
             PROTOCOLS.register(protocol.name, protocol, replace=True)

@@ -43,7 +43,7 @@ from kvbench.harness.planning import (
     plan_tasks,
     task_lengths,
 )
-from kvbench.presses import press_of, resolve, user_presses
+from kvbench.presses import press_of
 from kvbench.store.results import ResultsStore, Row, check_writable, config_id_of
 from kvbench.tasks import (
     Sample,
@@ -81,9 +81,8 @@ class Plan:
     lengths: dict[str, int] = field(default_factory=dict)  # per task, where it differs from `length`
     tokenizer: str | None = None  # what sizes the samples, as the user named it; None: the model's own
     out: Path = Path("results")  # the results folder
-    # Users' presses the configs name (press or `inner`): name -> target, registered again by Ray workers;
-    # and users' metrics (target -> target), which score on the workers.
-    user_presses: dict[str, str] = field(default_factory=dict)
+    # Users' metrics (target -> target), registered again by Ray workers, which score. (The configs carry
+    # their presses resolved: a user's press travels with them, `ResolvedPress`.)
     user_metrics: dict[str, str] = field(default_factory=dict)
     # Protocols the configs name that are not kvbench's own (plugins', registered): registered by workers.
     user_protocols: dict[str, Protocol] = field(default_factory=dict)
@@ -200,6 +199,7 @@ def prepare_plan(
 
     With an `executor`, `device` is its workers' (checked by them): it is started before the model loads,
     and the model loads here on the CPU, only to plan (context lengths, learned state)."""
+    configs = [replace(config, resolved=press_of(config)) for config in configs]  # a worker's too
     task_plan = plan_tasks(suite, tasks, length, samples, data, metric, include_path, tokenizer)
     if task_plan.tokenizer is not None and not any(sized_by_tokenizer(name) for name in task_plan.tasks):
         raise BadInput(
@@ -246,7 +246,6 @@ def prepare_plan(
         device=device,
         dtype=dtype,
         out=Path(out),
-        user_presses=user_presses_of(configs),
         user_metrics=user_metrics(),
         user_protocols={
             c.protocol: PROTOCOLS[c.protocol] for c in configs if c.protocol not in RECORDED_PROTOCOLS
@@ -295,12 +294,17 @@ def data_task_record(name: str) -> dict:
     }
 
 
-def user_presses_of(configs: list[Config]) -> dict[str, str]:
-    """The users' presses `configs` run, as press or as the `inner` press they wrap: name -> target."""
-    named = {config.press for config in configs} | {
-        value for config in configs for _, value in config.press_args if isinstance(value, str)
-    }
-    return {name: target for name, target in user_presses().items() if name in named}
+def press_sources(configs: list[Config]) -> dict[str, dict]:
+    """The users' presses `configs` run, as press or as the `inner` press they name: name -> where it comes
+    from (`registry.Source`)."""
+    sources = {}
+    for config in configs:
+        resolved = press_of(config)
+        while resolved is not None:
+            if resolved.spec.source is not None:
+                sources[resolved.spec.name] = resolved.spec.source.as_dict()
+            resolved = resolved.inner
+    return sources
 
 
 def lengths_apart(lengths: dict[str, int], asked: int | None) -> dict[str, int]:
@@ -464,7 +468,7 @@ def unit_rows(plan: Plan, unit: Unit) -> list[Row]:
 def press_source(config: Config) -> dict | None:
     """Where a config's press comes from if it is a user's (`registry.Source`), as its rows record it; None
     for kvbench's."""
-    source = press_of(config).source
+    source = press_of(config).spec.source
     return source.as_dict() if source is not None else None
 
 
@@ -621,11 +625,7 @@ def run_record(plan: Plan, frame: pd.DataFrame | None, started: str) -> dict:
     config = {
         "model": plan.model,
         "configs": [config.as_record() for config in plan.configs],
-        **(
-            {"press_sources": {name: resolve(name).source.as_dict() for name in plan.user_presses}}
-            if plan.user_presses
-            else {}
-        ),
+        **({"press_sources": sources} if (sources := press_sources(plan.configs)) else {}),
         "tasks": plan.tasks,
         "suite": plan.suite,
         "length": plan.length,

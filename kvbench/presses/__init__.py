@@ -23,11 +23,9 @@ from kvbench.presses.registry import (
     press_state,
     press_state_from_files,
     register_press,
-    register_user_presses,
     resolve,
     resolve_press,
     unknown_press,
-    user_presses,
 )
 
 __all__ = [
@@ -52,9 +50,7 @@ __all__ = [
     "press_state",
     "press_state_from_files",
     "register_press",
-    "register_user_presses",
     "resolve",
     "resolve_press",
     "unknown_press",
-    "user_presses",
 ]

@@ -93,13 +93,20 @@ class Factory:
     build: Callable
     press_path: str  # "" for a user's factory function: its arguments are its signature's
     own_args: tuple[str, ...] = ()
+    # A wrapper's default inner press: the factory is given the press its `inner` argument names, resolved
+    # (a ResolvedPress); "" for a press that wraps none.
+    inner: str = ""
+    # A chain's default presses ("a+b"): the factory is given those its `presses` argument names, resolved
+    # (a tuple of ResolvedPress); "" for a press that chains none.
+    chains: str = ""
 
     def __call__(self, ratio: float, **press_args):
         return self.build(ratio, **press_args)
 
 
-def builds(path: str, *own_args: str) -> Callable[[Callable], Factory]:
-    return lambda build: Factory(build, path, own_args)
+def builds(path: str, *own_args: str, inner: str = "", chains: str = "") -> Callable[[Callable], Factory]:
+    named = (("inner",) if inner else ()) + (("presses",) if chains else ())
+    return lambda build: Factory(build, path, own_args + named, inner, chains)
 
 
 def scorer(path: str, ratio_field: str = "compression_ratio") -> Factory:
@@ -107,16 +114,9 @@ def scorer(path: str, ratio_field: str = "compression_ratio") -> Factory:
 
 
 def wrapper(path: str) -> Factory:
-    @builds(path, "inner")
-    def build(ratio, inner=_DEFAULT_INNER, **args):
-        if not isinstance(inner, str) or inner not in PRESSES or PRESSES[inner].factory is None:
-            wrappable = [spec.name for spec in _SPECS if spec.factory is not None]
-            raise UnknownPress(
-                f"inner press {inner!r} is not a press that can be wrapped{did_you_mean(inner, wrappable)}"
-            )
-        return press_class(path)(build_press(inner, ratio), **args)
-
-    return build
+    return builds(path, inner=_DEFAULT_INNER)(
+        lambda ratio, inner, **args: press_class(path)(inner.build(ratio), **args)
+    )
 
 
 @builds("RandomPress")
@@ -129,10 +129,10 @@ def codec(path: str) -> Factory:
     return builds(path)(lambda ratio, **args: press_class(path)(**args))
 
 
-@builds("CompressionRatioDecodingPress", "inner")
-def _build_decoding(ratio, inner="knorm", **args):
+@builds("CompressionRatioDecodingPress", inner="knorm")
+def _build_decoding(ratio, inner, **args):
     return press_class("CompressionRatioDecodingPress")(
-        base_press=build_press(inner, 0.0), target_compression_ratio=ratio, **args
+        base_press=inner.build(0.0), target_compression_ratio=ratio, **args
     )
 
 
@@ -141,13 +141,12 @@ def _build_andpro(ratio, **args):
     return press_class("kvbench.presses.andpro:andpro_press")(ratio, **args)
 
 
-def _inner_scorer(inner: str):
-    """The registry's press `inner` as the scorer of a kvpress wrapper that only calls its `score` (DMS,
-    CaM, per-layer ratios): it must be a plain scorer; its own ratio is unused (0)."""
-    runnable = isinstance(inner, str) and inner in PRESSES and PRESSES[inner].factory is not None
-    press = build_press(inner, 0.0) if runnable else None
+def _inner_scorer(inner: "ResolvedPress"):
+    """The press `inner` as the scorer of a kvpress wrapper that only calls its `score` (DMS, CaM,
+    per-layer ratios): it must be a plain scorer; its own ratio is unused (0)."""
+    press = inner.build(0.0)
     if not isinstance(press, press_class("ScorerPress")):
-        raise UnknownPress(f"inner press {inner!r} is not a scorer (knorm, snapkv, tova, ...)")
+        raise UnknownPress(f"inner press {inner.spec.name!r} is not a scorer (knorm, snapkv, tova, ...)")
     return press
 
 
@@ -160,8 +159,8 @@ def listed(value, kind: type) -> list:
         raise BadInput(f"cannot read {value!r} as a list of {kind.__name__}") from None
 
 
-@builds("DMSPress", "inner")
-def _build_dms(ratio, inner=_DEFAULT_INNER, threshold=None, **args):
+@builds("DMSPress", inner=_DEFAULT_INNER)
+def _build_dms(ratio, inner, threshold=None, **args):
     return press_class("DMSPress")(press=_inner_scorer(inner), threshold=threshold, **args)
 
 
@@ -170,8 +169,8 @@ def _build_simlayerkv(ratio, **args):
     return press_class("SimLayerKVPress")(**args)
 
 
-@builds("PerLayerCompressionPress", "inner", "compression_ratios")
-def _build_per_layer(ratio, inner=_DEFAULT_INNER, compression_ratios=None, **args):
+@builds("PerLayerCompressionPress", "compression_ratios", inner=_DEFAULT_INNER)
+def _build_per_layer(ratio, inner, compression_ratios=None, **args):
     ratios = listed(compression_ratios, float)
     if not all(0 <= r < 1 for r in ratios):
         raise BadInput(f"per_layer_compression: every ratio must be in [0, 1), got {compression_ratios!r}")
@@ -179,23 +178,26 @@ def _build_per_layer(ratio, inner=_DEFAULT_INNER, compression_ratios=None, **arg
     return press_class("PerLayerCompressionPress")(press=scorer, compression_ratios=ratios, **args)
 
 
-@builds("ComposedPress", "presses")
-def _build_composed(ratio, presses="snapkv+think"):
+@builds("ComposedPress", chains="snapkv+think")
+def _build_composed(ratio, presses):
     """kvpress's ComposedPress over registry presses, each built at the config's ratio (each its own knob:
     think's is its share of key channels), as kvpress's evaluation builds its `snap_think`."""
     chained = []
-    for name in listed(presses, str):
-        spec = PRESSES.get(name)
-        chainable = spec is not None and spec.factory is not None and not (spec.codec or spec.knob)
-        press = build_press(name, ratio) if chainable else None
+    for part in presses:
+        spec = part.spec
+        chainable = spec.factory is not None and not (spec.codec or spec.knob)
+        press = part.build(ratio) if chainable else None
         if press is None or not _compresses_in_the_hook(press):
-            raise UnknownPress(
-                f"press {name!r} cannot be composed: ComposedPress chains evictors that compress in "
-                "kvpress's hook at a ratio (not adakv, kvzip, codecs, decoding presses or presses that "
-                "change the forward)"
-            )
+            raise not_composable(spec.name)
         chained.append(press)
     return press_class("ComposedPress")(chained)
+
+
+def not_composable(name) -> UnknownPress:
+    return UnknownPress(
+        f"press {name!r} cannot be composed: ComposedPress chains evictors that compress in kvpress's hook "
+        "at a ratio (not adakv, kvzip, codecs, decoding presses or presses that change the forward)"
+    )
 
 
 def _compresses_in_the_hook(press) -> bool:
@@ -215,8 +217,8 @@ def _build_kvcompose(ratio, **args):
     return press_class("KVComposePress")(compression_ratio=ratio, **args)
 
 
-@builds("kvbench.presses.cam:CAMRatioPress", "inner")
-def _build_cam(ratio, inner="knorm", **args):
+@builds("kvbench.presses.cam:CAMRatioPress", inner="knorm")
+def _build_cam(ratio, inner, **args):
     cam = press_class("kvbench.presses.cam:CAMRatioPress")
     return cam(base_press=_inner_scorer(inner), target_compression_ratio=ratio, **args)
 
@@ -521,17 +523,6 @@ def resolve_press(press: object, name: str | None = None) -> str:
     return name
 
 
-def user_presses() -> dict[str, str]:
-    """The presses registered from a user's target: name -> target, what a Ray worker registers again."""
-    return {name: spec.source.target for name, spec in PRESSES.entries.items() if spec.source is not None}
-
-
-def register_user_presses(targets: dict[str, str]) -> None:
-    """Register `user_presses()` of another process (a Ray worker's copy of the plan's)."""
-    for name, target in targets.items():
-        resolve_press(target, name)
-
-
 # kvpress's exported presses that the registry does not build, and why (tests/presses/test_kvpress_presses.py
 # fails on an exported press that is neither registered nor here, so a new kvpress release cannot add one
 # unseen).
@@ -631,35 +622,18 @@ def unknown_press(name: str) -> UnknownPress:
 
 @dataclass(frozen=True)
 class ResolvedPress:
-    """A press resolved once from the registry (`resolve`): its entry (factory, source and digest, what it
-    declares: codec, knob, prefill-only, needs) with its arguments, and the presses its `inner` argument
-    names, resolved too. Configs carry it (`Config.resolved`); checks, the planner and the engine ask it,
-    never the registry. It pickles as its spec (name, a user's target, arguments): a Ray worker resolves it
-    again in its own registry."""
+    """A press resolved once from the registry (`resolve`): its entry (`spec`: factory, source and digest,
+    what it declares: codec, knob, prefill-only, needs; read there, as `resolved.spec.codec`) with its
+    arguments, and the press its `inner` argument names (a wrapper's default included) or the presses its
+    `presses` argument chains (`composed`), resolved with it and handed to its factory. Configs carry it
+    (`Config.resolved`); checks, the planner, the engine and the wrappers ask it, never the registry. It
+    pickles as its spec (name, a user's target, arguments): a Ray worker resolves it again in its own
+    registry."""
 
     spec: PressSpec
     args: tuple[tuple[str, Any], ...] = ()
     inner: "ResolvedPress | None" = None  # the press named by `inner` (or its default), for wrappers
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def codec(self) -> bool:
-        return self.spec.codec
-
-    @property
-    def knob(self) -> str:
-        return self.spec.knob
-
-    @property
-    def prefill_only(self) -> bool:
-        return self.spec.prefill_only
-
-    @property
-    def source(self) -> Source | None:
-        return self.spec.source
+    parts: "tuple[ResolvedPress, ...]" = ()  # the presses named by `presses` (or its default), for chains
 
     @property
     def needs_eager(self) -> bool:
@@ -668,18 +642,14 @@ class ResolvedPress:
         given = self.inner is not None and "inner" in dict(self.args)
         return "eager" in self.spec.needs or (given and self.inner.needs_eager)
 
-    @property
-    def needs_hub(self) -> bool:
-        return "hub" in self.spec.needs
-
     def __reduce__(self):
-        target = self.source.target if self.source is not None else None
-        return (_resolved_again, (self.name, target, self.args, self.inner))
+        target = self.spec.source.target if self.spec.source is not None else None
+        return (_resolved_again, (self.spec.name, target, self.args, self.inner, self.parts))
 
     def check_args(self) -> None:
         """Refuse unknown press arguments and values that do not fit the press's dataclass fields
         (`window_size=abc`), so that a typo fails in the CLI instead of deep inside the first prefill."""
-        name, factory, press_args = self.name, self.spec.factory, dict(self.args)
+        name, factory, press_args = self.spec.name, self.spec.factory, dict(self.args)
         if factory is None:
             return
         if not factory.press_path:  # a user's factory: its signature says what it takes
@@ -710,16 +680,16 @@ class ResolvedPress:
         """Fail before any work if the press cannot run here (it needs an unreachable hub)."""
         from kvbench.bridge import models
 
-        if self.needs_hub and not models.hub_reachable():
+        if "hub" in self.spec.needs and not models.hub_reachable():
             raise UnknownPress(
-                f"press {self.name!r} downloads files from the Hugging Face hub, which is not reachable"
+                f"press {self.spec.name!r} downloads files from the Hugging Face hub, which is not reachable"
             )
 
     def build(self, ratio: float, memory: float | None = None):
         """The press at compression ratio `ratio`; None for `none`. `memory` (fraction of the 16-bit full
         cache) is what a codec solves its own knobs for; without it a codec gets memory = 1 - ratio.
         Evictors are given their ratio (1 - memory, chosen by the caller)."""
-        name, spec, press_args = self.name, self.spec, dict(self.args)
+        name, spec, press_args = self.spec.name, self.spec, dict(self.args)
         if not 0 <= ratio < 1:
             raise BadInput(f"ratio must be in [0, 1), got {ratio}")
         if spec.factory is None:
@@ -738,6 +708,10 @@ class ResolvedPress:
             )
         if spec.codec:
             press_args = {**press_args, "memory": 1 - ratio if memory is None else memory}
+        if self.wraps:
+            press_args["inner"] = self.inner
+        if spec.factory.chains:
+            press_args["presses"] = self.parts
         if spec.source is not None:
             return _built_by_user(spec, ratio, press_args)
         try:
@@ -752,7 +726,7 @@ class ResolvedPress:
     def source_digests(self) -> list[str]:
         """The digests of the user's files that define the press and the press it wraps (`inner`): part of
         its rows' key, so that an edited press is scored again."""
-        own = [self.source.digest] if self.source is not None else []
+        own = [self.spec.source.digest] if self.spec.source is not None else []
         return own + (self.inner.source_digests() if self.wraps and self.inner is not None else [])
 
     def state(self, press) -> str | None:
@@ -785,26 +759,19 @@ class ResolvedPress:
                 raise LookupError(path)
             data = path.read_text().encode() if learned.hashes_text else path.read_bytes()
             digests.append(hashlib.sha256(data).hexdigest()[:12])
-        if self.wraps:
-            if self.inner is None:
-                raise LookupError(self.inner_name)
+        if self.wraps and self.inner is not None:
             digests.append(self.inner.learned_state_from_files(model_name))
         return "+".join(filter(None, digests)) or None
 
     @property
     def wraps(self) -> bool:
         """Whether it wraps the press its `inner` argument names (kvbench's wrappers)."""
-        return self.spec.factory is not None and "inner" in self.spec.factory.own_args
+        return self.spec.factory is not None and bool(self.spec.factory.inner)
 
     @property
     def inner_name(self):
         """The `inner` argument given, else the wrapper's default; None for a press that wraps none."""
-        given = dict(self.args)
-        if "inner" in given:
-            return given["inner"]
-        if self.wraps:
-            return inspect.signature(self.spec.factory.build).parameters["inner"].default
-        return None
+        return dict(self.args).get("inner", self.spec.factory.inner if self.wraps else None)
 
 
 def resolve(name: str, press_args: dict | tuple = ()) -> ResolvedPress:
@@ -818,12 +785,25 @@ def resolve(name: str, press_args: dict | tuple = ()) -> ResolvedPress:
     inner = resolved.inner_name
     if isinstance(inner, str) and inner in PRESSES:
         resolved = dataclasses.replace(resolved, inner=resolve(inner))
+    if resolved.wraps and (resolved.inner is None or resolved.inner.spec.factory is None):
+        wrappable = [spec.name for spec in _SPECS if spec.factory is not None]
+        raise UnknownPress(
+            f"inner press {inner!r} is not a press that can be wrapped{did_you_mean(str(inner), wrappable)}"
+        )
+    if spec.factory is not None and spec.factory.chains:
+        names = listed(dict(args).get("presses", spec.factory.chains), str)
+        unknown = [name for name in names if name not in PRESSES]
+        if unknown:
+            raise not_composable(unknown[0])
+        resolved = dataclasses.replace(resolved, parts=tuple(resolve(name) for name in names))
     return resolved
 
 
-def _resolved_again(name: str, target: str | None, args: tuple, inner: ResolvedPress | None) -> ResolvedPress:
+def _resolved_again(
+    name: str, target: str | None, args: tuple, inner: ResolvedPress | None, parts: tuple = ()
+) -> ResolvedPress:
     """A ResolvedPress unpickled in another process (a Ray worker): a user's press registered there from
-    its target first (`inner`, unpickled before, has registered itself)."""
+    its target first (`inner` and `parts`, unpickled before, have registered themselves)."""
     if target is not None:
         resolve_press(target, name)
     return resolve(name, args)
@@ -835,7 +815,7 @@ def press_of(config: Config) -> ResolvedPress:
     carried = config.resolved
     if (
         isinstance(carried, ResolvedPress)
-        and carried.name == config.press
+        and carried.spec.name == config.press
         and carried.args == tuple(sorted(config.press_args))
     ):
         return carried
@@ -881,7 +861,7 @@ def check_distinct_presses(configs: list[Config], presses: list) -> None:
     configs would share its ratio and state, the last built setting them for all."""
     seen: dict[int, Config] = {}
     for config, press in zip(configs, presses, strict=True):
-        if press is None or press_of(config).source is None:
+        if press is None or press_of(config).spec.source is None:
             continue
         first = seen.setdefault(id(press), config)
         if first is not config:

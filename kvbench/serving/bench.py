@@ -72,7 +72,7 @@ def check_compression(press: str, ratio, press_args: dict):
         return None
     resolved = resolve(press, press_args)  # the press, resolved once
     resolved.check_runnable()
-    if resolved.codec:
+    if resolved.spec.codec:
         raise BadInput(
             f"press {press!r} is a codec: its groups (32 tokens for quant) are longer than a store entry (a "
             "16-token block), so it cannot meet a budget entry by entry; choose an evicting press"

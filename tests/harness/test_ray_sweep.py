@@ -3,6 +3,7 @@ resumes from what the store holds, and the workers asked for must fit the cluste
 
 import json
 import os
+import pickle
 import sys
 from types import SimpleNamespace
 
@@ -122,6 +123,17 @@ class MinePress(ScorerPress):
 USER_METRIC = "def digits(prediction, references):\n    return float(any(c.isdigit() for c in prediction))\n"
 
 
+def as_a_worker_gets_them(args: tuple) -> tuple:
+    """An actor's arguments (the plan) as a Ray worker, another process, gets them: pickled, and unpickled
+    where no user's press is registered (the plan's configs carry theirs)."""
+    from kvbench.presses import PRESSES
+
+    shipped = pickle.dumps(args)
+    for name in [name for name, spec in PRESSES.entries.items() if spec.source is not None]:
+        del PRESSES.entries[name]
+    return pickle.loads(shipped)
+
+
 class FakePool:
     """ray.util.ActorPool over its actors in turn; results come back last first (Ray's as they finish)."""
 
@@ -157,7 +169,7 @@ class FakeRay:
     def remote(self, **resources):
         def actor_class(cls):
             def start(*args):
-                self.workers.append(cls(*args))
+                self.workers.append(cls(*as_a_worker_gets_them(args)))
                 return SimpleNamespace(rows=SimpleNamespace(remote=self.workers[-1].rows))
 
             return SimpleNamespace(remote=start)

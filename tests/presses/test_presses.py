@@ -266,6 +266,41 @@ def test_a_planned_press_is_resolved_once_and_carried(monkeypatch):
     assert all(config.resolved.state(press) is None for config, press in zip(configs, presses, strict=True))
 
 
+@pytest.mark.parametrize(
+    ("name", "args", "built"),
+    [
+        ("adakv", {"inner": "tova"}, "AdaKVPress"),
+        ("chunkkv", {}, "ChunkKVPress"),
+        ("decoding", {}, "CompressionRatioDecodingPress"),
+        ("dms", {"threshold": 0.5}, "DMSPress"),
+        ("per_layer_compression", {"compression_ratios": "0.1,0.2"}, "PerLayerCompressionPress"),
+        ("cam", {}, "CAMRatioPress"),
+        ("composed", {"presses": "knorm+tova"}, "ComposedPress"),
+        ("composed", {}, "ComposedPress"),
+    ],
+)
+def test_a_wrapper_is_resolved_with_its_inner_press(monkeypatch, name, args, built):
+    """A wrapper's inner press (given or its default), or a chain's presses, are resolved with it, once:
+    building it never asks the registry for them by name."""
+    from kvbench.presses import registry as owner
+
+    resolved = registry.resolve(name, args)
+    monkeypatch.setattr(owner, "PRESSES", AskedAgain(owner.PRESSES))
+    ratio = 0.0 if resolved.spec.knob else 0.5
+    assert type(resolved.build(ratio)).__name__ == built
+
+
+@pytest.mark.parametrize("inner", ["nope", "none", 3])
+def test_an_inner_press_that_cannot_be_wrapped_is_refused_at_resolution(inner):
+    with pytest.raises(UnknownPress, match=f"inner press {inner!r} is not a press that can be wrapped"):
+        registry.resolve("adakv", {"inner": inner})
+
+
+def test_a_chain_of_a_press_the_registry_lacks_is_refused_at_resolution():
+    with pytest.raises(UnknownPress, match="press 'nope' cannot be composed"):
+        registry.resolve("composed", {"presses": "knorm+nope"})
+
+
 def test_a_resolved_press_is_no_part_of_a_configs_identity():
     """Rows are keyed by the config's fields as before: the resolved press is not compared, hashed, shown
     or recorded, so every results folder written before it still resumes."""
@@ -292,12 +327,13 @@ def test_a_resolved_press_pickles_as_its_spec(tmp_path):
     )
     name = registry.resolve_press(f"{tmp_path / 'mine.py'}:Mine")
     wrapped = registry.resolve("adakv", {"inner": name})
-    assert wrapped.inner.source is not None and wrapped.source_digests() == [wrapped.inner.source.digest]
+    inner_source = wrapped.inner.spec.source
+    assert inner_source is not None and wrapped.source_digests() == [inner_source.digest]
     shipped = pickle.dumps(wrapped)
     assert b"compression_ratio" not in shipped  # the spec, not the factory and its class
     code = (
         "import pickle, sys; press = pickle.loads(sys.stdin.buffer.read()); "
-        "print(press.name, dict(press.args)['inner'], type(press.build(0.5).press).__name__)"
+        "print(press.spec.name, dict(press.args)['inner'], type(press.build(0.5).press).__name__)"
     )
     worker = subprocess.run([sys.executable, "-c", code], input=shipped, capture_output=True, check=True)
     assert worker.stdout.decode().split() == ["adakv", "Mine", "Mine"]
