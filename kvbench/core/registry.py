@@ -236,7 +236,9 @@ LOADED: dict[str, dict[types.ModuleType, str | None]] = {}
 
 def forget_edited_modules() -> None:
     """Take out of sys.modules each user module whose file was edited since a module of `load_file_module`
-    ran it, and that module: asked for again, both run the file's new text."""
+    ran it, and that module: asked for again, both run the file's new text. The edited file's bytecode cache
+    goes too: Python trusts a cache whose source has the same size and modification second, so an edit
+    within that second would import the old code."""
     for name, ran in list(LOADED.items()):
         edited = [module for module, sha in ran.items() if file_sha(module) != sha]
         if edited:
@@ -245,6 +247,9 @@ def forget_edited_modules() -> None:
             for module in edited:
                 if sys.modules.get(module.__name__) is module:
                     del sys.modules[module.__name__]
+                cached = getattr(module, "__cached__", None)
+                if cached:
+                    Path(cached).unlink(missing_ok=True)
 
 
 def source_of(obj: object, target: str | None = None) -> Source:

@@ -4,6 +4,8 @@ keyed by the new text's digest."""
 
 import hashlib
 import importlib
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +36,9 @@ FACTORY = "from norm_press import Norm\n\n\ndef make(ratio):\n    return Norm(ra
 def user_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # The test's own `importlib.reload` after an edit within the same second, to the same size, would read
+    # Python's bytecode cache of the old text (the suite writes caches: tests/__init__.py).
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     sys.modules.pop("norm_press", None)  # another test's norm_press.py, imported in this worker before
     Path("norm_press.py").write_text(PRESS_CLASS.format(version=1))
     Path("factory.py").write_text(FACTORY)
@@ -93,3 +98,22 @@ def test_a_metric_file_resolved_again_after_its_helper_is_edited_scores_with_the
         assert first.digest != second.digest
     finally:
         sys.modules.pop("weights", None)
+
+
+def test_an_edited_helper_runs_its_new_text_though_its_bytecode_cache_looks_fresh(tmp_path, monkeypatch):
+    """Python trusts a bytecode cache whose source kept its size and modification second: an edit within
+    that second must still run the new text."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    helper = tmp_path / "cached_helper.py"
+    helper.write_text("VALUE = 1\n")
+    uses = "import cached_helper\n\n\ndef value():\n    return cached_helper.VALUE\n"
+    Path("uses_helper.py").write_text(uses)
+    assert load_target("uses_helper.py:value", "metric")() == 1
+    assert importlib.util.cache_from_source(str(helper)) and sys.modules["cached_helper"].__cached__
+    when = helper.stat().st_mtime_ns
+    helper.write_text("VALUE = 2\n")
+    os.utime(helper, ns=(when, when))  # the same second and size as the cached text
+    assert load_target("uses_helper.py:value", "metric")() == 2
+    sys.modules.pop("cached_helper", None)
