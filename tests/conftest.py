@@ -91,10 +91,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests kept on one xdist worker (`xdist_group`: the documented commands that share built inputs, a few
-    minutes) go first, so that one worker starts on them while the other takes the rest: queued last, they
-    ran alone at the end. `gpu` tests skip without CUDA."""
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    """`gpu` tests skip without CUDA."""
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -22,8 +22,8 @@ training or fitting command its card, datagen its manifest's prompts.
 
 The tiny runs that still take tens of seconds at a tiny size (`HEAVY`: MemDecay's lifetimes, perplexity's
 forward per chunk, prefix caching's serving replay, the decode-heavy tasks' 250-token answers, a 2048-token
-context) carry the marker `doc_runs`, which the default run deselects (`uv run --group dev pytest -m
-doc_runs` runs them): about six minutes on 2 cores. The rest run by default.
+context, KVzip's extra forward passes) carry the marker `doc_runs`, which the default run deselects (`uv run
+--group dev pytest -m doc_runs` runs them): about six minutes on 2 cores. The rest run by default.
 """
 
 import json
@@ -36,15 +36,13 @@ from pathlib import Path
 import pytest
 import transformers
 from click.testing import CliRunner
+from filelock import FileLock
 
 from kvbench.cli import main
 from kvbench.store.results import load_rows
 from kvbench.tasks import load_suite, mixture
 from tests.harness.test_interop import leaderboard_like
 from tests.project.test_usage_doc import DOCS, braces, marked_commands
-
-# The tests that read `inputs` share one worker, which builds them once; the others spread over the workers.
-ON_INPUTS_WORKER = pytest.mark.xdist_group("doc-inputs")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,6 +75,8 @@ TINY = {
     ("lm-eval",): {"--limit": "1"},
     ("fit",): {"--samples": "2"},  # with `TINY_MIXTURES`: two 512-token prompts (kvzap holds one out)
 }
+# Per fitted press: the `--option`s a tiny fit sets (its training loop's length).
+TINY_FIT = {"fastkvzip": {"steps": "2"}, "kvzap": {"epochs": "1"}}
 TINY_DATA = {"--tasks": "niah_single_1", "--length": "512", "--samples": "2"}
 # `kvp datagen --mixture NAME` sets its own tasks, lengths and prompts: each mixture shrunk to two prompts
 # of one task at 512 tokens (one for validation).
@@ -115,6 +115,22 @@ def with_options(words: list[str], options: dict[str, str]) -> list[str]:
             words[words.index(name) + 1] = value
         else:
             words += [name, value]
+    return words
+
+
+def with_method_options(words: list[str], options: dict[str, str]) -> list[str]:
+    """`words` with each `--option NAME=VALUE` of `options` set: replaced where given, else appended."""
+    words = list(words)
+    for name, value in options.items():
+        given = [
+            i + 1
+            for i, word in enumerate(words[:-1])
+            if word == "--option" and words[i + 1].startswith(f"{name}=")
+        ]
+        if given:
+            words[given[0]] = f"{name}={value}"
+        else:
+            words += ["--option", f"{name}={value}"]
     return words
 
 
@@ -180,11 +196,24 @@ ALIASES = {
 }
 
 
-@pytest.fixture(scope="session")  # module scope built it twice when xdist ran another module between
-def inputs(tmp_path_factory) -> Path:
+@pytest.fixture(scope="session")
+def inputs(tmp_path_factory, worker_id) -> Path:
     """A folder of what the docs' commands read from the user (`my_press.py`, `mine.jsonl`, a suite YAML,
-    kvpress results) or from each other (`INPUTS`, `ALIASES`)."""
-    root = tmp_path_factory.mktemp("inputs")
+    kvpress results) or from each other (`INPUTS`, `ALIASES`): built once a run, by the first xdist worker
+    to need it, in the folder the workers share, so that the tests reading it spread over the workers."""
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared if worker_id == "master" else shared.parent
+    root = shared / "doc-inputs"
+    with FileLock(str(shared / "doc-inputs.lock")):
+        if not (shared / "doc-inputs.built").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            build_inputs(root)
+            (shared / "doc-inputs.built").touch()
+    return root
+
+
+def build_inputs(root: Path) -> None:
     (root / "my_press.py").write_text(MY_PRESS)
     records = [(f"The code word is {word}. " * 20, word) for word in ("kiwi", "plum")]
     (root / "mine.jsonl").write_text(
@@ -203,7 +232,6 @@ def inputs(tmp_path_factory) -> Path:
             assert result.exit_code == 0, f"kvbench {command}\n{result.output}"
     for alias, made in ALIASES.items():
         (root / alias).symlink_to(root / made)
-    return root
 
 
 def words_of(command: str) -> list[str]:
@@ -292,6 +320,8 @@ def tiny(words: list[str], monkeypatch) -> list[str]:
         for name in ("--ratios", "--memory", "--budget"):
             if name in words:
                 words = with_options(words, {name: option(words, name).split(",")[0]})
+    if path == ("fit",):
+        words = with_method_options(words, TINY_FIT.get(words[1], {}))
     if path == ("perplexity",) and option(words, "--every") == "1":
         words = with_options(words, {"--length": "64"})  # token by token: 64 tokens
     for name, parts in TINY_MIXTURES.items():
@@ -330,6 +360,7 @@ def computes(command: str) -> bool:
 
 HEAVY_COMMANDS = {("memdecay", "lifetimes"), ("perplexity",), ("prefix-cache",)}
 HEAVY_TASKS = {"recite_log", "list_crates"}  # decode-heavy: answers of ~250 tokens
+HEAVY_PRESSES = {"kvzip", "kvgrad"}  # extra forward passes a context: 25-45 s on one tiny sample
 
 
 def heavy(command: str) -> bool:
@@ -338,7 +369,13 @@ def heavy(command: str) -> bool:
     long_context = option(words, "--length") is not None and int(option(words, "--length")) >= 2048
     tasks = {words[i + 1] for i, word in enumerate(words) if word == "--task"}
     authors = option(words, "--recipe") == "authors"  # a batch of whole prompts a step: 30 s at a tiny size
-    return command_path(words) in HEAVY_COMMANDS or bool(tasks & HEAVY_TASKS) or long_context or authors
+    presses = set((option(words, "--presses") or option(words, "--press") or "").split(","))
+    return (
+        command_path(words) in HEAVY_COMMANDS
+        or bool(tasks & HEAVY_TASKS | presses & HEAVY_PRESSES)
+        or long_context
+        or authors
+    )
 
 
 CHEAP = [command for command in COMMANDS if not computes(command)]
@@ -356,14 +393,13 @@ def test_a_documented_command_that_computes_nothing_new_runs(command, tmp_path, 
     check_command(command, None, tmp_path, monkeypatch)
 
 
-@ON_INPUTS_WORKER
 @pytest.mark.parametrize("command", TINY_RUNS, ids=[command[8:68] for command in TINY_RUNS])
-def test_a_documented_command_that_computes_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
+def test_a_documented_command_that_computes_runs_at_a_tiny_size(command, request, tmp_path, monkeypatch):
+    inputs = request.getfixturevalue("inputs") if reads_inputs(words_of(command)) else None
     check_command(command, inputs, tmp_path, monkeypatch)
 
 
 @pytest.mark.doc_runs
-@ON_INPUTS_WORKER
 @pytest.mark.parametrize("command", HEAVY_RUNS, ids=[command[8:68] for command in HEAVY_RUNS])
 def test_a_long_documented_command_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
     check_command(command, inputs, tmp_path, monkeypatch)
