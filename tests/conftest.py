@@ -91,7 +91,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests skip without CUDA."""
+    """The documented commands (seconds each) go first, so that the workers end on tests of milliseconds;
+    `gpu` tests skip without CUDA."""
+    items.sort(key=lambda item: item.path.name != "test_doc_commands.py")
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
