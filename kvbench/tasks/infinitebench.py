@@ -230,10 +230,7 @@ class KvpressInfiniteBench(kvpress.Dataset):
     numeric = ("math_find", "math_calc", "code_run")  # labels that are numbers (strings in kvpress's CSV)
 
     def target(self, row):
-        family, _, name = row["task"].partition("/")
-        if family != self.name or name not in TEMPLATES:
-            return None
-        return kvpress.Target(self.name, name, name, row["length"])
+        return self.named_target(row, TEMPLATES)
 
     def cells(self, row):
         return {**super().cells(row), "task": row["task"].partition("/")[2]}

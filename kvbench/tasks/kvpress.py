@@ -188,6 +188,14 @@ class Dataset:
     def target(self, row: dict) -> Target | None:
         raise NotImplementedError
 
+    def named_target(self, row: dict, names) -> Target | None:
+        """The target of a row whose task is `FAMILY/NAME` with this dataset's family and a NAME among
+        `names`: kvpress's data_dir and task are both NAME. None for any other row."""
+        family, _, name = row["task"].partition("/")
+        if family != self.name or name not in names:
+            return None
+        return Target(self.name, name, name, row["length"])
+
     def cells(self, row: dict) -> dict[str, Any]:
         return {self.answer: list_cell(row["references"])}
 

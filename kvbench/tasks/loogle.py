@@ -259,10 +259,7 @@ class KvpressLooGLE(kvpress.Dataset):
     cloze = "shortdep_cloze"
 
     def target(self, row):
-        family, _, name = row["task"].partition("/")
-        if family != self.name or name not in DATASETS:
-            return None
-        return kvpress.Target(self.name, name, name, row["length"])
+        return self.named_target(row, DATASETS)
 
     def cells(self, row):
         return {"answer": row["references"][0], "task": row["task"].partition("/")[2]}
