@@ -7,6 +7,7 @@ safetensors folder under the kvbench cache (kvbench.bridge.gguf_files), saying s
 read that folder.
 """
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -305,14 +306,20 @@ class TokenizerFiles:
     ):
         if tokenize or self.chat_template is None:
             raise ValueError("TokenizerFiles renders a chat template to text only")
+        tokens = {key: token_text(value) for key, value in self.config.items() if key.endswith("_token")}
+        return render_capped(
+            self.compiled_template,
+            dict(messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables),
+        )
+
+    @functools.cached_property
+    def compiled_template(self):
+        """The chat template, compiled once: sample generation renders it hundreds of times while it searches
+        for the haystack that fits."""
         from jinja2.ext import loopcontrols
 
         environment = sandboxed_environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        tokens = {key: token_text(value) for key, value in self.config.items() if key.endswith("_token")}
-        return render_capped(
-            environment.from_string(self.chat_template),
-            dict(messages=messages, add_generation_prompt=add_generation_prompt, **tokens, **variables),
-        )
+        return environment.from_string(self.chat_template)
 
 
 def token_text(token) -> str | None:
