@@ -185,7 +185,7 @@ def run_evaluator(evaluator: Evaluator, store: ResultsStore, progress: bool = Tr
             uncounted.difference_update(done)
             bar.update(len(done))
 
-        pending = list(range(len(units)))
+        pending = [index for index, rows in enumerate(rows_of) if any(row.key in uncounted for row in rows)]
         while pending:
             waiting = []
             for start in range(0, len(pending), max(step, 1)):
