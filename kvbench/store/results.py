@@ -283,8 +283,7 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the row, `extra` merged back in."""
-        data = {item.name: getattr(self, item.name) for item in fields(self) if item.name != "extra"}
-        return {**data, **self.extra}
+        return {**{name: getattr(self, name) for name in ROW_FIELDS}, **self.extra}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Row":
@@ -296,7 +295,7 @@ class Row:
         missing = [name for name in REQUIRED_FIELDS if data.get(name) is None]
         if missing:
             raise ValueError(f"not a results row (no {', '.join(missing)})")
-        known = {item.name for item in fields(cls)} - {"extra"}
+        known = set(ROW_FIELDS)
         values = {name: value for name, value in data.items() if name in known and value is not None}
         values = check_fields(cls, values, "", error=ValueError)
         check_meta(values)
@@ -304,6 +303,9 @@ class Row:
         check_protocol_args(values)
         extra = {name: value for name, value in data.items() if name not in known}
         return cls(**{"length": None, "seed": 0, **values}, extra=extra)
+
+
+ROW_FIELDS = tuple(item.name for item in fields(Row) if item.name != "extra")  # a row's JSON fields, in order
 
 
 def check_folder_writable(folder: Path, what: str) -> None:
@@ -730,7 +732,7 @@ def load_rows(paths):
         for file in results_files(paths)
         for row in read_rows(file)
     ]
-    columns = [item.name for item in fields(Row) if item.name != "extra"] + ["source"]
+    columns = [*ROW_FIELDS, "source"]
     frame = pd.DataFrame(records, columns=None if records else columns)
     for name in NUMERIC_FIELDS:
         frame[name] = pd.to_numeric(frame[name])
