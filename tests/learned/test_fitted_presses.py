@@ -13,6 +13,7 @@ from kvpress.presses import expected_attention_with_stats, fastkvzip_press, kvza
 from transformers import DynamicCache
 
 from kvbench.cli import main
+from kvbench.core import resources
 from kvbench.learned.catalog import FITTED
 from kvbench.learned.common import TrainingFileError
 from kvbench.learned.fitted import (
@@ -412,8 +413,6 @@ def run_cli(model_dir, out, *press_args):
 def test_the_shipped_state_on_another_model_is_one_line_exit_2(tiny_llama_dir, tmp_path):
     """The embedded model's shipped filters refused on the tiny model (its weights differ), and a model
     without fitted state told the command that makes it; nothing written."""
-    from kvbench.core import resources
-
     shipped = resources.learned_state_dir("qfilter", "smollm2-135m")
     cases = {
         "shipped": (
@@ -472,3 +471,30 @@ def test_duo_attention_scores_are_kvpress_on_the_fly_calibration(tiny_model, emb
     lowest = tensors["head_scores"].flatten().argsort()[:2]
     assert press.streaming_mask.flatten()[lowest].all() and int(press.streaming_mask.sum()) == 2
     assert (press.sink_size, press.recent_size) == (128, 256)
+
+
+SHIPPED_FITS = sorted(
+    (card.parent.parent.name, card.parent.name)
+    for name in FITTED
+    for card in resources.learned_state_dir(name, "x").parent.glob("*/card.json")
+)
+
+
+@pytest.mark.parametrize(("name", "model"), SHIPPED_FITS, ids=["/".join(fit) for fit in SHIPPED_FITS])
+def test_each_shipped_fitted_state_is_of_its_model_and_its_card_holds_its_digest(name, model):
+    """Every shipped fitted state (presses/NAME/MODEL/): its card names its method and a built-in model with
+    that model's pinned shape, and the sha256 it records is its state file's, so a copy that changed or a
+    state fitted for another shape is caught here rather than refused at a user's run."""
+    import hashlib
+    import json
+
+    from kvbench.bridge import builtin
+
+    folder = resources.learned_state_dir(name, model)
+    card = json.loads((folder / "card.json").read_text())
+    pinned = builtin.BUILTIN[model]
+    assert card["method"] == name and card["model"]["name"] == model
+    shape = (card["model"]["num_layers"], card["model"]["num_kv_heads"], card["model"]["head_dim"])
+    assert shape == (pinned.layers, pinned.kv_heads, pinned.head_dim)
+    state = (folder / FITTED[name].state_file).read_bytes()
+    assert card["state_sha256"] == hashlib.sha256(state).hexdigest()
