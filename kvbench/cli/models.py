@@ -20,6 +20,8 @@ def models(ctx):
         return
     from kvbench.bridge import builtin, gguf_files
     from kvbench.bridge.models import EMBEDDED, cache_dir
+    from kvbench.learned.catalog import LEARNED
+    from kvbench.learned.common.state import shipped_state_dir
 
     for model in builtin.BUILTIN.values():
         default = " (default)" if model.name == EMBEDDED else ""
@@ -37,6 +39,12 @@ def models(ctx):
             f"  GGUF {model.gguf_bytes / 1e6:,.0f} MB from {wheels}=={model.wheels[0].version} "
             f"(sha256 {model.gguf_sha256[:12]}...); {state}"
         )
+        shipped = [
+            press.name
+            for press in LEARNED
+            if (shipped_state_dir(press.name, model.name) / "card.json").is_file()
+        ]
+        click.echo(f"  learned states shipped: {', '.join(shipped) or 'none'}")
 
 
 @models.command(name="fetch")

@@ -148,3 +148,20 @@ def test_a_blank_out_is_no_folder_not_the_current_one(tmp_path, monkeypatch, arg
     assert [path.name for path in tmp_path.iterdir()] == ["results"] and not any(
         (tmp_path / "results").iterdir()
     )
+
+
+def test_models_lists_the_learned_states_shipped_for_each_model():
+    """`kvbench models` names, under each built-in model, the presses whose state folder presses/PRESS/MODEL/
+    holds a card: what runs on that model with no --press-arg weights."""
+    from pathlib import Path
+
+    from kvbench.bridge import builtin
+
+    root = Path(__file__).resolve().parents[2] / "presses"
+    result = CliRunner().invoke(main, ["models"])
+    assert result.exit_code == 0, result.output
+    listed = [line for line in result.output.splitlines() if line.startswith("  learned states shipped: ")]
+    assert len(listed) == len(builtin.BUILTIN)
+    for model, line in zip(builtin.BUILTIN, listed, strict=True):
+        shipped = {card.parent.parent.name for card in root.glob(f"*/{model}/card.json")}
+        assert set(line.removeprefix("  learned states shipped: ").split(", ")) == shipped
