@@ -92,7 +92,24 @@ def cost_points(board: Leaderboard, costs: Costs) -> tuple[pd.DataFrame, int | N
     frame = pd.DataFrame(points)
     if not frame.empty:
         frame = frame.sort_values(["axis", "budget", "average"], ascending=[True, True, False])
+        frame["frontier"] = on_frontier(frame)
     return frame, length
+
+
+def on_frontier(points: pd.DataFrame) -> list[bool]:
+    """Per point, whether it is on the accuracy-against-prefill frontier of its budget: no other press at the
+    same axis and budget scores higher at no more prefill overhead."""
+    rows = points.to_dict("records")
+    return [
+        not any(
+            other["axis"] == row["axis"]
+            and other["budget"] == row["budget"]
+            and other["average"] > row["average"]
+            and other["prefill_overhead"] <= row["prefill_overhead"]
+            for other in rows
+        )
+        for row in rows
+    ]
 
 
 def cost_table(points: pd.DataFrame) -> Table:
@@ -110,6 +127,7 @@ def cost_table(points: pd.DataFrame) -> Table:
             "decode vs none": [f"{value:.2f}x" for value in points["decode_speed"]],
             "allocated / full": [f"{value:.2f}" for value in points["allocated"]],
             "accounted / full": [f"{value:.2f}" for value in points["accounted"]],
+            "on the frontier": ["yes" if value else "" for value in points["frontier"]],
         },
         index=pd.Index(points["press"], name="press"),
     )
@@ -135,6 +153,16 @@ def cost_figure(board: Leaderboard, points: pd.DataFrame, styles: dict[str, Styl
                 markersize=7 if style.linewidth == Style.linewidth else 11,
                 label=f"{point['press']} ({point['axis']} {point['budget']:g})",
             )
+    for _, group in points[points["frontier"]].groupby(["axis", "budget"]):
+        group = group.sort_values("prefill_overhead")
+        prefill_ax.plot(
+            100 * group["prefill_overhead"],
+            group["average"],
+            drawstyle="steps-post",
+            color="grey",
+            linewidth=1,
+            zorder=0,
+        )
     if board.reference is not None:
         for ax in (prefill_ax, decode_ax):
             ax.axhline(board.reference.mean(), linestyle="--", color="black", label="none (no compression)")
@@ -176,7 +204,8 @@ def cost_blocks(board: Leaderboard, costs: Costs, out_dir: Path, styles: dict[st
             "cache (each the fastest of interleaved repeats), and the cache's allocated storage beside "
             "kvbench's 16-bit accounting, each as a fraction of the full cache's. A codec whose allocated "
             "fraction is far above its accounted one hands attention dequantised tensors: its saving needs "
-            "a kernel that reads the codes."
+            "a kernel that reads the codes. A press is on the frontier where no other press at its budget "
+            "scores higher at no more prefill overhead (the grey steps in the plot)."
         ),
         cost_table(points),
         Image(

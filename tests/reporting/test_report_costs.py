@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from kvbench.cli import main
 from kvbench.reporting import render_report
 from kvbench.reporting.boards import build_leaderboards
-from kvbench.reporting.costs import cost_points, read_costs
+from kvbench.reporting.costs import cost_points, on_frontier, read_costs
 from kvbench.reporting.read import collect
 from kvbench.store.costs import COSTS_FILE, Cost
 from tests.reporting.test_report import PNG_SIGNATURE, markdown_tables, memory_rows, write_results
@@ -76,9 +76,51 @@ def test_costs_join_the_scores_of_the_same_press_budget_and_length(tmp_path):
     [table] = [t for t in markdown_tables(readme) if t[0][:3] == ["press", "budget", "score"]]
     rows = {row[0]: row for row in table[1:]}
     assert set(rows) == {"knorm", "quant"}
-    assert rows["knorm"][3:] == ["+2.0%", "36.0", "0.90x", "0.50", "0.50"]
-    assert rows["quant"][3:] == ["+30.0%", "30.0", "0.75x", "1.00", "0.20"]
+    assert rows["knorm"][3:] == ["+2.0%", "36.0", "0.90x", "0.50", "0.50", "yes"]  # alone at its budget
+    assert rows["quant"][3:] == ["+30.0%", "30.0", "0.75x", "1.00", "0.20", "yes"]
     assert (out / "smollm2-135m-1024-costs.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_frontier_holds_the_presses_no_cheaper_press_outscores(seed):
+    """Random points at two budgets, with tied scores and tied costs: a point is on its budget's frontier
+    exactly where its score is at least the best score of the other points that cost no more."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    n = 12
+    points = pd.DataFrame(
+        {
+            "axis": "ratio",
+            "budget": rng.choice([0.5, 0.75], n),
+            "average": rng.choice([10.0, 40.0, 40.0, 70.0, 90.0], n),
+            "prefill_overhead": rng.choice([-0.1, 0.0, 0.05, 0.05, 0.4, 4.0], n),
+        }
+    )
+    expected = []
+    for i, row in points.iterrows():
+        cheaper = points[
+            (points.index != i)
+            & (points["budget"] == row["budget"])
+            & (points["prefill_overhead"] <= row["prefill_overhead"])
+        ]
+        expected.append(cheaper.empty or row["average"] >= cheaper["average"].max())
+    assert on_frontier(points) == expected
+
+
+def test_the_report_marks_the_frontier_and_a_dominated_press_is_off_it(tmp_path):
+    """knorm and quant at one budget: the one that costs more and scores less is off the frontier."""
+    results = write_results(tmp_path / "results", memory_rows())
+    [board] = build_leaderboards(collect([results]).rows, [])
+    knorm, quant = board.memory.average.at["knorm", 0.25], board.memory.average.at["quant", 0.25]
+    cheap, dear = ("knorm", "quant") if knorm >= quant else ("quant", "knorm")
+    costs = [cost(cheap, 0.25, overhead=0.01), cost(dear, 0.25, overhead=0.2)]
+    costs = read_costs(write_costs(tmp_path / "speed", costs))
+    readme = (render_report([results], tmp_path / "report", costs=costs) / "README.md").read_text()
+    [table] = [t for t in markdown_tables(readme) if t[0][:3] == ["press", "budget", "score"]]
+    frontier = {row[0]: row[-1] for row in table[1:]}
+    assert frontier == {cheap: "yes", dear: ""}
 
 
 def test_costs_of_the_shortest_length_when_none_is_the_boards(tmp_path):
