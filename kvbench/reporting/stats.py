@@ -32,6 +32,7 @@ The choices, each made for small samples (a sweep of 2 samples a task is common)
   question.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -134,7 +135,7 @@ class SignFlip:
         if self.exact:
             self.flipped, self.slopes = every_signed_sum(weights * differences), every_signed_sum(weights)
         else:
-            signs = np.random.default_rng(SEED).choice([-1.0, 1.0], size=(RESAMPLES, units))
+            signs = random_signs(units)
             self.flipped, self.slopes = signs @ (weights * differences), signs @ weights
         self.observed = float(weights @ differences)
         self.total = float(weights.sum())
@@ -177,6 +178,15 @@ class SignFlip:
                 start = 0.0
             ends.append(end if self.accepts(end) else self.bound(end, start))
         return ends[0], ends[1]
+
+
+@functools.lru_cache(maxsize=8)
+def random_signs(units: int) -> np.ndarray:
+    """`RESAMPLES` seeded random assignments of signs to `units` units (read-only): the same for every test
+    of that many units, so a report drawing hundreds of them draws each size once."""
+    signs = np.random.default_rng(SEED).choice([-1.0, 1.0], size=(RESAMPLES, units))
+    signs.flags.writeable = False
+    return signs
 
 
 def every_signed_sum(values: np.ndarray) -> np.ndarray:
