@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every committed report (reports/reference*/: README.md, index.html, plots) from the committed
+# Regenerates every committed report (reports/reference*/ and reports/board-*/: README.md, index.html, plots) from the committed
 # rows (results/reference*/rows.jsonl.gz), with the commands README.md and TRAINING.md quote. Run from the
 # repository root: bash reports/render.sh. index.html is not committed (.gitignore); README.md and the PNGs
 # are. Each line is one report, commented with the study (README.md / TRAINING.md section) that quotes it.
@@ -90,10 +90,17 @@ uv run kvbench report results/reference-third results/reference-per-step-third -
 uv run kvbench report results/reference-per-step-ruler --out reports/reference-per-step-ruler --versus distillcache
 # docs/studies/decode-heavy.md: the presses under decode-time and query-agnostic on long answers
 uv run kvbench report results/reference-decode-heavy --out reports/reference-decode-heavy --versus kvp
+# docs/studies/learned-presses-at-equal-cost.md: the learned-press board
+P="kvp,kvzap,kvzap(model_type=linear),fastkvzip,qfilter,expected_attention_stats,duo_attention,distillcache,gate,kvzip,streaming_llm,knorm,snapkv,tova"
+uv run kvbench report results/board-learned-heldout results/reference-fifth-more --presses "$P" --versus kvp --costs results/board-learned-costs --out reports/board-learned-heldout
+uv run kvbench report results/board-learned-heldout results/reference-fifth-more --presses "$P" --versus kvzip --out reports/board-learned-heldout-kvzip
+uv run kvbench report results/board-learned-ruler --versus kvp --costs results/board-learned-costs --out reports/board-learned-ruler
+uv run kvbench report results/board-learned-ruler --versus kvzip --out reports/board-learned-ruler-kvzip
+uv run kvbench report results/board-learned-qwen --versus kvp --out reports/board-learned-qwen
 
 # The plots as committed: palette PNGs, a third of matplotlib's size, alike to the eye (apt-get install pngquant).
 if command -v pngquant >/dev/null; then
-    pngquant --force --ext .png --quality 80-100 --speed 1 --strip --skip-if-larger reports/reference*/*.png \
+    pngquant --force --ext .png --quality 80-100 --speed 1 --strip --skip-if-larger reports/reference*/*.png reports/board-*/*.png \
         || echo "pngquant left some plots as they were (exit 98: not smaller, 99: quality)" >&2
 else
     echo "pngquant not found: the plots stay full size (about 15.6 MB instead of 5.2 MB)" >&2
