@@ -476,7 +476,7 @@ def test_duo_attention_scores_are_kvpress_on_the_fly_calibration(tiny_model, emb
 SHIPPED_FITS = sorted(
     (card.parent.parent.name, card.parent.name)
     for name in FITTED
-    for card in resources.learned_state_dir(name, "x").parent.glob("*/card.json")
+    for card in resources.shipped("presses", name).glob("*/card.json")
 )
 
 
