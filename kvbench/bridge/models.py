@@ -7,6 +7,7 @@ safetensors folder under the kvbench cache (kvbench.bridge.gguf_files), saying s
 read that folder.
 """
 
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -207,11 +208,44 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_tokenizer(name: str = EMBEDDED):
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx")
+TOKENIZERS: dict = {}  # digest of a folder's files (weights aside) -> the tokenizer read from it
+TOKENIZERS_HELD = 4
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the names and bytes of `folder`'s files, weights (`WEIGHT_SUFFIXES`) aside: what
+    AutoTokenizer reads from it."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix not in WEIGHT_SUFFIXES:
+            digest.update(f"{path.name}\0{path.stat().st_size}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def read_tokenizer(path: str):
+    """AutoTokenizer.from_pretrained(path), a tokenizer of the caller's own each call. A local folder's is
+    parsed once per process while its files stay the same, then deep-copied: reading a 49k-word tokenizer
+    takes about four times as long as copying it, and the tests load such folders hundreds of times."""
     from transformers import AutoTokenizer
 
+    folder = Path(path)
+    if not folder.is_dir():
+        return AutoTokenizer.from_pretrained(path)
+    key = folder_digest(folder)
+    if key not in TOKENIZERS:
+        if len(TOKENIZERS) >= TOKENIZERS_HELD:
+            TOKENIZERS.pop(next(iter(TOKENIZERS)))
+        TOKENIZERS[key] = AutoTokenizer.from_pretrained(path)
+    tokenizer = copy.deepcopy(TOKENIZERS[key])
+    tokenizer.name_or_path = path
+    return tokenizer
+
+
+def load_tokenizer(name: str = EMBEDDED):
     try:
-        return AutoTokenizer.from_pretrained(resolve(name))
+        return read_tokenizer(resolve(name))
     except OSError as error:
         raise ModelNotFound(f"cannot load tokenizer for {name!r}: {first_line(error)}") from None
 
@@ -247,10 +281,8 @@ def resolve_tokenizer(name: str) -> str:
 def load_tokenizer_only(name: str):
     """The tokenizer `name` names (`resolve_tokenizer`), without a model: what sizes samples when it is not
     the model's own. A tokenizer that does not load is ModelNotFound in one line."""
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(resolve_tokenizer(name))
+        return read_tokenizer(resolve_tokenizer(name))
     except ModelNotFound:
         raise
     except Exception as error:  # its files are the user's: a missing or malformed one raises any type
@@ -266,18 +298,35 @@ class TokenizerFiles:
     Folders this does not read as transformers does are refused (`open` gives None): no tokenizer.json, a
     template per name, or clean-up of decoded spaces. Templates render as transformers renders them
     (trim_blocks, lstrip_blocks, loop controls, the special tokens as variables); one that calls what this
-    environment lacks raises."""
+    environment lacks raises.
+
+    Nothing changes one once read, so a process keeps one per folder content (`OPENED`), and each keeps
+    the token ids of the last `ENCODINGS_KEPT` texts it encoded: the search for a haystack that fits
+    encodes the same prompts at every check of the same suite."""
+
+    OPENED: dict[str, "TokenizerFiles | None"] = {}  # folder_digest -> what `read` made of that folder
+    ENCODINGS_KEPT = 4096
 
     def __init__(self, backend, config: dict, chat_template: str | None):
         self.backend, self.config, self.chat_template = backend, config, chat_template
         self.bos_token = token_text(config.get("bos_token"))
         self.model_max_length = config.get("model_max_length") or int(1e30)
+        self.encodings: dict[tuple[str, bool], list[int]] = {}
 
     @classmethod
     def open(cls, name: str) -> "TokenizerFiles | None":
         folder = Path(resolve(name))
         if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
             return None  # a hub id: the tokenizer's files are transformers' to find
+        digest = folder_digest(folder)
+        if digest not in cls.OPENED:
+            if len(cls.OPENED) >= TOKENIZERS_HELD:
+                cls.OPENED.pop(next(iter(cls.OPENED)))
+            cls.OPENED[digest] = cls.read(folder)
+        return cls.OPENED[digest]
+
+    @classmethod
+    def read(cls, folder: Path) -> "TokenizerFiles | None":
         config = json.loads((folder / "tokenizer_config.json").read_text())
         template = config.get("chat_template")
         if (folder / "chat_template.jinja").is_file():
@@ -289,14 +338,19 @@ class TokenizerFiles:
         return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), config, template)
 
     def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False):
+        if not return_offsets_mapping:
+            return {"input_ids": self.encode(text, add_special_tokens)}
         encoded = self.backend.encode(text, add_special_tokens=add_special_tokens)
-        return {
-            "input_ids": encoded.ids,
-            **({"offset_mapping": encoded.offsets} if return_offsets_mapping else {}),
-        }
+        return {"input_ids": encoded.ids, "offset_mapping": encoded.offsets}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        """The text's token ids (a new list each call)."""
+        key = (text, add_special_tokens)
+        if key not in self.encodings:
+            if len(self.encodings) >= self.ENCODINGS_KEPT:
+                self.encodings.pop(next(iter(self.encodings)))
+            self.encodings[key] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return list(self.encodings[key])
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -342,14 +396,14 @@ def load_model(
     if dtype not in DTYPES:
         raise BadInput(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # a bar per weight file load is noise next to ours
     path = resolve(name)
     attn = attn_implementation or default_attn_implementation(device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = read_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=getattr(torch, dtype), attn_implementation=attn
         )
@@ -368,7 +422,7 @@ def load_model(
         ) from None
     model.config.kvbench_name = name
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token  # ty: ignore[invalid-assignment]
+        tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
 
 

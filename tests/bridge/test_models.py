@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kvbench.bridge.models import ModelNotFound, load_model, model_name, model_shape, resolve
+from kvbench.bridge.models import ModelNotFound, load_model, model_name, model_shape, read_tokenizer, resolve
 
 
 def test_embedded_tokenizer_is_fixed(embedded_tokenizer, embedded_model):
@@ -41,6 +41,27 @@ def test_embedded_generation_stops_at_end_of_turn(embedded_model):
 def test_local_folders_load_by_path(tiny_model_dir):
     model, tok = load_model(tiny_model_dir)
     assert model_name(model) == tiny_model_dir and tok.pad_token is not None
+
+
+def test_a_folders_tokenizer_is_read_once_and_each_caller_gets_its_own(tmp_path, tiny_llama_dir):
+    """A second read of unchanged files is a copy of the first (mutating one leaves the next as read); a
+    changed file, or the same files in another folder, is read as it now is."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    first = read_tokenizer(tiny_llama_dir)
+    first.pad_token, first.chat_template = "<|im_start|>", "mutated"
+    second = read_tokenizer(tiny_llama_dir)
+    fresh = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    assert second is not first and second.pad_token == fresh.pad_token
+    assert second.chat_template == fresh.chat_template and second("a cat sat") == fresh("a cat sat")
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_llama_dir, folder)
+    (folder / "chat_template.jinja").write_text("{{ 'edited' }}")
+    edited = read_tokenizer(str(folder))
+    assert edited.chat_template == "{{ 'edited' }}" and edited.name_or_path == str(folder)
+    assert read_tokenizer(tiny_llama_dir).chat_template == fresh.chat_template
 
 
 def test_unknown_models_fail_fast(monkeypatch):

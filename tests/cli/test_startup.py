@@ -125,6 +125,30 @@ def test_tokenizer_files_give_the_samples_transformers_tokenizer_gives(task, len
     )
 
 
+def test_tokenizer_files_are_read_once_per_folder_content_and_encode_as_read(tmp_path, tiny_llama_dir):
+    """The same files give the same reader, whose encodings are the backend's (a caller changing the list
+    it got changes nothing); changed files are read again."""
+    import shutil
+
+    from kvbench.bridge import models
+
+    files = models.TokenizerFiles.open(tiny_llama_dir)
+    assert files is not None and models.TokenizerFiles.open(tiny_llama_dir) is files
+    text = "The quick brown fox " * 30
+    first = files.encode(text, add_special_tokens=False)
+    first.append(-1)
+    assert (
+        files.encode(text, add_special_tokens=False)
+        == files.backend.encode(text, add_special_tokens=False).ids
+    )
+    assert files(text)["input_ids"] == files.backend.encode(text).ids
+    folder = tmp_path / "edited"
+    shutil.copytree(tiny_llama_dir, folder)
+    (folder / "chat_template.jinja").write_text("{{ 'edited' }}")
+    edited = models.TokenizerFiles.open(str(folder))
+    assert edited is not files and edited is not None and edited.chat_template == "{{ 'edited' }}"
+
+
 @pytest.mark.parametrize(
     ("press", "press_args"),
     [*((press.name, {}) for press in LEARNED), ("adakv", {"inner": "kvp"}), ("knorm", {})],
