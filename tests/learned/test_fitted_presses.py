@@ -290,6 +290,9 @@ def test_the_query_statistics_are_kvpress_collectors(model, contexts):
     assert validation["queries"] == queries.shape[-2]
     torch.testing.assert_close(tensors["query_mean"].double(), mean, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(tensors["query_cov"].double(), cov, atol=1e-4, rtol=1e-4)
+    halved, _ = expected_attention_stats.fit(model, None, contexts, {"n_sink": n_sink, "bfloat16": True})
+    assert all(halved[key].dtype == torch.bfloat16 for key in tensors)
+    assert all(torch.equal(halved[key], tensors[key].to(torch.bfloat16)) for key in tensors)
 
 
 def write_state(model, contexts, directory, name: str) -> dict:

@@ -4,7 +4,9 @@ ExpectedAttentionStatsPress, which otherwise reads them from a hub dataset (`ale
 As kvpress's own collector (`collect_queries` in kvpress/presses/expected_attention_with_stats.py): the
 queries before RoPE of every layer and query head over the fitting contexts, the first `n_sink` tokens of
 each context left out; their mean (layers, heads, head_dim) and covariance (layers, heads, head_dim,
-head_dim, divided by N - 1), accumulated as sums rather than held.
+head_dim, divided by N - 1), accumulated as sums rather than held. With the option `bfloat16` they are
+stored in bfloat16, half the size: the precision of kvpress's collector, which runs the model in bfloat16;
+the press casts them to the model's dtype whatever they are stored in.
 """
 
 from dataclasses import dataclass
@@ -17,7 +19,8 @@ from kvbench.learned.fitted.press import FittedState
 
 
 def fit(model, tokenizer, contexts: list, options: dict) -> tuple[dict, dict]:
-    """{"query_mean": (layers, heads, d), "query_cov": (layers, heads, d, d)} and the count of queries."""
+    """{"query_mean": (layers, heads, d), "query_cov": (layers, heads, d, d)}, float32 or with
+    options["bfloat16"] bfloat16, and the count of queries."""
     n_sink = options["n_sink"]
     total, outer, count = {}, {}, {}
 
@@ -39,7 +42,8 @@ def fit(model, tokenizer, contexts: list, options: dict) -> tuple[dict, dict]:
             for i, layer in enumerate(layers)
         ]
     )
-    return {"query_mean": mean.float(), "query_cov": cov.float()}, {"queries": n}
+    dtype = torch.bfloat16 if options.get("bfloat16") else torch.float32
+    return {"query_mean": mean.to(dtype), "query_cov": cov.to(dtype)}, {"queries": n}
 
 
 @dataclass
