@@ -3,6 +3,7 @@
 
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Confi
 from kvbench import presses, tasks
 from kvbench.bridge.models import load_model, load_tokenizer
 from kvbench.core import config
+from kvbench.store import results
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +84,10 @@ def device(request) -> str:
 
 def pytest_configure(config):
     """Each xdist worker, and each process its tests start, runs torch on its share of the cores: two
-    workers of two threads each on two cores spend much of their time waiting on each other's threads."""
+    workers of two threads each on two cores spend much of their time waiting on each other's threads.
+    A worker keeps the parsed rows of every committed results folder (about 40, read by several tests
+    each), where a user's process keeps a few."""
+    results.PARSED_FILES_KEPT = 64
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
@@ -100,6 +105,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def skip_drawing(monkeypatch) -> None:
+    """Figures built but never drawn: savefig writes an empty file, and seaborn's heatmap skips the draw
+    it makes to see whether tick labels overlap (kvbench sets their rotation itself). For tests of what a
+    report says, not of its pixels."""
+    import seaborn.matrix
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path, *args, **kw: Path(path).write_bytes(b""))
+    monkeypatch.setattr(seaborn.matrix, "_draw_figure", lambda figure: None)
 
 
 @pytest.fixture(scope="module")

@@ -643,7 +643,7 @@ def rows_files(folder: Path) -> list[Path]:
 
 
 PARSED_FILES: dict[bytes, tuple[Row, ...]] = {}  # digest of a rows file's bytes -> its rows, all read well
-PARSED_FILES_KEPT = 8  # files whose rows a process keeps (a committed reference: ~5,000 rows, ~20 MB)
+PARSED_FILES_KEPT: int = 8  # files whose rows a process keeps (a committed reference: ~5,000 rows, ~20 MB)
 
 
 def read_file(path: Path) -> list[Row]:

@@ -37,11 +37,11 @@ import pytest
 import transformers
 from click.testing import CliRunner
 from filelock import FileLock
-from matplotlib.figure import Figure
 
 from kvbench.cli import main
 from kvbench.store.results import load_rows
 from kvbench.tasks import load_suite, mixture
+from tests.conftest import skip_drawing
 from tests.harness.test_interop import leaderboard_like
 from tests.project.test_usage_doc import DOCS, braces, marked_commands
 
@@ -178,8 +178,10 @@ INPUTS = [
     "distillcache train --data data/ruler --steps 2 --samples 2 --out agents/dc-ruler5-knorm",
     "sweep --presses kvp,snapkv,h2o,tova --ratios 0.5 --samples 1 --task niah_single_1 --out results/mine",
     "import --format kvpress results_lb results/kvpress",
-    "prefix-cache --requests 4 --docs 3 --budgets 2 --out DIR2",
 ]
+# What the replay of someone else's trace reads (`DIR2/trace.jsonl`): a serving run of 20 s, made only for
+# the long runs (`trace`), which alone replay it.
+TRACE_INPUT = "prefix-cache --requests 4 --docs 3 --budgets 2 --out DIR2"
 # Names the docs give the same kind of input: each is a link to one made above.
 ALIASES = {
     "agents/ruler-uniform": "agents/mine",
@@ -197,24 +199,43 @@ ALIASES = {
 }
 
 
+def built_once(tmp_path_factory, worker_id, name: str, build) -> Path:
+    """The folder `name`, made by `build(folder)` once a run, by the first xdist worker to need it, in the
+    folder the workers share, so that the tests reading it spread over the workers."""
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared if worker_id == "master" else shared.parent
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (shared / f"{name}.built").is_file():
+            build(shared / name)
+            (shared / f"{name}.built").touch()
+    return shared / name
+
+
 @pytest.fixture(scope="session")
 def inputs(tmp_path_factory, worker_id) -> Path:
     """A folder of what the docs' commands read from the user (`my_press.py`, `mine.jsonl`, a suite YAML,
-    kvpress results) or from each other (`INPUTS`, `ALIASES`): built once a run, by the first xdist worker
-    to need it, in the folder the workers share, so that the tests reading it spread over the workers."""
-    shared = tmp_path_factory.getbasetemp()
-    shared = shared if worker_id == "master" else shared.parent
-    root = shared / "doc-inputs"
-    with FileLock(str(shared / "doc-inputs.lock")):
-        if not (shared / "doc-inputs.built").is_file():
-            shutil.rmtree(root, ignore_errors=True)
-            root.mkdir()
-            build_inputs(root)
-            (shared / "doc-inputs.built").touch()
-    return root
+    kvpress results) or from each other (`INPUTS`, `ALIASES`)."""
+    return built_once(tmp_path_factory, worker_id, "doc-inputs", build_inputs)
+
+
+@pytest.fixture(scope="session")
+def trace(inputs, tmp_path_factory, worker_id) -> Path:
+    """`inputs` with `TRACE_INPUT` made in it too."""
+    built_once(tmp_path_factory, worker_id, "doc-trace", lambda _: run_commands(inputs, [TRACE_INPUT]))
+    return inputs
+
+
+def run_commands(root: Path, commands: list[str]) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        for command in commands:
+            result = CliRunner().invoke(main, shlex.split(command))
+            assert result.exit_code == 0, f"kvbench {command}\n{result.output}"
 
 
 def build_inputs(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir()
     (root / "my_press.py").write_text(MY_PRESS)
     records = [(f"The code word is {word}. " * 20, word) for word in ("kiwi", "plum")]
     (root / "mine.jsonl").write_text(
@@ -226,11 +247,7 @@ def build_inputs(root: Path) -> None:
     (root / "path" / "to").mkdir(parents=True)
     (root / "path" / "to" / "my_suite.yaml").write_text("tasks: [niah_single_1]\nlength: 512\nsamples: 1\n")
     leaderboard_like(root / "results_lb")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)
-        for command in INPUTS:
-            result = CliRunner().invoke(main, shlex.split(command))
-            assert result.exit_code == 0, f"kvbench {command}\n{result.output}"
+    run_commands(root, INPUTS)
     for alias, made in ALIASES.items():
         (root / alias).symlink_to(root / made)
 
@@ -402,7 +419,8 @@ def test_a_documented_command_that_computes_runs_at_a_tiny_size(command, request
 
 @pytest.mark.doc_runs
 @pytest.mark.parametrize("command", HEAVY_RUNS, ids=[command[8:68] for command in HEAVY_RUNS])
-def test_a_long_documented_command_runs_at_a_tiny_size(command, inputs, tmp_path, monkeypatch):
+def test_a_long_documented_command_runs_at_a_tiny_size(command, request, tmp_path, monkeypatch):
+    inputs = request.getfixturevalue("trace" if "DIR2/" in command else "inputs")
     check_command(command, inputs, tmp_path, monkeypatch)
 
 
@@ -448,8 +466,8 @@ def check_command(command, inputs, tmp_path, monkeypatch):
         monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse_to_load)
     if mode == "tiny":
         words = tiny(words, monkeypatch)
-    if mode == "report":  # a report's README is compared, not its plots' pixels: drawn, not rasterised
-        monkeypatch.setattr(Figure, "savefig", lambda figure, path, *args, **kw: Path(path).write_bytes(b""))
+    if mode == "report":  # a report's README is compared, not its plots' pixels
+        skip_drawing(monkeypatch)
     result = CliRunner().invoke(main, words)
     assert result.exit_code == 0, f"{mode}: kvbench {shlex.join(words)}\n{result.output}"
     if mode == "held":

@@ -17,7 +17,15 @@ from click.testing import CliRunner
 
 from kvbench.cli import main
 from kvbench.store.results import ResultsStore, Row
+from tests.conftest import skip_drawing
 from tests.reporting.test_report import SCORES, configs, make_row, rows_of, write_results
+
+
+@pytest.fixture(autouse=True)
+def no_pixels(monkeypatch):
+    """These tests read what a report says and which files it names, not its plots' pixels."""
+    skip_drawing(monkeypatch)
+
 
 RUN_CONFIG = {
     "tasks": ["t1", "t2"],
