@@ -46,18 +46,22 @@ def clean_registries():
 @pytest.fixture(autouse=True, scope="session")
 def one_lm_eval_task_index():
     """lm-eval's TaskManager reads all its ~10,000 task YAMLs (6 s on 2 cores) each time one is made; the
-    tests make many over the same folders, so they share one index per list of folders. What a build reads
-    is fixed for the session: tests write their own task YAMLs into folders of their own."""
+    tests make many, over lm-eval's folder and folders of their own, so they share one index per folder,
+    merged in order as TaskIndex.build merges them (a later folder's task overrides). What a build reads is
+    fixed for the session: tests write their own task YAMLs into folders of their own."""
     from lm_eval.tasks._index import TaskIndex
 
     build = TaskIndex.build
     built = {}
 
     def shared(paths, *, resolve_includes=True):
-        key = (tuple(str(path) for path in paths), resolve_includes)
-        if key not in built:
-            built[key] = build(paths, resolve_includes=resolve_includes)
-        return dict(built[key])
+        index = {}
+        for path in paths:
+            key = (str(path), resolve_includes)
+            if key not in built:
+                built[key] = build([path], resolve_includes=resolve_includes)
+            index.update(built[key])
+        return index
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(TaskIndex, "build", staticmethod(shared))

@@ -29,6 +29,7 @@ from kvbench.reporting.plots import (
 from kvbench.reporting.read import collect, split_press_labels
 from kvbench.reporting.stats import SignFlip, sign_flip_p
 from kvbench.store.results import ResultsStore, Row, config_id
+from tests.conftest import skip_drawing
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BYTES_PER_ENTRY = 256  # keys + values of one head at head_dim 64 in fp16
@@ -42,6 +43,13 @@ SCORES = {
     ("knorm", 0.5): {"t1": [50, 70], "t2": [80, 80, 40, 40]},  # 60, 60 -> 60
     ("snapkv", 0.5): {"t1": [100, 80], "t2": [20, 20, 20, 20]},  # 90, 20 -> 55 (all samples: 43.3)
 }
+
+
+@pytest.fixture(autouse=True)
+def no_pixels(request, monkeypatch):
+    """Figures built but not drawn, but in the tests marked `pixels`, which read the PNGs themselves."""
+    if request.node.get_closest_marker("pixels") is None:
+        skip_drawing(monkeypatch)
 
 
 def make_row(press, ratio, task, index, score, model="smollm2-135m", length=1024):
@@ -108,6 +116,7 @@ def configs(presses: list[str], ratios: list[float]) -> list[dict]:
     ]
 
 
+@pytest.mark.pixels
 def test_leaderboard_numbers_tables_and_plots(tmp_path):
     results = write_results(tmp_path / "results", rows_of(SCORES), {"tasks": ["t1", "t2"], "samples": 2})
     [board] = build_leaderboards(collect([results]).rows, collect([results]).runs)
@@ -382,6 +391,7 @@ def memory_rows() -> list[dict]:
     return rows
 
 
+@pytest.mark.pixels
 def test_memory_leaderboard_matches_pandas(tmp_path):
     rows = memory_rows()
     results = write_results(tmp_path / "results", rows)
