@@ -20,10 +20,12 @@ user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `
 A tiny run checks what it wrote, not only its exit code: a run or sweep rows of every press it names, a
 training or fitting command its card, datagen its manifest's prompts.
 
-The tiny runs that still take tens of seconds at a tiny size (`HEAVY`: MemDecay's lifetimes, perplexity's
-forward per chunk, prefix caching's serving replay, the decode-heavy tasks' 250-token answers, a 2048-token
-context, KVzip's extra forward passes) carry the marker `doc_runs`, which the default run deselects (`uv run
---group dev pytest -m doc_runs` runs them): about six minutes on 2 cores. The rest run by default.
+The tiny runs that still take from several to tens of seconds at a tiny size (`heavy`: MemDecay's lifetimes,
+perplexity's forward per chunk and the streaming protocol's compression per chunk, prefix caching's serving
+replay, the decode-heavy tasks' 250-token answers, a 2048-token context, KVzip's extra forward passes in a
+press or in the targets a press is fitted to, lm-eval's reading of its 10,000 task files) carry the marker
+`doc_runs`, which the default run deselects (`uv run --group dev pytest -m doc_runs` runs them): about
+seven minutes on 2 cores. The rest run by default.
 """
 
 import json
@@ -376,9 +378,10 @@ def computes(command: str) -> bool:
     return not COMMANDS[command].startswith("needs ") and (mode_of(words) == "tiny" or reads_inputs(words))
 
 
-HEAVY_COMMANDS = {("memdecay", "lifetimes"), ("perplexity",), ("prefix-cache",)}
+HEAVY_COMMANDS = {("memdecay", "lifetimes"), ("perplexity",), ("prefix-cache",), ("lm-eval",)}
 HEAVY_TASKS = {"recite_log", "list_crates"}  # decode-heavy: answers of ~250 tokens
 HEAVY_PRESSES = {"kvzip", "kvgrad"}  # extra forward passes a context: 25-45 s on one tiny sample
+HEAVY_FITS = {"kvzap", "fastkvzip"}  # fitted to KVzip's scores: its passes over a repeated context
 
 
 def heavy(command: str) -> bool:
@@ -388,11 +391,14 @@ def heavy(command: str) -> bool:
     tasks = {words[i + 1] for i, word in enumerate(words) if word == "--task"}
     authors = option(words, "--recipe") == "authors"  # a batch of whole prompts a step: 30 s at a tiny size
     presses = set((option(words, "--presses") or option(words, "--press") or "").split(","))
+    fitted = command_path(words) == ("fit",) and words[1] in HEAVY_FITS
     return (
         command_path(words) in HEAVY_COMMANDS
         or bool(tasks & HEAVY_TASKS | presses & HEAVY_PRESSES)
+        or option(words, "--protocol") == "streaming"
         or long_context
         or authors
+        or fitted
     )
 
 
