@@ -15,7 +15,7 @@ user or from each other (`inputs`: data/ and agents/ made by `kvp datagen` and `
 - `tiny`: a command that computes runs at the size `TINY` gives its subcommand (its options replaced or
   added) and `TINY_MIXTURES` gives `--mixture`: the same code path, options, checks and outputs as
   written, on one or two samples. A run or sweep keeps one sample of its first task (the suite's, at the
-  suite's length) and its first ratio, memory or budget.
+  task's shortest length) and its first ratio, memory or budget.
 
 A tiny run checks what it wrote, not only its exit code: a run or sweep rows of every press it names, a
 training or fitting command its card, datagen its manifest's prompts.
@@ -42,7 +42,7 @@ from filelock import FileLock
 
 from kvbench.cli import main
 from kvbench.store.results import load_rows
-from kvbench.tasks import load_suite, mixture
+from kvbench.tasks import family_of, load_suite, mixture
 from tests.conftest import skip_drawing
 from tests.harness.test_interop import leaderboard_like
 from tests.project.test_usage_doc import DOCS, braces, marked_commands
@@ -138,7 +138,8 @@ def with_method_options(words: list[str], options: dict[str, str]) -> list[str]:
 
 
 def one_task(words: list[str]) -> list[str]:
-    """A run or sweep cut to its first task: `--task` kept once, or the suite's first task at its length."""
+    """A run or sweep cut to its first task: `--task` kept once, or the suite's first task at its shortest
+    length (the suite's length is the command's to use, not a task's to need)."""
     if option(words, "--data") is not None:
         return words
     tasks = [words[i + 1] for i, word in enumerate(words) if word == "--task"]
@@ -146,8 +147,13 @@ def one_task(words: list[str]) -> list[str]:
     if tasks:
         return kept + ["--task", tasks[0]]
     suite = load_suite(option(words, "--suite") or "ruler-smoke")
-    length = [] if suite.length is None or "--length" in words else ["--length", str(suite.length)]
-    return kept + ["--task", suite.tasks[0]] + length
+    task = suite.tasks[0]
+    length = (
+        []
+        if suite.length is None or "--length" in words
+        else ["--length", str(family_of(task).min_length(task))]
+    )
+    return kept + ["--task", task] + length
 
 
 COMMANDS = dict(sorted({command: mark for path in DOCS for command, mark in marked_commands(path)}.items()))
