@@ -184,7 +184,8 @@ INPUTS = [
     "kvp train --data data/ruler --steps 2 --eval-every 1 --tokens 32 --rankings 2 --arch apple"
     " --out agents/apple",
     "distillcache train --data data/ruler --steps 2 --samples 2 --out agents/dc-ruler5-knorm",
-    "sweep --presses kvp,snapkv,h2o,tova --ratios 0.5 --samples 1 --task niah_single_1 --out results/mine",
+    "sweep --presses kvp,snapkv,h2o,tova --ratios 0.5 --samples 1 --task niah_single_1 --length 512"
+    " --out results/mine",
     "import --format kvpress results_lb results/kvpress",
 ]
 # What the replay of someone else's trace reads (`DIR2/trace.jsonl`): a serving run of 20 s, made only for
