@@ -226,8 +226,8 @@ def folder_digest(folder: Path) -> str:
 
 def read_tokenizer(path: str):
     """AutoTokenizer.from_pretrained(path), a tokenizer of the caller's own each call. A local folder's is
-    parsed once per process while its files stay the same, then deep-copied: reading a 49k-word tokenizer
-    takes about four times as long as copying it, and the tests load such folders hundreds of times."""
+    parsed once per process while its files stay the same, then deep-copied: a copy costs a fraction of a
+    parse."""
     from transformers import AutoTokenizer
 
     folder = Path(path)
