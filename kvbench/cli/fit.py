@@ -66,7 +66,10 @@ def fit(name, out, replace, model, device, mixture, samples, length, seed, optio
     kvbench fit qfilter --out presses/qfilter/smollm2-135m
     kvbench fit kvzap --option hidden_dim=64 --out presses/kvzap/smollm2-135m
     """
+    import sys
     import time
+
+    from tqdm.auto import tqdm
 
     from kvbench.bridge.models import load_model, load_tokenizer
     from kvbench.core.provenance import command_line
@@ -80,7 +83,10 @@ def fit(name, out, replace, model, device, mixture, samples, length, seed, optio
     check_prompts(name, len(contexts))
     llm, _ = load_model(model, device=device)
     started = time.perf_counter()
-    tensors, validation = method(name).fit(llm, tokenizer, contexts, config.options)
+    with tqdm(
+        contexts, desc=f"fit {name}", unit="context", file=sys.stderr
+    ) as passes:  # each fit reads them once
+        tensors, validation = method(name).fit(llm, tokenizer, passes, config.options)
     card = card_of(llm, config, contexts, time.perf_counter() - started, validation)
     card = save_fitted(out, name, tensors, {**card, "command": command_line()})
     click.echo(f"wrote {out}: {len(contexts)} prompts, {card['seconds']} s, validation {validation}")
