@@ -58,10 +58,14 @@ def method(name: str):
     return importlib.import_module(f"kvbench.learned.fitted.{name}")
 
 
+BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def check_options(name: str, options: dict) -> dict:
     """`options` (NAME=VALUE from the command line) over the method's defaults, each of its default's type;
-    BadInput for one the method does not take, and for a number that is not finite, negative, or 0 where
-    its default is not (a width, a step count or a learning rate of 0 fits nothing)."""
+    BadInput for one the method does not take, for a switch that is not one of `BOOLEANS`, and for a
+    number that is not finite, negative, or 0 where its default is not (a width, a step count or a
+    learning rate of 0 fits nothing)."""
     defaults = declared(name).options
     checked = dict(defaults)
     for key, value in options.items():
@@ -70,9 +74,10 @@ def check_options(name: str, options: dict) -> dict:
             raise BadInput(f"fit {name} takes no option {key!r} (it takes: {known})")
         kind = type(defaults[key])
         try:
-            checked[key] = kind(value) if kind is not bool else str(value).lower() in ("1", "true", "yes")
-        except ValueError:
-            raise BadInput(f"fit {name}: {key}={value!r} is not {kind.__name__}") from None
+            checked[key] = kind(value) if kind is not bool else BOOLEANS[str(value).lower()]
+        except (ValueError, KeyError):
+            what = "true or false" if kind is bool else kind.__name__
+            raise BadInput(f"fit {name}: {key}={value!r} is not {what}") from None
         number, zero_allowed = checked[key], defaults[key] == 0
         in_range = number > 0 or (number == 0 and zero_allowed)
         if kind in (int, float) and not (math.isfinite(number) and in_range):
