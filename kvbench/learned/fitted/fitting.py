@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from kvbench.core.errors import BadInput
+from kvbench.core.validation import FALSE, TRUE
 from kvbench.learned.catalog import FITTED, Fit
 from kvbench.learned.common import model_shape
 
@@ -58,13 +59,17 @@ def method(name: str):
     return importlib.import_module(f"kvbench.learned.fitted.{name}")
 
 
-BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+def switch(text: str) -> bool:
+    """True or false as a press argument reads them (`validation.TRUE`, `FALSE`); ValueError otherwise."""
+    if text not in TRUE + FALSE:
+        raise ValueError(text)
+    return text in TRUE
 
 
 def check_options(name: str, options: dict) -> dict:
     """`options` (NAME=VALUE from the command line) over the method's defaults, each of its default's type;
-    BadInput for one the method does not take, for a switch that is not one of `BOOLEANS`, and for a
-    number that is not finite, negative, or 0 where its default is not (a width, a step count or a
+    BadInput for one the method does not take, for a switch that is not true or false (`switch`), and for
+    a number that is not finite, negative, or 0 where its default is not (a width, a step count or a
     learning rate of 0 fits nothing)."""
     defaults = declared(name).options
     checked = dict(defaults)
@@ -74,8 +79,8 @@ def check_options(name: str, options: dict) -> dict:
             raise BadInput(f"fit {name} takes no option {key!r} (it takes: {known})")
         kind = type(defaults[key])
         try:
-            checked[key] = kind(value) if kind is not bool else BOOLEANS[str(value).lower()]
-        except (ValueError, KeyError):
+            checked[key] = kind(value) if kind is not bool else switch(str(value).strip())
+        except ValueError:
             what = "true or false" if kind is bool else kind.__name__
             raise BadInput(f"fit {name}: {key}={value!r} is not {what}") from None
         number, zero_allowed = checked[key], defaults[key] == 0
