@@ -136,7 +136,9 @@ def capture_prompt(
         queries[module.layer_idx] += weights.shape[1]
 
     with attention_hooks(model, add_features):
-        model(input_ids=torch.tensor([context_ids], device=model.device), past_key_values=cache)
+        language_model(model)(
+            input_ids=torch.tensor([context_ids], device=model.device), past_key_values=cache
+        )
     layers = range(num_layers)
     keys = torch.stack([cache.layers[i].keys[0] for i in layers]).half().cpu()
     values = torch.stack([cache.layers[i].values[0] for i in layers]).half().cpu()
@@ -188,7 +190,9 @@ def capture_whole_prompt(model, prompt_ids: list[int], gen_tokens: int) -> dict:
         utility[module.layer_idx] = utility[module.layer_idx] + grouped.float().sum(dim=1).cpu()
 
     cache = DynamicCache()
-    logits = model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache).logits
+    logits = model(
+        input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache, logits_to_keep=1
+    ).logits
     layers = range(num_layers)
     keys = torch.stack([cache.layers[i].keys[0] for i in layers]).half().cpu()
     values = torch.stack([cache.layers[i].values[0] for i in layers]).half().cpu()
