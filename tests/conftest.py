@@ -2,14 +2,17 @@
 (in memory through `tiny_model`, saved as a local folder through `tiny_model_dir`)."""
 
 import contextlib
+import copy
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench import presses, tasks
+from kvbench.bridge import models
 from kvbench.bridge.models import load_model, load_tokenizer
 from kvbench.core import config
 from kvbench.store import results
@@ -41,6 +44,27 @@ def clean_registries():
     for live, entries in kept:
         live.clear()
         live.update(entries)
+
+
+@pytest.fixture(autouse=True)
+def tokenizers_share_their_vocabulary(monkeypatch):
+    """The tokenizers `models.read_tokenizer` gives a test share their folder's parsed vocabulary (the
+    `tokenizers` backend, which kvbench never changes: deep-copying the embedded one takes 0.2 s, and a suite
+    makes about 290 copies) and copy all else, which tests do change (special tokens, the chat template).
+    A test that adds tokens to a shared vocabulary fails at its end."""
+    shared = {}
+
+    def copy_sharing_vocabulary(tokenizer):
+        vocabulary = tokenizer._tokenizer
+        shared[id(vocabulary)] = (vocabulary, vocabulary.get_vocab_size(with_added_tokens=True))
+        return copy.deepcopy(tokenizer, {id(vocabulary): vocabulary})
+
+    monkeypatch.setattr(models, "copy", SimpleNamespace(deepcopy=copy_sharing_vocabulary))
+    yield
+    for vocabulary, size in shared.values():
+        assert vocabulary.get_vocab_size(with_added_tokens=True) == size, (
+            "a test added tokens to a shared tokenizer"
+        )
 
 
 @pytest.fixture(autouse=True, scope="session")
