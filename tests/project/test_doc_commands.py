@@ -54,10 +54,10 @@ TINY = {
     ("run",): {"--samples": "1"},
     ("sweep",): {"--samples": "1"},
     ("kvp", "datagen"): {"--gen-tokens": "4", "--val-fraction": "0.5"},  # and, without --mixture, `TINY_DATA`
-    ("kvp", "train"): {"--steps": "2", "--eval-every": "1", "--tokens": "32", "--rankings": "2"},
-    ("distillcache", "train"): {"--steps": "2", "--eval-every": "1", "--samples": "2"},
+    ("kvp", "train"): {"--steps": "1", "--eval-every": "1", "--tokens": "32", "--rankings": "2"},
+    ("distillcache", "train"): {"--steps": "1", "--eval-every": "1", "--samples": "2"},
     ("gate", "train"): {
-        "--steps": "2",
+        "--steps": "1",
         "--texts": "2",
         "--val-texts": "1",
         "--length": "32",
@@ -180,10 +180,10 @@ INPUTS = [
     " --reconstruction --out data/recon-ruler",
     "kvp datagen --tasks niah_single_1 --length 512 --samples 2 --val-fraction 0.5 --gen-tokens 4"
     " --target authors --out data/authors",
-    "kvp train --data data/ruler --steps 2 --eval-every 1 --tokens 32 --rankings 2 --out agents/mine",
-    "kvp train --data data/ruler --steps 2 --eval-every 1 --tokens 32 --rankings 2 --arch apple"
+    "kvp train --data data/ruler --steps 1 --eval-every 1 --tokens 32 --rankings 2 --out agents/mine",
+    "kvp train --data data/ruler --steps 1 --eval-every 1 --tokens 32 --rankings 2 --arch apple"
     " --out agents/apple",
-    "distillcache train --data data/ruler --steps 2 --samples 2 --out agents/dc-ruler5-knorm",
+    "distillcache train --data data/ruler --steps 1 --samples 2 --out agents/dc-ruler5-knorm",
     "sweep --presses kvp,snapkv,h2o,tova --ratios 0.5 --samples 1 --task niah_single_1 --length 512"
     " --out results/mine",
     "import --format kvpress results_lb results/kvpress",
