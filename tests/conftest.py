@@ -68,22 +68,39 @@ def tokenizers_share_their_vocabulary(monkeypatch):
 
 
 @pytest.fixture(autouse=True, scope="session")
-def one_lm_eval_task_index():
+def one_lm_eval_task_index(tmp_path_factory, worker_id):
     """lm-eval's TaskManager reads all its ~10,000 task YAMLs (6 s on 2 cores) each time one is made; the
     tests make many, over lm-eval's folder and folders of their own, so they share one index per folder,
-    merged in order as TaskIndex.build merges them (a later folder's task overrides). What a build reads is
+    merged in order as TaskIndex.build merges them (a later folder's task overrides). lm-eval's own folder
+    is read by the first xdist worker that needs it and unpickled by the others. What a build reads is
     fixed for the session: tests write their own task YAMLs into folders of their own."""
+    import pickle
+
+    import lm_eval.tasks
+    from filelock import FileLock
     from lm_eval.tasks._index import TaskIndex
 
     build = TaskIndex.build
     built = {}
+    shared_folder = tmp_path_factory.getbasetemp()
+    shared_folder = shared_folder if worker_id == "master" else shared_folder.parent
+    lm_evals_own = str(Path(lm_eval.tasks.__file__).parent)
+
+    def build_once(path, resolve_includes):
+        if str(path) != lm_evals_own:
+            return build([path], resolve_includes=resolve_includes)
+        saved = shared_folder / f"lm-eval-index-{resolve_includes}.pickle"
+        with FileLock(f"{saved}.lock"):
+            if not saved.is_file():
+                saved.write_bytes(pickle.dumps(build([path], resolve_includes=resolve_includes)))
+        return pickle.loads(saved.read_bytes())
 
     def shared(paths, *, resolve_includes=True):
         index = {}
         for path in paths:
             key = (str(path), resolve_includes)
             if key not in built:
-                built[key] = build([path], resolve_includes=resolve_includes)
+                built[key] = build_once(path, resolve_includes)
             index.update(built[key])
         return index
 
