@@ -67,3 +67,24 @@ def test_fit_options_are_checked_before_torch_is_imported():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["3", "False"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_all_finite_says_what_torch_isfinite_says(dtype):
+    """Finite values whose sum overflows are finite; one nan or infinity anywhere is not."""
+    import torch
+
+    from kvbench.learned.common.state import all_finite
+
+    dtype = getattr(torch, dtype)
+    huge = torch.full((4, 64), torch.finfo(dtype).max, dtype=dtype)
+    assert all_finite(huge) and not torch.isfinite(huge.sum())
+    generator = torch.Generator().manual_seed(0)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for _ in range(5):
+            tensor = torch.randn(4, 64, generator=generator).to(dtype)
+            spots = torch.rand(tensor.shape, generator=generator) < 0.01
+            tensor[spots] = bad
+            assert all_finite(tensor) == bool(torch.isfinite(tensor).all()) == (not spots.any())
+            tensor.view(-1)[int(torch.randint(256, (1,), generator=generator))] = bad
+            assert not all_finite(tensor)

@@ -11,7 +11,7 @@ from kvbench.bridge import models
 from kvbench.core.errors import DataFileError, TrainingFileError
 from kvbench.core.validation import STRICT, Count, Positive, check_json, parse_json, read_text
 from kvbench.learned.common.files import MANIFEST_FILE, corrupt, read_json
-from kvbench.learned.common.state import ModelShape
+from kvbench.learned.common.state import ModelShape, all_finite
 
 SHARED = "shared"  # the method of datagen.py's stores: every learned press trains from them
 
@@ -142,7 +142,6 @@ class TrainingData:
         """The named tensors of one shard. A shard that is missing, truncated or not safetensors, lacks a
         tensor, or holds one of another shape than the manifest says (`SHARD_SHAPES`) or not finite, is a
         one-line TrainingFileError naming it, not a traceback half-way through training."""
-        import torch
         from safetensors import safe_open
 
         path = Path(shard["directory"]) / shard["file"]
@@ -162,7 +161,7 @@ class TrainingData:
             got = tuple(tensor.shape)
             if got[: len(wanted)] != wanted or (SHARD_SHAPES[name] and len(got) != len(wanted)):
                 reason = f"{name} of shape {got}, not {wanted}"
-            elif not torch.isfinite(tensor).all():
+            elif tensor.is_floating_point() and not all_finite(tensor):
                 reason = f"{name} holds values that are not finite"
             else:
                 continue
