@@ -4,6 +4,11 @@ import torch
 from kvbench.bridge.models import ModelNotFound, load_model, model_name, model_shape, read_tokenizer, resolve
 
 
+@pytest.fixture(autouse=True)
+def tokenizers_share_their_vocabulary():
+    """Here `read_tokenizer`'s own copies are under test, not the suite's shared vocabulary (conftest)."""
+
+
 def test_embedded_tokenizer_is_fixed(embedded_tokenizer, embedded_model):
     model, _ = embedded_model
     tok = embedded_tokenizer
@@ -54,7 +59,8 @@ def test_a_folders_tokenizer_is_read_once_and_each_caller_gets_its_own(tmp_path,
     first.pad_token, first.chat_template = "<|im_start|>", "mutated"
     second = read_tokenizer(tiny_llama_dir)
     fresh = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    assert second is not first and second.pad_token == fresh.pad_token
+    assert second is not first and second._tokenizer is not first._tokenizer
+    assert second.pad_token == fresh.pad_token
     assert second.chat_template == fresh.chat_template and second("a cat sat") == fresh("a cat sat")
     folder = tmp_path / "copy"
     shutil.copytree(tiny_llama_dir, folder)
