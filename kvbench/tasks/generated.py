@@ -27,7 +27,7 @@ from pathlib import Path
 from kvbench.core.errors import BadInput, UnknownTask
 from kvbench.tasks import ruler, words
 from kvbench.tasks.base import Sample
-from kvbench.tasks.prompt import tokenize_sample
+from kvbench.tasks.prompt import input_token_count
 
 # ---- Sources ----
 
@@ -209,12 +209,6 @@ def as_sample(task: str, draft: Draft, layout: Layout, max_new_tokens: int, leng
     )
 
 
-def input_tokens(tokenizer, sample: Sample) -> int:
-    """Tokens of the input as the engine builds it (context turns, question, answer prefix)."""
-    prompt = tokenize_sample(tokenizer, sample)
-    return prompt.context_ids.shape[1] + prompt.question_ids.shape[1]
-
-
 def family_api(generators: dict[str, Generator], layouts: tuple[Layout, ...]):
     """What a generated family module exposes to the task registry (kvbench.tasks): TASKS, KINDS, METRICS,
     min_length(task) and make_samples(task, length, samples, seed, tokenizer, data_dir), from its
@@ -256,7 +250,7 @@ def make_samples(
         def sample_at(n: int, draft_at=draft_at, layout=layout, sample_id=sample_id) -> Sample:
             return as_sample(task, draft_at(n), layout, generator.max_new_tokens, length, sample_id)
 
-        tokens_at = functools.cache(lambda n, sample_at=sample_at: input_tokens(tokenizer, sample_at(n)))
+        tokens_at = functools.cache(lambda n, sample_at=sample_at: input_token_count(tokenizer, sample_at(n)))
         low, budget = generator.min_units, length - generator.max_new_tokens
         if tokens_at(low) > budget:
             raise BadInput(f"{task} does not fit in {length} tokens with this tokenizer: use a larger length")

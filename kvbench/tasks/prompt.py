@@ -50,17 +50,20 @@ class Prompt:
 REGIONS = ("system", "user", "assistant", "tool", "scratchpad")
 
 
-def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> Prompt:
-    """Split the prompt as the kvpress pipeline's `preprocess` does, and give each context token its region.
+@dataclass
+class PromptTexts:
+    """The texts a sample is tokenized from (`prompt_texts`)."""
 
-    A sample that turns the chat template off (LongBench's trec, triviaqa, ...) is the task's raw prompt,
-    tokenized as the task's official code does: the tokenizer's own special tokens, nothing appended. A
-    sample made of chat turns (`messages`) is rendered with the template, the question in a last user turn.
-    `query_aware`: the question is part of the context (kvpress's evaluation appends it to the context), and
-    what is fed on top of the compressed cache is the end of the user's turn and the answer prefix.
-    """
-    import torch
+    context: str  # prefilled: the rendered turns up to the end of the context
+    special_tokens: bool  # whether the context is tokenized with the tokenizer's own special tokens
+    question: str  # question (unless query-aware), the template's end of turn, the answer prefix
+    messages: list[dict]  # the turns the context renders
+    question_suffix: str  # what the template puts between the question and the answer prefix
+    turn_close: str | None  # the template's close of an assistant turn (samples with parts)
 
+
+def prompt_texts(tokenizer, sample: Sample, *, query_aware: bool = False) -> PromptTexts:
+    """Split the prompt's text as the kvpress pipeline's `preprocess` does (`tokenize_sample` says how)."""
     messages = sample.messages or [{"role": "user", "content": sample.context}]
     asked = sample.question if query_aware else ""
     special_tokens = False
@@ -85,9 +88,40 @@ def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> 
         context, question_suffix = (tokenizer.bos_token or "") + joined + asked, "\n"
         turn_close = "\n\n"
     question = (sample.question if not query_aware else "") + question_suffix + sample.answer_prefix
-    encoded = tokenizer(context, add_special_tokens=special_tokens, return_offsets_mapping=True)
+    return PromptTexts(context, special_tokens, question, messages, question_suffix, turn_close)
+
+
+def context_limit(tokenizer) -> int:
+    """The most context tokens `tokenize_sample` keeps: the tokenizer's model_max_length."""
+    return min(tokenizer.model_max_length, int(1e10))
+
+
+def input_token_count(tokenizer, sample: Sample) -> int:
+    """The tokens of `tokenize_sample(tokenizer, sample)`'s context and question together, without its
+    regions and tensors: what sizing a sample to its length needs."""
+    texts = prompt_texts(tokenizer, sample)
+    context = len(tokenizer(texts.context, add_special_tokens=texts.special_tokens)["input_ids"])
+    return min(context, context_limit(tokenizer)) + len(
+        tokenizer(texts.question, add_special_tokens=False)["input_ids"]
+    )
+
+
+def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> Prompt:
+    """Split the prompt as the kvpress pipeline's `preprocess` does, and give each context token its region.
+
+    A sample that turns the chat template off (LongBench's trec, triviaqa, ...) is the task's raw prompt,
+    tokenized as the task's official code does: the tokenizer's own special tokens, nothing appended. A
+    sample made of chat turns (`messages`) is rendered with the template, the question in a last user turn.
+    `query_aware`: the question is part of the context (kvpress's evaluation appends it to the context), and
+    what is fed on top of the compressed cache is the end of the user's turn and the answer prefix.
+    """
+    import torch
+
+    texts = prompt_texts(tokenizer, sample, query_aware=query_aware)
+    context, question = texts.context, texts.question
+    encoded = tokenizer(context, add_special_tokens=texts.special_tokens, return_offsets_mapping=True)
     context_ids = torch.tensor([encoded["input_ids"]])
-    regions = token_regions(context, messages, [start for start, _ in encoded["offset_mapping"]])
+    regions = token_regions(context, texts.messages, [start for start, _ in encoded["offset_mapping"]])
     encoded = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)
     question_ids = torch.tensor([encoded["input_ids"]])
     # The assistant header belongs to the user's turn (as in token_regions); the answer prefix is the
@@ -101,16 +135,17 @@ def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> 
         ],
         dtype=torch.long,
     )
-    max_length = min(tokenizer.model_max_length, int(1e10))
+    max_length = context_limit(tokenizer)
     if context_ids.shape[1] > max_length:
         logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
         context_ids, regions = context_ids[:, :max_length], regions[:max_length]
     prompt = Prompt(context_ids, question_ids, regions, question_regions)
     if sample.parts:
+        suffix = texts.question_suffix
         prompt.part_question_ids = [
-            encode(tokenizer, part.question + question_suffix + part.answer_prefix) for part in sample.parts
+            encode(tokenizer, part.question + suffix + part.answer_prefix) for part in sample.parts
         ]
-        prompt.turn_close_ids = encode(tokenizer, turn_close) if turn_close is not None else None
+        prompt.turn_close_ids = encode(tokenizer, texts.turn_close) if texts.turn_close is not None else None
     return prompt
 
 

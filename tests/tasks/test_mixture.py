@@ -9,7 +9,6 @@ from kvbench.cli import main
 from kvbench.tasks import (
     METRICS,
     family_of,
-    generated,
     heldout,
     load_samples,
     load_suite,
@@ -20,6 +19,7 @@ from kvbench.tasks import (
     text,
 )
 from kvbench.tasks.mixture import KINDS, MIXTURES, UnknownMixture, mixture, mixture_kinds
+from kvbench.tasks.prompt import tokenize_sample
 
 # In the order they were written: each may share no kind or layout with training or an earlier one.
 HELD_OUT_SUITES = [(family.FAMILY.name, family) for family in heldout.SUITES]
@@ -82,7 +82,11 @@ def test_inputs_fill_the_length_and_grow_with_it(task, tokenizer):
     sizes = {}
     for length in (512, 2048):
         samples = load_samples(task, length=length, samples=2, seed=0, tokenizer=tokenizer)
-        tokens = [generated.input_tokens(tokenizer, s) + s.max_new_tokens for s in samples]
+        prompts = [tokenize_sample(tokenizer, s) for s in samples]
+        tokens = [
+            p.context_ids.shape[1] + p.question_ids.shape[1] + s.max_new_tokens
+            for p, s in zip(prompts, samples, strict=True)
+        ]
         # One more unit would not fit; the largest units (a document, a release) are ~150 tokens.
         assert all(length - 200 <= n <= length for n in tokens), tokens
         sizes[length] = min(len(s.context) for s in samples)
