@@ -91,7 +91,7 @@ def prompt_texts(tokenizer, sample: Sample, *, query_aware: bool = False) -> Pro
     return PromptTexts(context, special_tokens, question, messages, question_suffix, turn_close)
 
 
-def context_limit(tokenizer) -> int:
+def tokenizer_limit(tokenizer) -> int:
     """The most context tokens `tokenize_sample` keeps: the tokenizer's model_max_length."""
     return min(tokenizer.model_max_length, int(1e10))
 
@@ -100,10 +100,9 @@ def input_token_count(tokenizer, sample: Sample) -> int:
     """The tokens of `tokenize_sample(tokenizer, sample)`'s context and question together, without its
     regions and tensors: what sizing a sample to its length needs."""
     texts = prompt_texts(tokenizer, sample)
-    context = len(tokenizer(texts.context, add_special_tokens=texts.special_tokens)["input_ids"])
-    return min(context, context_limit(tokenizer)) + len(
-        tokenizer(texts.question, add_special_tokens=False)["input_ids"]
-    )
+    context = tokenizer(texts.context, add_special_tokens=texts.special_tokens)["input_ids"]
+    question = tokenizer(texts.question, add_special_tokens=False)["input_ids"]
+    return min(len(context), tokenizer_limit(tokenizer)) + len(question)
 
 
 def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> Prompt:
@@ -135,7 +134,7 @@ def tokenize_sample(tokenizer, sample: Sample, *, query_aware: bool = False) -> 
         ],
         dtype=torch.long,
     )
-    max_length = context_limit(tokenizer)
+    max_length = tokenizer_limit(tokenizer)
     if context_ids.shape[1] > max_length:
         logger.warning("context truncated from %d to %d tokens", context_ids.shape[1], max_length)
         context_ids, regions = context_ids[:, :max_length], regions[:max_length]
