@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from filelock import FileLock
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench import presses, tasks
@@ -16,6 +17,18 @@ from kvbench.bridge import models
 from kvbench.bridge.models import load_model, load_tokenizer
 from kvbench.core import config
 from kvbench.store import results
+
+
+def built_once(tmp_path_factory, worker_id, name: str, build) -> Path:
+    """The folder `name`, made by `build(folder)` once a run, by the first xdist worker to need it, in the
+    folder the workers share, so that the tests reading it spread over the workers."""
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared if worker_id == "master" else shared.parent
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (shared / f"{name}.built").is_file():
+            build(shared / name)
+            (shared / f"{name}.built").touch()
+    return shared / name
 
 
 @pytest.fixture(autouse=True)
@@ -49,9 +62,9 @@ def clean_registries():
 @pytest.fixture(autouse=True)
 def tokenizers_share_their_vocabulary(monkeypatch):
     """The tokenizers `models.read_tokenizer` gives a test share their folder's parsed vocabulary (the
-    `tokenizers` backend, which kvbench never changes: deep-copying the embedded one takes 0.2 s, and a suite
-    makes about 290 copies) and copy all else, which tests do change (special tokens, the chat template).
-    A test that adds tokens to a shared vocabulary fails at its end."""
+    `tokenizers` backend, which kvbench never changes and whose copy is most of a deep copy's time) and copy
+    all else, which tests do change (special tokens, the chat template). A test that adds tokens to a
+    shared vocabulary fails at its end."""
     shared = {}
 
     def copy_sharing_vocabulary(tokenizer):
@@ -77,23 +90,23 @@ def one_lm_eval_task_index(tmp_path_factory, worker_id):
     import pickle
 
     import lm_eval.tasks
-    from filelock import FileLock
     from lm_eval.tasks._index import TaskIndex
 
     build = TaskIndex.build
     built = {}
-    shared_folder = tmp_path_factory.getbasetemp()
-    shared_folder = shared_folder if worker_id == "master" else shared_folder.parent
     lm_evals_own = str(Path(lm_eval.tasks.__file__).parent)
 
     def build_once(path, resolve_includes):
         if str(path) != lm_evals_own:
             return build([path], resolve_includes=resolve_includes)
-        saved = shared_folder / f"lm-eval-index-{resolve_includes}.pickle"
-        with FileLock(f"{saved}.lock"):
-            if not saved.is_file():
-                saved.write_bytes(pickle.dumps(build([path], resolve_includes=resolve_includes)))
-        return pickle.loads(saved.read_bytes())
+
+        def save(folder):
+            folder.mkdir()
+            index = build([path], resolve_includes=resolve_includes)
+            (folder / "index.pickle").write_bytes(pickle.dumps(index))
+
+        folder = built_once(tmp_path_factory, worker_id, f"lm-eval-index-{resolve_includes}", save)
+        return pickle.loads((folder / "index.pickle").read_bytes())
 
     def shared(paths, *, resolve_includes=True):
         index = {}

@@ -38,12 +38,11 @@ from pathlib import Path
 import pytest
 import transformers
 from click.testing import CliRunner
-from filelock import FileLock
 
 from kvbench.cli import main
 from kvbench.store.results import load_rows
 from kvbench.tasks import family_of, load_suite, mixture
-from tests.conftest import skip_drawing
+from tests.conftest import built_once, skip_drawing
 from tests.harness.test_interop import leaderboard_like
 from tests.project.test_usage_doc import DOCS, braces, marked_commands
 
@@ -206,18 +205,6 @@ ALIASES = {
     "data/text": "data/ruler",
     "data/dc-ruler5": "data/ruler",
 }
-
-
-def built_once(tmp_path_factory, worker_id, name: str, build) -> Path:
-    """The folder `name`, made by `build(folder)` once a run, by the first xdist worker to need it, in the
-    folder the workers share, so that the tests reading it spread over the workers."""
-    shared = tmp_path_factory.getbasetemp()
-    shared = shared if worker_id == "master" else shared.parent
-    with FileLock(str(shared / f"{name}.lock")):
-        if not (shared / f"{name}.built").is_file():
-            build(shared / name)
-            (shared / f"{name}.built").touch()
-    return shared / name
 
 
 @pytest.fixture(scope="session")
