@@ -128,8 +128,9 @@ def decode_rollout(
                 position_ids=torch.arange(length + start, length + end, device=model.device).expand(
                     batch, -1
                 ),
+                logits_to_keep=end - max(start, question - 1),
             ).logits
-        log_probs.append(logits[:, max(start, question - 1) - start :].float().log_softmax(-1))
+        log_probs.append(logits.float().log_softmax(-1))
         if end < fed.shape[0]:
             decisions.append(
                 compress(lm, cache, hidden, scorer, kept, length + end - 1, generator, end - question + 1)

@@ -81,9 +81,9 @@ def compressed_log_probs(model, prompt: dict, keep: torch.Tensor) -> torch.Tenso
         past_key_values=cache,
         attention_mask=torch.ones(batch, kept + n, dtype=torch.long, device=model.device),
         position_ids=torch.arange(length, length + n, device=model.device).expand(batch, -1),
+        logits_to_keep=prompt["log_probs"].shape[0],
     ).logits
-    steps = prompt["log_probs"].shape[0]
-    return logits[:, n - steps :].float().log_softmax(-1)
+    return logits.float().log_softmax(-1)
 
 
 def kl_rewards(full_log_probs: torch.Tensor, evict_log_probs: torch.Tensor) -> torch.Tensor:
