@@ -661,6 +661,16 @@ def compress_rows(rows: list[tuple[int, BasePress, bool]], masks: torch.Tensor):
     return hook
 
 
+def seed_generators(seed: int, cuda_devices=()) -> None:
+    """torch's CPU generator and those of `cuda_devices` (each with its index, as a tensor's device has it)
+    seeded with `seed`, as torch.manual_seed seeds them, and no other: torch.manual_seed also queues a lazy
+    seeding of every uninitialised accelerator, each with a formatted traceback, kept until that accelerator
+    starts (never, on a CPU-only host)."""
+    torch.default_generator.manual_seed(seed)
+    for device in cuda_devices:
+        torch.cuda.default_generators[device.index].manual_seed(seed)
+
+
 def seed_press(press, key: str):
     """Give `press` (and every press it wraps) randomness of its own, drawn from a seed of `key` (the engine
     passes the sample and the config), the layer and how many times that layer has been compressed.
@@ -683,11 +693,7 @@ def seed_press(press, key: str):
         cuda = {tensor.device for tensor in args if torch.is_tensor(tensor) and tensor.device.type == "cuda"}
         seed = int.from_bytes(digest[:8], "little")
         with torch.random.fork_rng(devices=list(cuda)):
-            # Only the generators in play: torch.manual_seed also queues a lazy seeding of every
-            # uninitialised accelerator, each with a formatted traceback (~9 ms a call on CPU).
-            torch.default_generator.manual_seed(seed)
-            for device in cuda:
-                torch.cuda.default_generators[device.index].manual_seed(seed)
+            seed_generators(seed, cuda)
             return compress(module, *args, **kwargs)
 
     press.compress = seeded_compress

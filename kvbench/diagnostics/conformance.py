@@ -150,6 +150,7 @@ def tiny_subjects() -> list[Subject]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    from kvbench.bridge.adapter import seed_generators
     from kvbench.harness.planning import TRIAL_WORDS, trial_model
 
     _, tokenizer = trial_model()
@@ -162,7 +163,7 @@ def tiny_subjects() -> list[Subject]:
         shape.update(num_key_value_heads=kv_heads, head_dim=16, vocab_size=len(tokenizer), eos_token_id=2)
         shape.update(max_position_embeddings=4096, initializer_range=0.1, attn_implementation="sdpa")
         with torch.random.fork_rng():
-            torch.manual_seed(0)
+            seed_generators(0)
             model = build(shape).to(torch.float64).eval()
         subjects.append(Subject(name, model, tokenizer, list(TRIAL_WORDS)))
     return subjects
@@ -546,6 +547,14 @@ def check_order(subject: Subject, target: Target) -> str:
     return f"ratio {RATIO:g}: kept entries in position order in every layer and head"
 
 
+def seed_torch(model, seed: int) -> None:
+    """As torch.manual_seed(seed) for what `model` draws on: the CPU's generator and its GPU's
+    (`adapter.seed_generators`)."""
+    from kvbench.bridge.adapter import seed_generators
+
+    seed_generators(seed, [model.device] if model.device.type == "cuda" else [])
+
+
 def seeded_runs(subject: Subject, target: Target, runs, prompt=None) -> list[Compressed]:
     """The context compressed once per (global seed, kvbench seed key) of `runs`, each under a fresh press
     seeded as the engine seeds it (`seed_press`); Python's and torch's global random states set apart."""
@@ -558,7 +567,7 @@ def seeded_runs(subject: Subject, target: Target, runs, prompt=None) -> list[Com
     for seed, key in runs:
         random.seed(seed)
         with torch.random.fork_rng():
-            torch.manual_seed(seed)
+            seed_torch(subject.model, seed)
             press = seed_press(target.press(), f"conformance/{key}")
             compressed.append(prefill(subject, target, press, ids, prompt))
     return compressed
@@ -848,7 +857,7 @@ def fitted_on(subject: Subject, target: Target, folder: Path) -> Target:
         for seed in (1000, 1001)
     ]
     with torch.random.fork_rng():
-        torch.manual_seed(0)
+        seed_torch(subject.model, 0)
         tensors, validation = method(target.name).fit(subject.model, subject.tokenizer, contexts, options)
     card = card_of(subject.model, FitConfig(options=options), contexts, 0.0, validation)
     save_fitted(folder, target.name, tensors, card)
@@ -887,7 +896,7 @@ def run_check(run: Callable, subject: Subject, target: Target) -> tuple[str, str
 
     try:
         with torch.random.fork_rng():
-            torch.manual_seed(0)
+            seed_torch(subject.model, 0)
             return "pass", run(subject, target)
     except NotApplicable as reason:
         return "n/a", str(reason)
