@@ -401,6 +401,8 @@ def test_fit_refuses_bad_options_in_one_line(tmp_path):
         (["kvzap", "--option", "lr=inf"], "lr='inf' must be a finite number above 0"),
         (["expected_attention_stats", "--option", "bfloat16=yess"], "bfloat16='yess' is not true or false"),
         (["expected_attention_stats", "--option", "bfloat16=yes"], "bfloat16='yes' is not true or false"),
+        (["expected_attention_stats", "--option", "bfloat16=1"], "bfloat16='1' is not true or false"),
+        (["expected_attention_stats", "--option", "bfloat16=nan"], "bfloat16='nan' is not true or false"),
     ]:
         result = CliRunner().invoke(main, ["fit", *args, "--out", str(tmp_path / "out")])
         assert result.exit_code == 2 and expected in result.output, result.output

@@ -4,7 +4,8 @@ model, offline, on kvbench's generated training text (a training mixture at seed
 evaluation's 0..999).
 
 A fitted press is one module (`qfilter.py`, `kvzap.py`, `fastkvzip.py`, ...) holding its
-`fit(model, tokenizer, contexts, options) -> (tensors, validation)` and its press: kvpress's class
+`fit(model, tokenizer, contexts, options) -> (tensors, validation)` (the contexts' token ids, read once in
+order; `kvbench fit` hands them through a progress bar) and its press: kvpress's class
 with only the loader replaced (press.py's `FittedState` hands the fitted tensors to the class through
 `install`; the scoring is kvpress's). fitting.py holds what every fit shares; a press's declaration (its
 options, what it fits, its line in the registry) is in kvbench.learned.catalog. State is written in the

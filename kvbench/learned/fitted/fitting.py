@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from kvbench.core.errors import BadInput
-from kvbench.core.validation import FALSE, TRUE
+from kvbench.core.validation import parse_value
 from kvbench.learned.catalog import FITTED, Fit
 from kvbench.learned.common import model_shape
 
@@ -59,18 +59,11 @@ def method(name: str):
     return importlib.import_module(f"kvbench.learned.fitted.{name}")
 
 
-def switch(text: str) -> bool:
-    """True or false as a press argument reads them (`validation.TRUE`, `FALSE`); ValueError otherwise."""
-    if text not in TRUE + FALSE:
-        raise ValueError(text)
-    return text in TRUE
-
-
 def check_options(name: str, options: dict) -> dict:
     """`options` (NAME=VALUE from the command line) over the method's defaults, each of its default's type;
-    BadInput for one the method does not take, for a switch that is not true or false (`switch`), and for
-    a number that is not finite, negative, or 0 where its default is not (a width, a step count or a
-    learning rate of 0 fits nothing)."""
+    BadInput for one the method does not take, for a switch that is not true or false (read as a press
+    argument is, `validation.parse_value`), and for a number that is not finite, negative, or 0 where its
+    default is not (a width, a step count or a learning rate of 0 fits nothing)."""
     defaults = declared(name).options
     checked = dict(defaults)
     for key, value in options.items():
@@ -79,7 +72,9 @@ def check_options(name: str, options: dict) -> dict:
             raise BadInput(f"fit {name} takes no option {key!r} (it takes: {known})")
         kind = type(defaults[key])
         try:
-            checked[key] = kind(value) if kind is not bool else switch(str(value).strip())
+            checked[key] = kind(value) if kind is not bool else parse_value(str(value), key, ValueError)
+            if not isinstance(checked[key], kind):
+                raise ValueError(value)
         except ValueError:
             what = "true or false" if kind is bool else kind.__name__
             raise BadInput(f"fit {name}: {key}={value!r} is not {what}") from None
